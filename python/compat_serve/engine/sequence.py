@@ -1,0 +1,47 @@
+"""Per-request state held by the engine thread."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from compat_serve.engine.detokenizer import IncrementalDetokenizer
+from compat_serve.engine.sampling import RequestSampler
+from compat_serve.engine.stop_strings import StopStringMatcher
+from compat_serve.engine.stream import RequestStream
+from compat_serve.engine.types import EngineRequest, RequestTimings
+
+
+class Phase(enum.Enum):
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    request: EngineRequest
+    stream: RequestStream
+    detokenizer: IncrementalDetokenizer
+    stops: StopStringMatcher
+    stop_ids: frozenset[int]
+    timings: RequestTimings = field(default_factory=lambda: RequestTimings(time.monotonic()))
+    phase: Phase = Phase.QUEUED
+    computed: int = 0  # prompt tokens already run through the model
+    generated: list[int] = field(default_factory=list)
+    cache: list[Any] | None = None
+    sampler: RequestSampler | None = None
+    pending: mx.array | None = None  # sampled token still being evaluated asynchronously
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_ids)

@@ -1,0 +1,91 @@
+"""API-neutral request and event types shared by the engine and the HTTP layer.
+
+Nothing here imports MLX or knows about HTTP.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(enum.Enum):
+    """Why a request stopped producing tokens."""
+
+    STOP_TOKEN = "stop_token"  # an end-of-sequence / end-of-turn / caller-given stop token id
+    STOP_STRING = "stop_string"  # a caller-given stop string matched (text before it is kept)
+    LENGTH = "length"  # max_tokens reached
+    CONTEXT = "context"  # the model's context window is full
+    ABORTED = "aborted"  # client went away or server shut down
+    ERROR = "error"  # the engine failed on this request
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling settings (never shared across a batch)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_strings: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    # When False the model's own end-of-sequence ids do not stop generation.
+    stop_at_eos: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One generation: prompt token ids plus how to sample."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class EngineEvent:
+    """A step of output for one request.
+
+    `text` is the newly decoded, safe-to-show text (never a partial UTF-8 character,
+    never a special token, never a prefix of a stop string still being matched).
+    The last event of a request has `finish_reason` set.
+    """
+
+    request_id: str
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    finish_reason: FinishReason | None = None
+    # The stop string that matched, when finish_reason is STOP_STRING.
+    matched_stop: str | None = None
+    # The stop token id that ended generation, when finish_reason is STOP_TOKEN.
+    stop_token_id: int | None = None
+    usage: Usage | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestTimings:
+    """Wall-clock milestones (time.monotonic seconds) used by status and logs."""
+
+    submitted: float
+    first_token: float | None = None
+    finished: float | None = None
+    prompt_done: float | None = None
+    extra: dict[str, float] = field(default_factory=dict)

@@ -1,0 +1,166 @@
+"""Load an MLX/Hugging Face model directory (or a hub id) with mlx-lm.
+
+Weights and architecture come from mlx-lm (`mlx_lm.utils.load_model`), the tokenizer from
+`tokenizer.json` (see `hf_tokenizer.py`). The dtype rule of `weights.py` applies: on the CPU
+backend quantized layers are dequantized and every float parameter becomes float32.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from compat_serve.models.errors import ModelLoadError
+from compat_serve.models.hf_tokenizer import load_hf_tokenizer, read_json
+from compat_serve.models.types import LoadedModel
+from compat_serve.models.weights import (
+    cast_floating,
+    dequantize_model,
+    eval_with_progress,
+    mx_dtype,
+    resolve_dtype,
+)
+
+__all__ = [
+    "HUB_ALLOW_PATTERNS",
+    "context_length_from_config",
+    "download_hub_model",
+    "load_hf_dir",
+    "looks_like_hub_id",
+]
+
+logger = logging.getLogger(__name__)
+
+HUB_ALLOW_PATTERNS = [
+    "*.json",
+    "model*.safetensors",
+    "*.py",
+    "tokenizer.model",
+    "*.tiktoken",
+    "tiktoken.model",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
+]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+DEFAULT_CONTEXT_LENGTH = 4096
+
+
+def looks_like_hub_id(spec: str) -> bool:
+    """`org/name` that is not an existing path."""
+    return bool(_HUB_ID.match(spec)) and not Path(spec).exists()
+
+
+def download_hub_model(repo_id: str, *, revision: str | None = None) -> Path:
+    """Resolve a hub id to a local snapshot (cached by huggingface_hub; needs the network once)."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:  # pragma: no cover - mlx-lm depends on it
+        raise ModelLoadError("huggingface_hub is required to load hub ids") from exc
+    logger.info("resolving hub model %s", repo_id)
+    try:
+        return Path(
+            snapshot_download(repo_id, revision=revision, allow_patterns=HUB_ALLOW_PATTERNS)
+        )
+    except Exception as exc:
+        raise ModelLoadError(
+            f"cannot fetch {repo_id!r} from the Hugging Face hub ({type(exc).__name__}: {exc}). "
+            "Pass a local model directory or a .gguf file, or check the network / HF_TOKEN."
+        ) from exc
+
+
+def context_length_from_config(
+    config: dict[str, Any], tokenizer_config: dict[str, Any] | None = None
+) -> int:
+    """The model's context window from config.json (or tokenizer_config.json)."""
+    sources = [config]
+    if isinstance(config.get("text_config"), dict):
+        sources.append(config["text_config"])
+    for source in sources:
+        for key in ("max_position_embeddings", "max_sequence_length", "seq_length", "n_ctx"):
+            value = source.get(key)
+            if isinstance(value, int) and value > 0:
+                return value
+    value = (tokenizer_config or {}).get("model_max_length")
+    if isinstance(value, int) and 0 < value < 10_000_000:
+        return value
+    return DEFAULT_CONTEXT_LENGTH
+
+
+def _dtype_name(model: nn.Module, quantization: Any) -> str:
+    if isinstance(quantization, dict) and "bits" in quantization:
+        return f"quantized-{quantization['bits']}bit"
+    from mlx.utils import tree_flatten
+
+    counts: dict[str, int] = {}
+    for _, v in tree_flatten(model.parameters()):
+        if isinstance(v, mx.array) and mx.issubdtype(v.dtype, mx.floating):
+            name = str(v.dtype).removeprefix("mlx.core.")
+            counts[name] = counts.get(name, 0) + int(v.size)
+    return max(counts, key=lambda k: counts[k]) if counts else "unknown"
+
+
+def load_hf_dir(
+    path: str | Path, *, dtype: str | None = None, source: str | None = None
+) -> LoadedModel:
+    """Load a local MLX/HF-format model directory."""
+    from mlx_lm.utils import load_model
+
+    model_dir = Path(path)
+    if not (model_dir / "config.json").is_file():
+        raise ModelLoadError(f"{model_dir}: not a model directory (no config.json)")
+    plan = resolve_dtype(dtype)
+    t0 = time.perf_counter()
+    logger.info("loading model directory %s", model_dir)
+    try:
+        model, config = load_model(model_dir, lazy=True)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load {model_dir} with mlx-lm: {exc}") from exc
+    quantization = config.get("quantization")
+    if plan.dense is not None:
+        target = mx_dtype(plan.dense)
+        replaced = dequantize_model(model, target)
+        cast_floating(model, target)
+        phase = f"dequantizing {replaced} layers to {plan.dense}" if replaced else plan.dense
+        dtype_name = plan.dense
+    else:
+        phase = "loading weights"
+        dtype_name = _dtype_name(model, quantization)
+    logger.info("%s (%s backend)", phase, plan.backend)
+    eval_with_progress(model, phase, log=logger)
+    info = load_hf_tokenizer(model_dir, config)
+    t_done = time.perf_counter()
+    logger.info("model ready in %.2fs (%s)", t_done - t0, dtype_name)
+    model_type = str(config.get("model_type", "unknown"))
+    return LoadedModel(
+        model=model,
+        tokenizer=info.tokenizer,
+        chat_template=info.chat_template,
+        context_length=context_length_from_config(config, info.tokenizer_config),
+        name=model_dir.resolve().name if source is None else source.rstrip("/").split("/")[-1],
+        source=source or str(model_dir),
+        dtype=dtype_name,
+        model_type=model_type,
+        extra={
+            "format": "mlx-dir",
+            "config": config,
+            "backend": plan.backend,
+            "quantization": quantization,
+            "model_dir": str(model_dir),
+            "load_seconds": {"total": t_done - t0},
+        },
+    )
+
+
+def load_hub_model(repo_id: str, *, dtype: str | None = None) -> LoadedModel:
+    return load_hf_dir(download_hub_model(repo_id), dtype=dtype, source=repo_id)
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    return read_json(model_dir / "config.json")

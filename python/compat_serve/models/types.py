@@ -1,0 +1,35 @@
+"""What a model loader hands to the engine: API-neutral, HTTP-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+
+    from compat_serve.models.tokenizer import Tokenizer
+
+
+@dataclass
+class LoadedModel:
+    """A ready-to-run model.
+
+    `model` follows the mlx-lm convention: `model(inputs[B, T], cache=list_of_layer_caches)`
+    returns logits `[B, T, vocab]`, and `mlx_lm.models.cache.make_prompt_cache(model)` builds
+    its cache.
+    """
+
+    model: nn.Module
+    tokenizer: Tokenizer
+    chat_template: str | None
+    context_length: int
+    # Name the server reports by default (e.g. "SmolLM2-135M-Instruct").
+    name: str
+    # Where it came from: a path, a hub id, or "embedded:<file>".
+    source: str
+    # "float32", "float16", "bfloat16" or "quantized-4bit"/"quantized-8bit"...
+    dtype: str
+    # Architecture id as mlx-lm knows it ("llama", "qwen3", ...).
+    model_type: str
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,212 @@
+"""Backend detection, the dtype rule, and (de)quantization helpers shared by the loaders.
+
+The dtype rule (`resolve_dtype`):
+- CPU backend, `dtype=None`/"auto": every weight becomes dense float32. MLX's CPU quantized
+  matmul is a scalar kernel (~3 GFLOP/s) and f16/bf16 inputs are slower still, while dense f32
+  goes through BLAS (50+ GFLOP/s with the fast BLAS from `blas.py`).
+- Metal/CUDA, `dtype=None`/"auto": weights stay as stored (quantized stays quantized).
+- "float32"/"float16"/"bfloat16": dequantize everything and cast to that dtype.
+- "quantized": keep quantized weights quantized on any backend (slow on the CPU).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from compat_serve.models.errors import ModelLoadError
+
+__all__ = [
+    "DTYPE_CHOICES",
+    "Backend",
+    "QuantParams",
+    "WeightPlan",
+    "compute_backend",
+    "dequantize",
+    "dequantize_model",
+    "infer_quant_params",
+    "mx_dtype",
+    "quantized_prefixes",
+    "resolve_dtype",
+]
+
+logger = logging.getLogger(__name__)
+
+Backend = Literal["cpu", "metal", "cuda"]
+DTYPE_CHOICES: tuple[str, ...] = ("auto", "float32", "float16", "bfloat16", "quantized")
+_FLOAT_DTYPES: dict[str, mx.Dtype] = {
+    "float32": mx.float32,
+    "float16": mx.float16,
+    "bfloat16": mx.bfloat16,
+}
+
+
+def compute_backend() -> Backend:
+    """The backend MLX runs on by default in this process."""
+    if mx.default_device() == mx.gpu:
+        if mx.metal.is_available():
+            return "metal"
+        cuda = getattr(mx, "cuda", None)
+        if cuda is not None and cuda.is_available():
+            return "cuda"
+    return "cpu"
+
+
+def mx_dtype(name: str) -> mx.Dtype:
+    try:
+        return _FLOAT_DTYPES[name]
+    except KeyError:
+        raise ModelLoadError(f"unknown float dtype {name!r}") from None
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """What to do with the weights: `dense` None means "keep quantized ones quantized"."""
+
+    backend: Backend
+    dense: str | None  # "float32" | "float16" | "bfloat16" | None
+    requested: str
+
+    @property
+    def keep_quantized(self) -> bool:
+        return self.dense is None
+
+
+def resolve_dtype(requested: str | None, backend: Backend | None = None) -> WeightPlan:
+    """Apply the dtype rule (module docstring) to a user request."""
+    backend = backend or compute_backend()
+    req = (requested or "auto").lower()
+    if req not in DTYPE_CHOICES:
+        raise ModelLoadError(f"unknown dtype {requested!r}; choose one of {', '.join(DTYPE_CHOICES)}")
+    if req == "auto":
+        return WeightPlan(backend, "float32" if backend == "cpu" else None, req)
+    if req == "quantized":
+        if backend == "cpu":
+            logger.warning(
+                "keeping weights quantized on the CPU backend: MLX's CPU quantized matmul is "
+                "~15x slower than dense float32"
+            )
+        return WeightPlan(backend, None, req)
+    return WeightPlan(backend, req, req)
+
+
+@dataclass(frozen=True)
+class QuantParams:
+    group_size: int
+    bits: int
+    mode: str = "affine"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"group_size": self.group_size, "bits": self.bits, "mode": self.mode}
+
+
+def infer_quant_params(
+    weight: mx.array, scales: mx.array, in_dims: int, *, name: str = "?"
+) -> QuantParams:
+    """Bits and group size of an MLX affine-quantized weight whose dense shape is [..., in_dims]."""
+    packed = int(weight.shape[-1])
+    bits, rem = divmod(packed * 32, in_dims)
+    group_size, grem = divmod(in_dims, int(scales.shape[-1]))
+    if rem or grem or bits not in (2, 3, 4, 5, 6, 8):
+        raise ModelLoadError(
+            f"cannot infer quantization of {name}: packed width {packed}, "
+            f"{scales.shape[-1]} groups, {in_dims} input features"
+        )
+    return QuantParams(group_size=group_size, bits=bits)
+
+
+def dequantize(
+    weight: mx.array,
+    scales: mx.array,
+    biases: mx.array | None,
+    params: QuantParams,
+    dtype: mx.Dtype = mx.float32,
+) -> mx.array:
+    """Dense weight, computed in float32 (GGUF stores f16 scales/minimums; llama.cpp dequantizes
+    them in f32 too) and then cast to `dtype`."""
+    dense = mx.dequantize(
+        weight,
+        scales.astype(mx.float32),
+        None if biases is None else biases.astype(mx.float32),
+        group_size=params.group_size,
+        bits=params.bits,
+        mode=params.mode,
+    )
+    return dense if dense.dtype == dtype else dense.astype(dtype)
+
+
+def quantized_prefixes(names: Iterable[str]) -> list[str]:
+    """Module paths that have a packed `.weight` plus `.scales`."""
+    names = set(names)
+    return sorted(n[: -len(".scales")] for n in names if n.endswith(".scales"))
+
+
+def dequantize_model(model: nn.Module, dtype: mx.Dtype = mx.float32) -> int:
+    """Replace every quantized layer of an mlx-lm model with a dense one, in place.
+
+    Returns how many layers were replaced. Dequantization is computed in float32.
+    """
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
+
+    replaced: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if isinstance(
+            module, (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)
+        ):
+            mode = str(getattr(module, "mode", "affine"))
+            params = QuantParams(int(module.group_size), int(module.bits), mode)
+            biases = module.get("biases") if "biases" in module else None
+            weight = dequantize(module["weight"], module["scales"], biases, params, dtype)
+            has_bias = "bias" in module
+            dense: nn.Module
+            if isinstance(module, nn.QuantizedEmbedding):
+                dense = nn.Embedding(int(weight.shape[0]), int(weight.shape[1]))
+            elif isinstance(module, nn.QuantizedLinear):
+                dense = nn.Linear(int(weight.shape[1]), int(weight.shape[0]), bias=has_bias)
+            else:
+                n_exp, out_dims, in_dims = (int(d) for d in weight.shape)
+                dense = SwitchLinear(in_dims, out_dims, n_exp, bias=has_bias)
+            dense["weight"] = weight
+            if has_bias:
+                dense["bias"] = module["bias"]
+            replaced.append((name, dense))
+    if replaced:
+        model.update_modules(cast(dict[str, Any], tree_unflatten(replaced)))
+    return len(replaced)
+
+
+def cast_floating(model: nn.Module, dtype: mx.Dtype) -> None:
+    """Cast every floating-point parameter of `model` to `dtype` (integers untouched)."""
+    model.set_dtype(dtype, lambda d: bool(mx.issubdtype(d, mx.floating)))
+
+
+def eval_with_progress(model: nn.Module, label: str, *, log: logging.Logger = logger) -> None:
+    """Materialize the parameters layer by layer, logging progress about every 25%."""
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, list) and layers:
+        total = len(layers)
+        step = max(1, total // 4)
+        for i, layer in enumerate(layers, 1):
+            mx.eval(layer.parameters())
+            if i % step == 0 or i == total:
+                log.info("%s: %d/%d layers ready", label, i, total)
+    mx.eval(model.parameters())
+
+
+def param_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape, without materializing anything."""
+    return {
+        k: tuple(int(d) for d in v.shape)
+        for k, v in tree_flatten(model.parameters())
+        if isinstance(v, mx.array)
+    }
+
+
+def weights_nbytes(weights: Mapping[str, mx.array]) -> int:
+    return sum(int(w.nbytes) for w in weights.values())

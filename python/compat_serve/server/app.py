@@ -1,0 +1,72 @@
+"""The FastAPI application factory. Speaks HTTP only; the engine does the MLX work."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI, Request
+from starlette.responses import Response
+
+from compat_serve.server import common_routes
+from compat_serve.server.errors import ApiError, install_error_handlers
+from compat_serve.server.generation import server_state
+from compat_serve.server.openai import routes as openai_routes
+from compat_serve.server.state import ServerState
+
+log = logging.getLogger("compat_serve.server")
+
+
+def _presented_key(request: Request) -> str | None:
+    key = request.headers.get("x-api-key")
+    if key:
+        return key
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+async def require_api_key(request: Request) -> None:
+    expected = server_state(request).api_key
+    if expected is None:
+        return
+    presented = _presented_key(request)
+    if presented is None:
+        raise ApiError(401, "missing API key: send x-api-key or Authorization: Bearer")
+    if not hmac.compare_digest(presented.encode(), expected.encode()):
+        raise ApiError(401, "invalid API key")
+
+
+def create_app(state: ServerState, *, manage_engine: bool = True) -> FastAPI:
+    """Build the app. With `manage_engine`, the app starts and stops the engine thread."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if manage_engine:
+            state.engine.start()
+        try:
+            yield
+        finally:
+            if manage_engine:
+                log.info("shutting down: aborting in-flight requests")
+                state.engine.shutdown()
+
+    app = FastAPI(title="compat-serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.compat = state
+    app.state.error_renderers = {}
+    install_error_handlers(app)
+
+    @app.middleware("http")
+    async def request_id(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        response = await call_next(request)
+        response.headers.setdefault("request-id", f"req_{uuid.uuid4().hex[:24]}")
+        return response
+
+    app.include_router(common_routes.router)
+    app.include_router(openai_routes.router, dependencies=[Depends(require_api_key)])
+    return app

@@ -1,0 +1,61 @@
+"""Endpoints shared by both APIs: health and the model list."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from compat_serve.server.errors import ApiError
+from compat_serve.server.generation import server_state
+
+router = APIRouter()
+_STARTED = int(time.time())
+
+
+def _model_card(request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    return {
+        "id": state.served_model_name,
+        "object": "model",
+        "type": "model",
+        "created": _STARTED,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(_STARTED)),
+        "display_name": state.served_model_name,
+        "owned_by": "compat-serve",
+        "context_length": state.context_length,
+        "max_model_len": state.context_length,
+        "inline_system_policy": state.inline_system_policy,
+    }
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    state = server_state(request)
+    ok = state.engine.running
+    return JSONResponse(
+        {"status": "ok" if ok else "engine stopped", "model": state.served_model_name},
+        status_code=200 if ok else 503,
+    )
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    card = _model_card(request)
+    return {
+        "object": "list",
+        "data": [card],
+        "has_more": False,
+        "first_id": card["id"],
+        "last_id": card["id"],
+    }
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> dict[str, Any]:
+    card = _model_card(request)
+    if model_id != card["id"] and server_state(request).strict_model_names:
+        raise ApiError(404, f"model {model_id!r} not found", code="model_not_found")
+    return card

@@ -1,0 +1,121 @@
+"""API errors and their wire shapes.
+
+Handlers raise `ApiError`; the app's exception handlers render it in the shape of the
+API the path belongs to. Every client mistake is a 4xx; nothing a client sends may
+produce a 500 or stop the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("compat_serve.server")
+
+# OpenAI error `type` for each status we emit.
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+}
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def openai_error_body(error: ApiError) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": error.message,
+            "type": _OPENAI_TYPES.get(error.status, "invalid_request_error"),
+            "param": error.param,
+            "code": error.code,
+        }
+    }
+
+
+def render_error(request: Request, error: ApiError) -> JSONResponse:
+    renderer = getattr(request.app.state, "error_renderers", {})
+    for prefix, render in renderer.items():
+        if request.url.path.startswith(prefix):
+            body, headers = render(request, error)
+            return JSONResponse(body, status_code=error.status, headers=headers)
+    return JSONResponse(openai_error_body(error), status_code=error.status, headers=error.headers)
+
+
+def _location(loc: Sequence[Any]) -> str:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
+    return out
+
+
+def validation_error(exc: RequestValidationError) -> ApiError:
+    errors = exc.errors()
+    if not errors:
+        return ApiError(400, "invalid request body")
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        ctx = first.get("ctx") or {}
+        return ApiError(400, f"request body is not valid JSON: {ctx.get('error', 'parse error')}")
+    where = _location(first.get("loc", ()))
+    msg = str(first.get("msg", "invalid value"))
+    if first.get("type") == "missing":
+        return ApiError(400, f"{where}: field required", param=where or None)
+    if not where:
+        return ApiError(400, f"invalid request body: {msg}")
+    return ApiError(400, f"{where}: {msg}", param=where)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return render_error(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return render_error(request, validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if exc.status_code == 404:
+            message = f"no such endpoint: {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} not allowed on {request.url.path}"
+        return render_error(request, ApiError(exc.status_code, message))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return render_error(request, ApiError(500, f"internal error: {type(exc).__name__}"))

@@ -1,0 +1,110 @@
+"""Shared request plumbing: prompt → engine submission → events, with API errors.
+
+Used by both the OpenAI and the Anthropic routes; knows nothing of either wire format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from compat_serve.chat.prompt import Prompt, PromptError
+from compat_serve.chat.types import ChatRequest
+from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTooLong
+from compat_serve.engine.stream import RequestStream
+from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
+from compat_serve.server.errors import ApiError
+from compat_serve.server.state import ServerState
+
+RETRY_AFTER_S = "2"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def server_state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.compat
+    return state
+
+
+def check_model_name(state: ServerState, requested: str) -> None:
+    if state.strict_model_names and requested != state.served_model_name:
+        raise ApiError(
+            404,
+            f"model {requested!r} not found; this server serves {state.served_model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+async def build_chat_prompt(state: ServerState, chat: ChatRequest) -> Prompt:
+    """Render and tokenize off the event loop (rendering releases the GIL)."""
+    try:
+        return await asyncio.to_thread(state.prompt_builder.build, chat)
+    except PromptError as exc:
+        raise ApiError(400, str(exc)) from exc
+
+
+def submit(
+    state: ServerState, request_id: str, prompt_ids: tuple[int, ...], sampling: SamplingParams
+) -> RequestStream:
+    try:
+        return state.engine.submit(EngineRequest(request_id, prompt_ids, sampling))
+    except PromptTooLong as exc:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {state.context_length} tokens. However, "
+            f"your prompt has {exc.prompt_tokens} tokens (at most {exc.context_length} fit).",
+            param="messages",
+            code="context_length_exceeded",
+        ) from exc
+    except EngineOverloaded as exc:
+        raise ApiError(429, str(exc), headers={"retry-after": RETRY_AFTER_S}) from exc
+    except EngineStopped as exc:
+        raise ApiError(503, "the server is shutting down") from exc
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from exc
+
+
+@dataclass
+class Collected:
+    text: str
+    final: EngineEvent
+
+
+async def collect(stream: RequestStream, request: Request) -> Collected:
+    """Gather a whole response; abort the request if the client disconnects meanwhile."""
+    watcher = asyncio.create_task(_abort_on_disconnect(stream, request))
+    parts: list[str] = []
+    try:
+        async for event in stream:
+            parts.append(event.text)
+            if event.finished:
+                if event.finish_reason is FinishReason.ERROR:
+                    raise ApiError(500, f"generation failed: {event.error}")
+                return Collected("".join(parts), event)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    raise ApiError(499, "client closed the request")
+
+
+async def _abort_on_disconnect(stream: RequestStream, request: Request) -> None:
+    while not stream.finished:
+        if await request.is_disconnected():
+            stream.abort()
+            return
+        await asyncio.sleep(0.25)
+
+
+async def events(stream: RequestStream) -> AsyncIterator[EngineEvent]:
+    """Iterate events; leaving early (client gone) aborts the request."""
+    async for event in stream:
+        yield event

@@ -1,0 +1,233 @@
+"""Pure conversions between OpenAI shapes and the neutral chat/engine types."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from compat_serve.chat.types import ChatRequest, Message
+from compat_serve.engine.types import FinishReason, SamplingParams, Usage
+from compat_serve.server.errors import ApiError
+from compat_serve.server.openai.protocol import (
+    ChatCompletionRequest,
+    ChatMessageIn,
+    CompletionRequest,
+    _SamplingFields,
+)
+
+FINISH_REASONS = {
+    FinishReason.STOP_TOKEN: "stop",
+    FinishReason.STOP_STRING: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.CONTEXT: "length",
+    FinishReason.ABORTED: "abort",
+    FinishReason.ERROR: "error",
+}
+
+
+def sampling_params(
+    body: _SamplingFields, max_tokens: int | None, *, default_max_tokens: int
+) -> SamplingParams:
+    if body.n != 1:
+        raise ApiError(400, "n: only n=1 is supported", param="n")
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    temperature = 1.0 if body.temperature is None else body.temperature
+    return SamplingParams(
+        max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+        temperature=temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=max(0, body.top_k or 0),
+        seed=body.seed,
+        stop_strings=tuple(s for s in stops if s),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        stop_at_eos=not body.ignore_eos,
+    )
+
+
+def _text_content(message: ChatMessageIn, index: int) -> str:
+    content = message.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        if part.type == "text":
+            texts.append(part.text or "")
+        elif part.type in ("image_url", "input_image", "image"):
+            raise ApiError(
+                400,
+                f"messages[{index}].content[{j}]: this model is text-only and cannot read images",
+                param=f"messages[{index}].content[{j}]",
+            )
+        else:
+            raise ApiError(
+                400,
+                f"messages[{index}].content[{j}]: unsupported content part type {part.type!r}",
+                param=f"messages[{index}].content[{j}]",
+            )
+    return "\n".join(texts)
+
+
+def _arguments(raw: str | dict[str, Any], where: str) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        return raw
+    try:
+        parsed = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise ApiError(
+            400, f"{where}: arguments are not valid JSON ({exc.msg})", param=where
+        ) from exc
+    if not isinstance(parsed, dict):
+        raise ApiError(400, f"{where}: arguments must be a JSON object", param=where)
+    return parsed
+
+
+def chat_messages(messages: list[ChatMessageIn]) -> list[Message]:
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        role = "system" if m.role == "developer" else m.role
+        msg: Message = {"role": role, "content": _text_content(m, i)}
+        if m.name:
+            msg["name"] = m.name
+        if m.tool_calls:
+            msg["tool_calls"] = [
+                {
+                    "id": call.id or f"call_{i}_{k}",
+                    "type": "function",
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": _arguments(
+                            call.function.arguments,
+                            f"messages[{i}].tool_calls[{k}].function.arguments",
+                        ),
+                    },
+                }
+                for k, call in enumerate(m.tool_calls)
+            ]
+        if m.role == "tool" and m.tool_call_id:
+            msg["tool_call_id"] = m.tool_call_id
+        if m.reasoning_content:
+            msg["reasoning_content"] = m.reasoning_content
+        out.append(msg)
+    return out
+
+
+def chat_request(body: ChatCompletionRequest, *, default_max_tokens: int) -> ChatRequest:
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else None
+    if max_tokens is None:
+        max_tokens = body.max_tokens
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    if body.tool_choice == "none":
+        tools = None
+    return ChatRequest(
+        messages=chat_messages(body.messages),
+        sampling=sampling_params(body, max_tokens, default_max_tokens=default_max_tokens),
+        tools=tools,
+        template_kwargs=dict(body.chat_template_kwargs or {}),
+    )
+
+
+def completion_prompt(body: CompletionRequest) -> str | list[int]:
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return prompt
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return [int(p) for p in prompt]  # type: ignore[arg-type]
+    if len(prompt) == 1:
+        single = prompt[0]
+        return single if isinstance(single, str) else [int(p) for p in single]  # type: ignore[union-attr]
+    raise ApiError(400, "prompt: only a single prompt per request is supported", param="prompt")
+
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def chat_completion(
+    response_id: str, model: str, text: str, finish: FinishReason, usage: Usage
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": FINISH_REASONS[finish],
+            }
+        ],
+        "usage": usage_json(usage),
+    }
+
+
+def chat_chunk(
+    response_id: str,
+    model: str,
+    created: int,
+    delta: dict[str, Any],
+    finish: FinishReason | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": FINISH_REASONS[finish] if finish else None,
+            }
+        ],
+    }
+
+
+def usage_chunk(
+    response_id: str, model: str, created: int, usage: Usage, *, completion: bool = False
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "text_completion" if completion else "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage_json(usage),
+    }
+
+
+def text_completion(
+    response_id: str,
+    model: str,
+    created: int,
+    text: str,
+    finish: FinishReason | None,
+    usage: Usage | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": response_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": FINISH_REASONS[finish] if finish else None,
+            }
+        ],
+    }
+    if usage is not None:
+        body["usage"] = usage_json(usage)
+    return body

@@ -1,0 +1,167 @@
+"""OpenAI-compatible endpoints: /v1/chat/completions and /v1/completions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from compat_serve.chat.prompt import PromptError
+from compat_serve.engine.stream import RequestStream
+from compat_serve.engine.types import EngineEvent, FinishReason, SamplingParams
+from compat_serve.server import sse
+from compat_serve.server.errors import ApiError, openai_error_body
+from compat_serve.server.generation import (
+    build_chat_prompt,
+    check_model_name,
+    collect,
+    new_id,
+    server_state,
+    submit,
+)
+from compat_serve.server.openai import adapter
+from compat_serve.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    state = server_state(request)
+    check_model_name(state, body.model)
+    chat = adapter.chat_request(body, default_max_tokens=state.context_length)
+    prompt = await build_chat_prompt(state, chat)
+    response_id = new_id("chatcmpl-")
+    stream = submit(state, response_id, prompt.token_ids, chat.sampling)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(
+            _chat_sse(stream, response_id, body.model, include_usage),
+            media_type="text/event-stream",
+            headers=sse.SSE_HEADERS,
+        )
+    done = await collect(stream, request)
+    assert done.final.finish_reason is not None and done.final.usage is not None
+    return JSONResponse(
+        adapter.chat_completion(
+            response_id, body.model, done.text, done.final.finish_reason, done.final.usage
+        )
+    )
+
+
+async def _chat_sse(
+    stream: RequestStream, response_id: str, model: str, include_usage: bool
+) -> AsyncIterator[str]:
+    created = int(time.time())
+    yield sse.data_line(
+        adapter.chat_chunk(response_id, model, created, {"role": "assistant", "content": ""})
+    )
+    async for event in stream:
+        if event.text:
+            yield sse.data_line(
+                adapter.chat_chunk(response_id, model, created, {"content": event.text})
+            )
+        if event.finished:
+            yield _final_chunks(event, response_id, model, created, include_usage)
+    yield sse.data_line("[DONE]")
+
+
+def _final_chunks(
+    event: EngineEvent, response_id: str, model: str, created: int, include_usage: bool
+) -> str:
+    assert event.finish_reason is not None and event.usage is not None
+    if event.finish_reason is FinishReason.ERROR:
+        return sse.data_line(openai_error_body(ApiError(500, f"generation failed: {event.error}")))
+    out = sse.data_line(adapter.chat_chunk(response_id, model, created, {}, event.finish_reason))
+    if include_usage:
+        out += sse.data_line(adapter.usage_chunk(response_id, model, created, event.usage))
+    return out
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Any:
+    state = server_state(request)
+    check_model_name(state, body.model)
+    if body.suffix:
+        raise ApiError(400, "suffix: not supported", param="suffix")
+    prompt = adapter.completion_prompt(body)
+    sampling = adapter.sampling_params(body, body.max_tokens, default_max_tokens=16)
+    prompt_ids = await _completion_ids(state.prompt_builder.encode, prompt, state)
+    response_id = new_id("cmpl-")
+    stream = submit(state, response_id, prompt_ids, sampling)
+    created = int(time.time())
+    echo = prompt if (body.echo and isinstance(prompt, str)) else ""
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(
+            _completion_sse(stream, response_id, body.model, created, echo, include_usage),
+            media_type="text/event-stream",
+            headers=sse.SSE_HEADERS,
+        )
+    done = await collect(stream, request)
+    return JSONResponse(
+        adapter.text_completion(
+            response_id,
+            body.model,
+            created,
+            echo + done.text,
+            done.final.finish_reason,
+            done.final.usage,
+        )
+    )
+
+
+async def _completion_ids(encode: Any, prompt: str | list[int], state: Any) -> tuple[int, ...]:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ApiError(400, "prompt: must not be empty", param="prompt")
+        try:
+            return tuple(await asyncio.to_thread(encode, prompt))
+        except PromptError as exc:
+            raise ApiError(400, str(exc), param="prompt") from exc
+    vocab = state.engine.model.tokenizer.vocab_size
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise ApiError(400, f"prompt: token id {bad[0]} is out of range", param="prompt")
+    return tuple(prompt)
+
+
+async def _completion_sse(
+    stream: RequestStream,
+    response_id: str,
+    model: str,
+    created: int,
+    echo: str,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    if echo:
+        yield sse.data_line(adapter.text_completion(response_id, model, created, echo, None))
+    async for event in stream:
+        if event.finished:
+            assert event.usage is not None
+            if event.finish_reason is FinishReason.ERROR:
+                yield sse.data_line(
+                    openai_error_body(ApiError(500, f"generation failed: {event.error}"))
+                )
+                break
+            yield sse.data_line(
+                adapter.text_completion(
+                    response_id, model, created, event.text, event.finish_reason
+                )
+            )
+            if include_usage:
+                yield sse.data_line(
+                    adapter.usage_chunk(response_id, model, created, event.usage, completion=True)
+                )
+        elif event.text:
+            yield sse.data_line(
+                adapter.text_completion(response_id, model, created, event.text, None)
+            )
+    yield sse.data_line("[DONE]")
+
+
+__all__ = ["SamplingParams", "router"]

@@ -1,0 +1,21 @@
+"""Everything a request handler needs, built once at startup. No MLX here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from compat_serve.chat.prompt import PromptBuilder
+    from compat_serve.engine.engine import Engine
+
+
+@dataclass
+class ServerState:
+    engine: Engine
+    prompt_builder: PromptBuilder
+    served_model_name: str
+    context_length: int
+    api_key: str | None = None
+    strict_model_names: bool = False
+    inline_system_policy: str = "preserve"

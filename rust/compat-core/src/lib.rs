@@ -1,0 +1,3 @@
+//! Pure-Rust core of compat-serve. Knows nothing of Python.
+pub mod error;
+pub mod template;

@@ -1,0 +1,34 @@
+//! The one place where core errors become Python exceptions.
+use compat_core::error::CoreError;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+
+pyo3::create_exception!(
+    _native,
+    TemplateError,
+    PyException,
+    "A chat template failed to compile, failed to render, or called raise_exception()."
+);
+
+/// Wrapper so `?` can turn a [`CoreError`] into a `PyErr` (orphan rule).
+#[derive(Debug)]
+pub struct PyCoreError(pub CoreError);
+
+impl From<CoreError> for PyCoreError {
+    fn from(err: CoreError) -> Self {
+        Self(err)
+    }
+}
+
+impl From<PyCoreError> for PyErr {
+    fn from(err: PyCoreError) -> Self {
+        match err.0 {
+            CoreError::Template(msg) | CoreError::TemplateRaised(msg) => TemplateError::new_err(msg),
+            CoreError::InvalidInput(msg) => PyValueError::new_err(msg),
+        }
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("TemplateError", m.py().get_type::<TemplateError>())
+}

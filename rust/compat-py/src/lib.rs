@@ -1,0 +1,14 @@
+//! pyo3 glue: thin wrappers over compat-core, exposed as `compat_serve._native`.
+use pyo3::prelude::*;
+
+mod convert;
+mod error;
+mod template;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    error::register(m)?;
+    m.add_class::<template::ChatTemplate>()?;
+    Ok(())
+}

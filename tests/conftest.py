@@ -1,0 +1,79 @@
+"""Session-wide test setup.
+
+The fast BLAS must be loaded before anything imports mlx.core, so it happens here at
+import time. The embedded model is loaded once per session and served by a real
+uvicorn server on a free loopback port, in a background thread.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pytest
+
+from compat_serve.models.blas import ensure_fast_blas
+
+ensure_fast_blas()
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class RunningServer:
+    base_url: str
+    state: object
+    thread: threading.Thread
+    server: object
+
+    def stop(self) -> None:
+        self.server.should_exit = True  # type: ignore[attr-defined]
+        self.thread.join(30)
+
+
+def start_server(loaded: LoadedModel, **options: object) -> RunningServer:
+    import uvicorn
+
+    from compat_serve.bootstrap import ServeOptions, build_state
+    from compat_serve.server.app import create_app
+
+    state = build_state(ServeOptions(**options), loaded=loaded)  # type: ignore[arg-type]
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(state), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("test server did not start")
+        time.sleep(0.05)
+    return RunningServer(f"http://127.0.0.1:{port}", state, thread, server)
+
+
+@pytest.fixture(scope="session")
+def embedded_model() -> LoadedModel:
+    from compat_serve.models.loader import load_model
+
+    return load_model(None)
+
+
+@pytest.fixture(scope="session")
+def server(embedded_model: LoadedModel) -> Iterator[RunningServer]:
+    running = start_server(embedded_model)
+    yield running
+    running.stop()

@@ -1,0 +1,209 @@
+"""Every bad OpenAI request gets a 4xx in OpenAI's error shape; the server keeps serving."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from tests.conftest import start_server
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
+    from tests.conftest import RunningServer
+
+OK_MESSAGES = [{"role": "user", "content": "hi"}]
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+
+
+def post(server: RunningServer, path: str, **kwargs: Any) -> httpx.Response:
+    return httpx.post(f"{server.base_url}{path}", timeout=60, **kwargs)
+
+
+def assert_openai_error(response: httpx.Response, status: int, *needles: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert {"message", "type", "param", "code"} <= set(error)
+    for needle in needles:
+        assert needle in error["message"], error["message"]
+    return error
+
+
+@pytest.mark.parametrize(
+    ("payload", "needle", "param"),
+    [
+        ({"messages": OK_MESSAGES}, "model", "model"),
+        ({"model": "m"}, "messages", "messages"),
+        ({"model": "m", "messages": []}, "messages", "messages"),
+        (
+            {"model": "m", "messages": OK_MESSAGES, "temperature": "hot"},
+            "temperature",
+            "temperature",
+        ),
+        ({"model": "m", "messages": OK_MESSAGES, "temperature": 3.5}, "temperature", "temperature"),
+        ({"model": "m", "messages": OK_MESSAGES, "max_tokens": -1}, "max_tokens", "max_tokens"),
+        ({"model": "m", "messages": OK_MESSAGES, "n": 2}, "n=1", "n"),
+        (
+            {"model": "m", "messages": [{"role": "wizard", "content": "x"}]},
+            "role",
+            "messages[0].role",
+        ),
+        ({"model": "m", "messages": [{"content": "x"}]}, "role", "messages[0].role"),
+        ({"model": "m", "messages": "hello"}, "messages", "messages"),
+        (
+            {
+                "model": "m",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image_url",
+                                "image_url": {"url": "data:image/png;base64,AAAA"},
+                            }
+                        ],
+                    }
+                ],
+            },
+            "text-only",
+            "messages[0].content[0]",
+        ),
+        (
+            {
+                "model": "m",
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {
+                                "id": "c1",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": "{bad"},
+                            }
+                        ],
+                    },
+                ],
+            },
+            "not valid JSON",
+            "messages[1].tool_calls[0].function.arguments",
+        ),
+    ],
+)
+def test_bad_chat_requests(
+    server: RunningServer, payload: dict[str, Any], needle: str, param: str
+) -> None:
+    error = assert_openai_error(post(server, "/v1/chat/completions", json=payload), 400, needle)
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+
+
+def test_malformed_json(server: RunningServer) -> None:
+    response = post(
+        server,
+        "/v1/chat/completions",
+        content=b'{"model": "m", "messages": [',
+        headers={"content-type": "application/json"},
+    )
+    assert_openai_error(response, 400, "not valid JSON")
+
+
+def test_prompt_longer_than_context(server: RunningServer) -> None:
+    huge = "hello " * 9000
+    response = post(
+        server,
+        "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": huge}]},
+    )
+    error = assert_openai_error(response, 400, "8192")
+    assert error["code"] == "context_length_exceeded"
+    assert any(c.isdigit() for c in error["message"].split("has")[1])
+
+
+def test_completions_errors(server: RunningServer) -> None:
+    assert_openai_error(post(server, "/v1/completions", json={"model": "m"}), 400, "prompt")
+    assert_openai_error(
+        post(server, "/v1/completions", json={"model": "m", "prompt": ""}), 400, "empty"
+    )
+    assert_openai_error(
+        post(server, "/v1/completions", json={"model": "m", "prompt": [10**9]}), 400, "out of range"
+    )
+    assert_openai_error(
+        post(server, "/v1/completions", json={"model": "m", "prompt": ["a", "b"]}), 400, "single"
+    )
+
+
+def test_unknown_endpoint_and_method(server: RunningServer) -> None:
+    assert_openai_error(post(server, "/v1/nope", json={}), 404, "no such endpoint")
+    response = httpx.get(f"{server.base_url}/v1/chat/completions", timeout=10)
+    assert_openai_error(response, 405, "not allowed")
+
+
+def test_unknown_fields_are_ignored(server: RunningServer) -> None:
+    response = post(
+        server,
+        "/v1/chat/completions",
+        json={
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi", "weird": 1}],
+            "max_tokens": 2,
+            "frobnicate": {"x": 1},
+            "logit_bias": {"1": 2},
+        },
+    )
+    assert response.status_code == 200, response.text
+
+
+def test_server_still_serves_after_errors(server: RunningServer) -> None:
+    for _ in range(3):
+        post(server, "/v1/chat/completions", content=b"nonsense")
+    response = post(
+        server,
+        "/v1/chat/completions",
+        json={"model": "m", "messages": OK_MESSAGES, "max_tokens": 2},
+    )
+    assert response.status_code == 200
+    assert response.json()["usage"]["completion_tokens"] <= 2
+
+
+@pytest.fixture(scope="module")
+def keyed_server(embedded_model: LoadedModel) -> Iterator[RunningServer]:
+    running = start_server(embedded_model, api_key="sekret")
+    yield running
+    running.stop()
+
+
+def test_api_key_required_when_configured(keyed_server: RunningServer) -> None:
+    body = {"model": "m", "messages": OK_MESSAGES, "max_tokens": 1}
+    assert_openai_error(post(keyed_server, "/v1/chat/completions", json=body), 401, "missing")
+    wrong = post(
+        keyed_server, "/v1/chat/completions", json=body, headers={"authorization": "Bearer nope"}
+    )
+    assert_openai_error(wrong, 401, "invalid")
+    for headers in ({"authorization": "Bearer sekret"}, {"x-api-key": "sekret"}):
+        ok = post(keyed_server, "/v1/chat/completions", json=body, headers=headers)
+        assert ok.status_code == 200, ok.text
+    assert httpx.get(f"{keyed_server.base_url}/health", timeout=10).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def gemma_template_server(embedded_model: LoadedModel) -> Iterator[RunningServer]:
+    template = SHARED / "templates" / "google-gemma-2-2b-it.jinja"
+    assert template.is_file(), f"missing shared template {template}"
+    running = start_server(embedded_model, chat_template=str(template))
+    yield running
+    running.stop()
+
+
+def test_template_exception_is_a_400(gemma_template_server: RunningServer) -> None:
+    response = post(
+        gemma_template_server,
+        "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "system", "content": "x"}, *OK_MESSAGES]},
+    )
+    assert_openai_error(response, 400, "System role not supported")
