@@ -289,6 +289,9 @@ class Engine:
         with self._queued_lock:
             self._queued -= 1
         usage = Usage(prompt_tokens=seq.prompt_len, completion_tokens=len(seq.generated))
+        # Clear the status row before the final event: a client that sees its request
+        # finished must not still find it in /v1/status.
+        self.status.remove(seq.request_id)
         seq.stream.push(
             EngineEvent(
                 seq.request_id,
@@ -300,7 +303,6 @@ class Engine:
                 error=error,
             )
         )
-        self.status.remove(seq.request_id)
         self._log_finished(seq, reason)
 
     def _log_progress(self, seq: Sequence) -> None:

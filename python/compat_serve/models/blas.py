@@ -95,7 +95,7 @@ class BlasStatus:
 
 
 _lock = threading.Lock()
-_status: BlasStatus | None = None
+_state: dict[str, BlasStatus] = {}  # "status" -> the recorded outcome
 _handles: list[ctypes.CDLL] = []  # keep loaded libraries alive
 
 
@@ -133,8 +133,10 @@ def _is_fast(path: str) -> bool:
 def _in_ld_preload(path: str) -> bool:
     entries = os.environ.get("LD_PRELOAD", "").replace(":", " ").split()
     real = os.path.realpath(path)
-    return any(os.path.realpath(e) == real or os.path.basename(e) == os.path.basename(path)
-               for e in entries)
+    return any(
+        os.path.realpath(e) == real or os.path.basename(e) == os.path.basename(path)
+        for e in entries
+    )
 
 
 def _mlx_already_loaded() -> bool:
@@ -249,12 +251,11 @@ def ensure_fast_blas() -> BlasStatus:
     Never raises: when nothing usable is found it logs a loud warning with the fix and MLX
     runs on its reference BLAS (correct, ~15x slower matmuls).
     """
-    global _status
     with _lock:
-        if _status is not None:
-            return _status
+        if "status" in _state:
+            return _state["status"]
         status = _decide()
-        _status = status
+        _state["status"] = status
     if status.active:
         logger.info("%s", status.describe())
     elif status.source == "disabled":
@@ -275,8 +276,8 @@ def ensure_fast_blas() -> BlasStatus:
 
 def fast_blas_status() -> BlasStatus:
     """The recorded status, or `not-attempted` (with what the process has now) if never run."""
-    if _status is not None:
-        return _status
+    if "status" in _state:
+        return _state["status"]
     provider = _global_sgemm_provider() if sys.platform == "linux" else None
     if (
         provider is not None

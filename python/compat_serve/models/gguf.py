@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx.nn.layers.base import Module
+from mlx.nn.layers.quantized import quantize
 
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.gguf_metadata import GGUFMetadata
@@ -36,6 +37,8 @@ from compat_serve.models.weights import (
     WeightPlan,
     dequantize,
     eval_with_progress,
+    infer_quant_params,
+    model_arrays,
     mx_dtype,
     param_shapes,
     quantized_prefixes,
@@ -83,10 +86,10 @@ def read_gguf(path: str) -> tuple[dict[str, mx.array], GGUFMetadata]:
     if not os.path.isfile(path):
         raise ModelLoadError(f"GGUF file not found: {path}")
     try:
-        loaded = mx.load(path, return_metadata=True)
+        loaded: Any = mx.load(path, return_metadata=True)
     except Exception as exc:
         raise ModelLoadError(f"cannot read GGUF {path}: {exc}") from exc
-    weights, raw_meta = loaded  # type: ignore[misc]
+    weights, raw_meta = loaded
     return dict(weights), GGUFMetadata(raw_meta, path=path)
 
 
@@ -99,9 +102,7 @@ def _kv_heads(meta: GGUFMetadata, key: str, default: int) -> int:
     return values[0]
 
 
-def llama_config_from_gguf(
-    meta: GGUFMetadata, weights: Mapping[str, mx.array]
-) -> dict[str, Any]:
+def llama_config_from_gguf(meta: GGUFMetadata, weights: Mapping[str, mx.array]) -> dict[str, Any]:
     """An HF/mlx-lm style `config.json` dict for a llama-architecture GGUF."""
     arch = meta.architecture
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -212,16 +213,17 @@ def map_gguf_weights(
         if target is None:
             raise ModelLoadError(f"unsupported tensor {name!r} in a llama GGUF")
         if base == "attn_q":
-            tensor = unpermute_rows(tensor, heads)
+            out[f"{target}.{suffix}"] = unpermute_rows(tensor, heads)
         elif base == "attn_k":
-            tensor = unpermute_rows(tensor, kv_heads)
-        out[f"{target}.{suffix}"] = tensor
+            out[f"{target}.{suffix}"] = unpermute_rows(tensor, kv_heads)
+        else:
+            out[f"{target}.{suffix}"] = tensor
     if config.get("tie_word_embeddings"):
         out.pop("lm_head.weight", None)
     return out, rope_freqs
 
 
-class GGUFRoPE(nn.Module):
+class GGUFRoPE(Module):
     """Rope with per-frequency factors from a GGUF `rope_freqs` tensor (Llama 3.1-style).
 
     llama.cpp divides each rotation frequency by its factor; `mx.fast.rope` takes the inverse
@@ -229,7 +231,7 @@ class GGUFRoPE(nn.Module):
     """
 
     def __init__(self, dims: int, base: float, factors: mx.array) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.dims = dims
         exponents = mx.arange(0, dims, 2, dtype=mx.float32) / dims
         self._freqs = (base**exponents) * factors.astype(mx.float32)
@@ -253,10 +255,11 @@ class GGUFModelParts:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def build_llama(config: Mapping[str, Any]) -> nn.Module:
+def build_llama(config: Mapping[str, Any]) -> Module:
     from mlx_lm.models.llama import Model, ModelArgs
 
-    model: nn.Module = Model(ModelArgs.from_dict(dict(config)))
+    args = ModelArgs.from_dict(dict(config))  # type: ignore[no-untyped-call]
+    model: Module = Model(args)
     return model
 
 
@@ -279,8 +282,6 @@ def read_gguf_parts(path: str) -> GGUFModelParts:
     )
     shapes = param_shapes(build_llama(config))
     quant: dict[str, QuantParams] = {}
-    from compat_serve.models.weights import infer_quant_params
-
     for prefix in quantized_prefixes(weights):
         dense_shape = shapes.get(f"{prefix}.weight")
         if dense_shape is None:
@@ -313,7 +314,7 @@ def dense_weights(
             dtype,
         )
     for name, tensor in weights.items():
-        prefix, _, suffix = name.rpartition(".")
+        prefix = name.rpartition(".")[0]
         if prefix in quant:
             continue
         out[name] = tensor.astype(dtype) if mx.issubdtype(tensor.dtype, mx.floating) else tensor
@@ -337,10 +338,11 @@ def quantization_config(quant: Mapping[str, QuantParams]) -> dict[str, Any] | No
     return config
 
 
-def apply_rope_freqs(model: nn.Module, config: Mapping[str, Any], rope_freqs: mx.array) -> None:
+def apply_rope_freqs(model: Module, config: Mapping[str, Any], rope_freqs: mx.array) -> None:
     dims = int(config["head_dim"])
     rope = GGUFRoPE(dims, float(config["rope_theta"]), rope_freqs)
-    for layer in model.layers:  # type: ignore[attr-defined]
+    layers: Any = model.layers
+    for layer in layers:
         layer.self_attn.rope = rope
 
 
@@ -365,10 +367,10 @@ def load_gguf(path: str, *, dtype: str | None = None, source: str | None = None)
     if plan.keep_quantized:
         quant = parts.quant
 
-        def predicate(p: str, _m: nn.Module) -> bool | dict[str, Any]:
+        def predicate(p: str, _m: Module) -> bool | dict[str, Any]:
             return quant[p].as_dict() if p in quant else False
 
-        nn.quantize(model, class_predicate=predicate)
+        quantize(model, class_predicate=predicate)
         weights = parts.weights
         dtype_name = (
             f"quantized-{quantization_config(quant)['bits']}bit"  # type: ignore[index]
@@ -423,7 +425,5 @@ def load_gguf(path: str, *, dtype: str | None = None, source: str | None = None)
     )
 
 
-def _leaves(model: nn.Module) -> list[mx.array]:
-    from mlx.utils import tree_flatten
-
-    return [v for _, v in tree_flatten(model.parameters()) if isinstance(v, mx.array)]
+def _leaves(model: Module) -> list[mx.array]:
+    return list(model_arrays(model).values())

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx.nn.layers.base import Module
 
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.hf_tokenizer import load_hf_tokenizer, read_json
@@ -23,6 +23,7 @@ from compat_serve.models.weights import (
     cast_floating,
     dequantize_model,
     eval_with_progress,
+    model_arrays,
     mx_dtype,
     resolve_dtype,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "context_length_from_config",
     "download_hub_model",
     "load_hf_dir",
+    "load_hub_model",
     "looks_like_hub_id",
 ]
 
@@ -93,21 +95,23 @@ def context_length_from_config(
     return DEFAULT_CONTEXT_LENGTH
 
 
-def _dtype_name(model: nn.Module, quantization: Any) -> str:
+def _dtype_name(model: Module, quantization: Any) -> str:
     if isinstance(quantization, dict) and "bits" in quantization:
         return f"quantized-{quantization['bits']}bit"
-    from mlx.utils import tree_flatten
-
     counts: dict[str, int] = {}
-    for _, v in tree_flatten(model.parameters()):
-        if isinstance(v, mx.array) and mx.issubdtype(v.dtype, mx.floating):
+    for v in model_arrays(model).values():
+        if mx.issubdtype(v.dtype, mx.floating):
             name = str(v.dtype).removeprefix("mlx.core.")
             counts[name] = counts.get(name, 0) + int(v.size)
     return max(counts, key=lambda k: counts[k]) if counts else "unknown"
 
 
 def load_hf_dir(
-    path: str | Path, *, dtype: str | None = None, source: str | None = None
+    path: str | Path,
+    *,
+    dtype: str | None = None,
+    source: str | None = None,
+    name: str | None = None,
 ) -> LoadedModel:
     """Load a local MLX/HF-format model directory."""
     from mlx_lm.utils import load_model
@@ -143,7 +147,7 @@ def load_hf_dir(
         tokenizer=info.tokenizer,
         chat_template=info.chat_template,
         context_length=context_length_from_config(config, info.tokenizer_config),
-        name=model_dir.resolve().name if source is None else source.rstrip("/").split("/")[-1],
+        name=name or model_dir.resolve().name,
         source=source or str(model_dir),
         dtype=dtype_name,
         model_type=model_type,
@@ -159,7 +163,12 @@ def load_hf_dir(
 
 
 def load_hub_model(repo_id: str, *, dtype: str | None = None) -> LoadedModel:
-    return load_hf_dir(download_hub_model(repo_id), dtype=dtype, source=repo_id)
+    return load_hf_dir(
+        download_hub_model(repo_id),
+        dtype=dtype,
+        source=repo_id,
+        name=repo_id.rsplit("/", maxsplit=1)[-1],
+    )
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:

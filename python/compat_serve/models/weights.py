@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx.nn.layers.base import Module
+from mlx.nn.layers.embedding import Embedding
+from mlx.nn.layers.linear import Linear
+from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear
 from mlx.utils import tree_flatten, tree_unflatten
 
 from compat_serve.models.errors import ModelLoadError
@@ -27,11 +30,16 @@ __all__ = [
     "Backend",
     "QuantParams",
     "WeightPlan",
+    "cast_floating",
     "compute_backend",
     "dequantize",
     "dequantize_model",
+    "eval_with_progress",
+    "flat_arrays",
     "infer_quant_params",
+    "model_arrays",
     "mx_dtype",
+    "param_shapes",
     "quantized_prefixes",
     "resolve_dtype",
 ]
@@ -78,16 +86,20 @@ class WeightPlan:
         return self.dense is None
 
 
-def resolve_dtype(requested: str | None, backend: Backend | None = None) -> WeightPlan:
+def resolve_dtype(
+    requested: str | None, backend: Backend | None = None, *, warn: bool = True
+) -> WeightPlan:
     """Apply the dtype rule (module docstring) to a user request."""
     backend = backend or compute_backend()
     req = (requested or "auto").lower()
     if req not in DTYPE_CHOICES:
-        raise ModelLoadError(f"unknown dtype {requested!r}; choose one of {', '.join(DTYPE_CHOICES)}")
+        raise ModelLoadError(
+            f"unknown dtype {requested!r}; choose one of {', '.join(DTYPE_CHOICES)}"
+        )
     if req == "auto":
         return WeightPlan(backend, "float32" if backend == "cpu" else None, req)
     if req == "quantized":
-        if backend == "cpu":
+        if backend == "cpu" and warn:
             logger.warning(
                 "keeping weights quantized on the CPU backend: MLX's CPU quantized matmul is "
                 "~15x slower than dense float32"
@@ -147,28 +159,27 @@ def quantized_prefixes(names: Iterable[str]) -> list[str]:
     return sorted(n[: -len(".scales")] for n in names if n.endswith(".scales"))
 
 
-def dequantize_model(model: nn.Module, dtype: mx.Dtype = mx.float32) -> int:
+def dequantize_model(model: Module, dtype: mx.Dtype = mx.float32) -> int:
     """Replace every quantized layer of an mlx-lm model with a dense one, in place.
 
     Returns how many layers were replaced. Dequantization is computed in float32.
     """
     from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
-    replaced: list[tuple[str, nn.Module]] = []
-    for name, module in model.named_modules():
-        if isinstance(
-            module, (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)
-        ):
+    replaced: list[tuple[str, Module]] = []
+    untyped: Any = model
+    for name, module in untyped.named_modules():
+        if isinstance(module, (QuantizedLinear, QuantizedEmbedding, QuantizedSwitchLinear)):
             mode = str(getattr(module, "mode", "affine"))
             params = QuantParams(int(module.group_size), int(module.bits), mode)
             biases = module.get("biases") if "biases" in module else None
             weight = dequantize(module["weight"], module["scales"], biases, params, dtype)
             has_bias = "bias" in module
-            dense: nn.Module
-            if isinstance(module, nn.QuantizedEmbedding):
-                dense = nn.Embedding(int(weight.shape[0]), int(weight.shape[1]))
-            elif isinstance(module, nn.QuantizedLinear):
-                dense = nn.Linear(int(weight.shape[1]), int(weight.shape[0]), bias=has_bias)
+            dense: Module
+            if isinstance(module, QuantizedEmbedding):
+                dense = Embedding(int(weight.shape[0]), int(weight.shape[1]))
+            elif isinstance(module, QuantizedLinear):
+                dense = Linear(int(weight.shape[1]), int(weight.shape[0]), bias=has_bias)
             else:
                 n_exp, out_dims, in_dims = (int(d) for d in weight.shape)
                 dense = SwitchLinear(in_dims, out_dims, n_exp, bias=has_bias)
@@ -181,31 +192,40 @@ def dequantize_model(model: nn.Module, dtype: mx.Dtype = mx.float32) -> int:
     return len(replaced)
 
 
-def cast_floating(model: nn.Module, dtype: mx.Dtype) -> None:
+def cast_floating(model: Module, dtype: mx.Dtype) -> None:
     """Cast every floating-point parameter of `model` to `dtype` (integers untouched)."""
     model.set_dtype(dtype, lambda d: bool(mx.issubdtype(d, mx.floating)))
 
 
-def eval_with_progress(model: nn.Module, label: str, *, log: logging.Logger = logger) -> None:
+def eval_with_progress(model: Module, label: str, *, log: logging.Logger = logger) -> None:
     """Materialize the parameters layer by layer, logging progress about every 25%."""
     layers = getattr(model, "layers", None)
     if isinstance(layers, list) and layers:
         total = len(layers)
         step = max(1, total // 4)
         for i, layer in enumerate(layers, 1):
-            mx.eval(layer.parameters())
+            mx.eval(model_arrays(layer))
             if i % step == 0 or i == total:
                 log.info("%s: %d/%d layers ready", label, i, total)
-    mx.eval(model.parameters())
+    mx.eval(model_arrays(model))
 
 
-def param_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+def model_arrays(model: Module) -> dict[str, mx.array]:
+    """Parameter name -> array of a module (mlx's `Module.parameters` is untyped)."""
+    untyped: Any = model
+    return flat_arrays(untyped.parameters())
+
+
+def flat_arrays(tree: Any) -> dict[str, mx.array]:
+    """Dotted name -> array for every array leaf of an MLX parameter tree."""
+    flat: dict[str, Any] = {}
+    tree_flatten(tree, destination=flat)
+    return {k: v for k, v in flat.items() if isinstance(v, mx.array)}
+
+
+def param_shapes(model: Module) -> dict[str, tuple[int, ...]]:
     """Parameter name -> shape, without materializing anything."""
-    return {
-        k: tuple(int(d) for d in v.shape)
-        for k, v in tree_flatten(model.parameters())
-        if isinstance(v, mx.array)
-    }
+    return {k: tuple(int(d) for d in v.shape) for k, v in model_arrays(model).items()}
 
 
 def weights_nbytes(weights: Mapping[str, mx.array]) -> int:

@@ -12,15 +12,17 @@
 //!   use Python's whitespace rules ([`builtins`]);
 //! - methods that mutate (`list.append`, `dict.update`, ...) raise, as the
 //!   immutable sandbox does;
-//! - transformers' `{% generation %}` block (which only records where assistant
-//!   text lands and renders its body unchanged) is rewritten to an always-true
-//!   `{% if %}` block before compiling ([`desugar_generation`]).
+//! - `safe`/`escape` create Markup, and `Markup + str` escapes the string
+//!   ([`markup`]);
+//! - the tests `iterable`, `sequence` and `number` follow Python's types;
+//! - `for` loops over `none` raise, and transformers' `{% generation %}` tag is
+//!   supported, through a tag-level rewrite before compiling ([`source`]).
 
 mod builtins;
 mod json;
+mod markup;
 mod pyfmt;
-
-use std::borrow::Cow;
+mod source;
 
 use chrono::NaiveDateTime;
 use minijinja::value::Value;
@@ -47,15 +49,17 @@ impl ChatTemplate {
     /// Like [`ChatTemplate::new`], but `strftime_now` reports `now` instead of
     /// the local wall clock (reproducible prompts; tests).
     pub fn with_clock(source: &str, now: Option<NaiveDateTime>) -> Result<Self, CoreError> {
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .keep_trailing_newline(false)
+            .build()
+            .map_err(|e| CoreError::Template(e.to_string()))?;
+        let desugared = source::desugar(source);
+        let compiled_source = markup::rewrite_add(&desugared, syntax.clone())
+            .unwrap_or_else(|| desugared.into_owned());
         let mut env = Environment::new();
-        env.set_syntax(
-            minijinja::syntax::SyntaxConfig::builder()
-                .trim_blocks(true)
-                .lstrip_blocks(true)
-                .keep_trailing_newline(false)
-                .build()
-                .map_err(|e| CoreError::Template(e.to_string()))?,
-        );
+        env.set_syntax(syntax);
         env.set_undefined_behavior(UndefinedBehavior::Lenient);
         env.set_auto_escape_callback(|_| AutoEscape::None);
         env.set_debug(false);
@@ -72,7 +76,17 @@ impl ChatTemplate {
         env.add_filter("join", builtins::join);
         env.add_filter("trim", builtins::trim);
         env.add_filter("indent", builtins::indent);
-        env.add_template_owned(TEMPLATE_NAME, desugar_generation(source).into_owned())
+        env.add_filter("length", builtins::length);
+        env.add_filter("count", builtins::length);
+        env.add_filter(source::ITER_FILTER, builtins::py_iter);
+        env.add_test("iterable", builtins::is_iterable);
+        env.add_test("sequence", builtins::is_sequence);
+        env.add_test("number", builtins::is_number);
+        env.add_function(markup::ADD_FUNCTION, markup::py_add);
+        env.add_filter("escape", markup::escape);
+        env.add_filter("e", markup::escape);
+        env.add_filter("forceescape", markup::forceescape);
+        env.add_template_owned(TEMPLATE_NAME, compiled_source)
             .map_err(|e| template_error(&e))?;
         Ok(Self { env })
     }
@@ -123,63 +137,6 @@ fn template_error(err: &minijinja::Error) -> CoreError {
         source = current.source();
     }
     CoreError::Template(err.to_string())
-}
-
-/// Rewrites transformers' `{% generation %}` / `{% endgeneration %}` tags
-/// (whitespace-control markers kept) into `{% if true %}` / `{% endif %}`.
-/// transformers' `AssistantTracker` renders the body unchanged; only its
-/// assistant-token mask, which we do not produce, depends on the tag.
-pub fn desugar_generation(source: &str) -> Cow<'_, str> {
-    if !source.contains("generation") {
-        return Cow::Borrowed(source);
-    }
-    let mut out = String::with_capacity(source.len());
-    let mut rest = source;
-    while let Some(start) = rest.find("{%") {
-        out.push_str(&rest[..start]);
-        let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else {
-            out.push_str(tag);
-            return Cow::Owned(out);
-        };
-        let inner = &tag[2..end];
-        let (open_marker, body) = split_marker_front(inner);
-        let (body, close_marker) = split_marker_back(body);
-        let replacement = match body.trim() {
-            "generation" => Some("if true"),
-            "endgeneration" => Some("endif"),
-            _ => None,
-        };
-        match replacement {
-            Some(keyword) => {
-                out.push_str("{%");
-                out.push_str(open_marker);
-                out.push(' ');
-                out.push_str(keyword);
-                out.push(' ');
-                out.push_str(close_marker);
-                out.push_str("%}");
-            }
-            None => out.push_str(&tag[..end + 2]),
-        }
-        rest = &tag[end + 2..];
-    }
-    out.push_str(rest);
-    Cow::Owned(out)
-}
-
-fn split_marker_front(s: &str) -> (&str, &str) {
-    match s.chars().next() {
-        Some('-' | '+') => s.split_at(1),
-        _ => ("", s),
-    }
-}
-
-fn split_marker_back(s: &str) -> (&str, &str) {
-    match s.chars().last() {
-        Some('-' | '+') => s.split_at(s.len() - 1),
-        _ => (s, ""),
-    }
 }
 
 #[cfg(test)]
@@ -256,7 +213,35 @@ mod tests {
     fn generation_block_renders_its_body() {
         let src = "{% for m in messages %}{%- generation -%} {{ m }} {%- endgeneration %}{% endfor %}";
         assert_eq!(render(src, &json!({"messages": ["a", "b"]})).unwrap(), "ab");
-        assert_eq!(desugar_generation("{%+ generation%}"), "{%+ if true %}");
+    }
+
+    #[test]
+    fn none_is_not_iterable() {
+        let src = "{% for t in tools %}{{ t }}{% endfor %}";
+        assert!(render(src, &json!({"tools": null})).is_err());
+        assert_eq!(render(src, &json!({})).unwrap(), "");
+        assert_eq!(render("{{ missing|length }}", &json!({})).unwrap(), "0");
+        assert!(render("{{ tools|length }}", &json!({"tools": null})).is_err());
+        let tests = "{{ tools is iterable }} {{ missing is iterable }} {{ 'ab' is sequence }} \
+                     {{ {} is sequence }} {{ true is number }}";
+        assert_eq!(render(tests, &json!({"tools": null})).unwrap(), "False True True True True");
+    }
+
+    #[test]
+    fn filter_keyword_arguments() {
+        let ctx = json!({"t": {"a": [1]}});
+        assert_eq!(
+            render("{{ t|tojson(indent=2, sort_keys=true)|indent(2, first=true) }}", &ctx).unwrap(),
+            "  {\n    \"a\": [\n      1\n    ]\n  }"
+        );
+        assert_eq!(render("{{ t|tojson(separators=(',', ':')) }}", &ctx).unwrap(), r#"{"a":[1]}"#);
+    }
+
+    #[test]
+    fn markup_addition_escapes_like_jinja2() {
+        let src = r#"{{ "'"|safe + name + "'"|safe + t|tojson }}|{{ "<"|safe ~ name }}"#;
+        let ctx = json!({"name": "a&b", "t": {"k": "v"}});
+        assert_eq!(render(src, &ctx).unwrap(), "'a&amp;b'{&#34;k&#34;: &#34;v&#34;}|<a&b");
     }
 
     #[test]

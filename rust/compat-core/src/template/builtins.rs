@@ -5,7 +5,7 @@ use std::fmt;
 
 use chrono::format::{Item, StrftimeItems};
 use chrono::NaiveDateTime;
-use minijinja::value::{from_args, Kwargs, Value, ValueKind};
+use minijinja::value::{from_args, Kwargs, Rest, Value, ValueKind, ValueOrKwargs};
 use minijinja::{Error, ErrorKind, State};
 
 use super::json::{dumps, DumpOptions};
@@ -50,7 +50,11 @@ pub fn make_strftime_now(
 
 /// `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`,
 /// positional arguments in that order, as transformers defines it.
-pub fn tojson(value: &Value, args: &[Value]) -> Result<Value, Error> {
+pub fn tojson(value: &Value, args: Rest<ValueOrKwargs>) -> Result<Value, Error> {
+    tojson_args(value, &args.into_values())
+}
+
+fn tojson_args(value: &Value, args: &[Value]) -> Result<Value, Error> {
     let (ensure_ascii, indent, separators, sort_keys, kwargs): (
         Option<&Value>,
         Option<&Value>,
@@ -94,6 +98,61 @@ pub fn tojson(value: &Value, args: &[Value]) -> Result<Value, Error> {
     dumps(value, &opts).map(Value::from)
 }
 
+/// Applied to every `for` loop's iterable (see `source`): jinja2 raises on
+/// `None`, minijinja would iterate it as empty.
+pub fn py_iter(value: Value) -> Result<Value, Error> {
+    if value.is_none() {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "'NoneType' object is not iterable",
+        ));
+    }
+    Ok(value)
+}
+
+/// `is iterable`: Python's `iter(x)` succeeds (undefined iterates as empty).
+pub fn is_iterable(value: &Value) -> bool {
+    matches!(
+        value.kind(),
+        ValueKind::Undefined
+            | ValueKind::String
+            | ValueKind::Bytes
+            | ValueKind::Seq
+            | ValueKind::Map
+            | ValueKind::Iterable
+    )
+}
+
+/// `is sequence`: has `len()` and `[]` in Python, so strings and dicts too.
+pub fn is_sequence(value: &Value) -> bool {
+    matches!(
+        value.kind(),
+        ValueKind::Undefined | ValueKind::String | ValueKind::Bytes | ValueKind::Seq | ValueKind::Map
+    )
+}
+
+/// `is number`: `isinstance(x, numbers.Number)`, which includes `bool`.
+pub fn is_number(value: &Value) -> bool {
+    matches!(value.kind(), ValueKind::Number | ValueKind::Bool)
+}
+
+/// `length` / `count`: Python's `len()`; jinja2's `Undefined` has length 0.
+pub fn length(value: &Value) -> Result<Value, Error> {
+    if value.is_undefined() {
+        return Ok(Value::from(0));
+    }
+    if let Some(len) = value.len() {
+        return Ok(Value::from(len));
+    }
+    if value.kind() == ValueKind::Iterable {
+        return Ok(Value::from(value.try_iter()?.count()));
+    }
+    Err(Error::new(
+        ErrorKind::InvalidOperation,
+        format!("object of type '{}' has no len()", value.kind()),
+    ))
+}
+
 /// `string`: Python's `str()`.
 pub fn string(value: &Value) -> Value {
     if value.kind() == ValueKind::String {
@@ -110,9 +169,10 @@ pub fn join(
 ) -> Result<Value, Error> {
     let joiner = joiner.map(to_py_str).unwrap_or_default();
     let mut out = String::new();
-    if value.is_undefined() || value.is_none() {
+    if value.is_undefined() {
         return Ok(Value::from(out));
     }
+    let value = py_iter(value.clone())?;
     if let Some(s) = value.as_str() {
         // Python iterates a string's characters.
         let parts: Vec<String> = s.chars().map(String::from).collect();
@@ -149,12 +209,26 @@ fn lookup_path(item: &Value, path: &Value) -> Result<Value, Error> {
 /// `trim(chars=None)`: Python's `str.strip(chars)`.
 pub fn trim(value: &Value, chars: Option<&Value>) -> Value {
     let s = to_py_str(value);
-    Value::from(py_strip(&s, chars.filter(|c| !c.is_none()).map(to_py_str).as_deref(), true, true))
+    let chars = chars.filter(|c| !c.is_none()).map(to_py_str);
+    keep_markup(value, py_strip(&s, chars.as_deref(), true, true).to_owned())
+}
+
+/// Filters applied to Markup return Markup, as markupsafe's methods do.
+fn keep_markup(input: &Value, output: String) -> Value {
+    if input.is_safe() {
+        Value::from_safe_string(output)
+    } else {
+        Value::from(output)
+    }
 }
 
 /// `indent(width=4, first=False, blank=False)`, jinja2's algorithm: the text
 /// gets a newline appended before `splitlines()`, so a trailing newline survives.
-pub fn indent(value: &Value, args: &[Value]) -> Result<Value, Error> {
+pub fn indent(value: &Value, args: Rest<ValueOrKwargs>) -> Result<Value, Error> {
+    indent_args(value, &args.into_values())
+}
+
+fn indent_args(value: &Value, args: &[Value]) -> Result<Value, Error> {
     let (width, first, blank, kwargs): (Option<&Value>, Option<bool>, Option<bool>, Kwargs) =
         from_args(args)?;
     let width = match kwargs.get::<Option<Value>>("width")?.or_else(|| width.cloned()) {
@@ -183,7 +257,7 @@ pub fn indent(value: &Value, args: &[Value]) -> Result<Value, Error> {
     if first {
         out.insert_str(0, &width);
     }
-    Ok(Value::from(out))
+    Ok(keep_markup(value, out))
 }
 
 /// Python's `str.splitlines()` (without `keepends`).
@@ -337,7 +411,7 @@ mod tests {
 
     #[test]
     fn indent_like_jinja2() {
-        let ind = |s: &str, args: &[Value]| indent(&Value::from(s), args).unwrap().to_string();
+        let ind = |s: &str, args: &[Value]| indent_args(&Value::from(s), args).unwrap().to_string();
         assert_eq!(ind("{\n", &[Value::from(4), Value::from(true)]), "    {\n");
         assert_eq!(ind("a\nb\n\nc", &[Value::from(2)]), "a\n  b\n\n  c");
         assert_eq!(
@@ -359,12 +433,12 @@ mod tests {
         let kw = |pairs: &[(&str, Value)]| {
             Kwargs::from_iter(pairs.iter().map(|(k, v)| ((*k).to_owned(), v.clone())))
         };
-        assert_eq!(tojson(&v, &[]).unwrap().to_string(), r#"{"b": [1, "é"], "a": null}"#);
-        let sorted = tojson(&v, &[Value::from(kw(&[("sort_keys", Value::from(true))]))]).unwrap();
+        assert_eq!(tojson_args(&v, &[]).unwrap().to_string(), r#"{"b": [1, "é"], "a": null}"#);
+        let sorted = tojson_args(&v, &[Value::from(kw(&[("sort_keys", Value::from(true))]))]).unwrap();
         assert_eq!(sorted.to_string(), r#"{"a": null, "b": [1, "é"]}"#);
-        let ascii = tojson(&v, &[Value::from(true)]).unwrap();
+        let ascii = tojson_args(&v, &[Value::from(true)]).unwrap();
         assert_eq!(ascii.to_string(), r#"{"b": [1, "\u00e9"], "a": null}"#);
-        let indented = tojson(&v, &[Value::from(kw(&[("indent", Value::from(1))]))]).unwrap();
+        let indented = tojson_args(&v, &[Value::from(kw(&[("indent", Value::from(1))]))]).unwrap();
         assert_eq!(indented.to_string(), "{\n \"b\": [\n  1,\n  \"é\"\n ],\n \"a\": null\n}");
     }
 

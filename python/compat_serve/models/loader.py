@@ -1,0 +1,99 @@
+"""`load_model(spec)`: the one entry point the CLI and tests use to get a `LoadedModel`.
+
+- `None`            -> the embedded default (SmolLM2-135M-Instruct Q4_1 GGUF, see embedded.py)
+- `*.gguf` file     -> GGUF loader (llama family)
+- directory         -> MLX/HF model directory via mlx-lm
+- `org/name`        -> Hugging Face hub snapshot (needs the network once), then as a directory
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from compat_serve.models.errors import ModelLoadError
+from compat_serve.models.types import LoadedModel
+
+__all__ = ["load_model", "read_chat_template_file"]
+
+logger = logging.getLogger(__name__)
+
+
+def read_chat_template_file(path: str) -> str:
+    """A `--chat-template` file: a Jinja template, or JSON with a `chat_template` string."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read chat template {path}: {exc}") from exc
+    if file.suffix == ".json":
+        import json
+
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ModelLoadError(f"{path}: invalid JSON: {exc}") from exc
+        template = data.get("chat_template") if isinstance(data, dict) else None
+        if not isinstance(template, str):
+            raise ModelLoadError(f"{path}: no 'chat_template' string in the JSON file")
+        return template
+    if not text.strip():
+        raise ModelLoadError(f"chat template {path} is empty")
+    return text
+
+
+def load_model(
+    spec: str | None,
+    *,
+    chat_template_path: str | None = None,
+    dtype: str | None = None,
+) -> LoadedModel:
+    """Load the model `spec` names (see the module docstring).
+
+    `dtype`: None/"auto" (dense float32 on CPU, as stored on GPU), "float32", "float16",
+    "bfloat16" or "quantized". `chat_template_path` replaces the model's own template.
+    """
+    from compat_serve.models.weights import resolve_dtype
+
+    # Check the cheap things first: a typo should fail before a multi-second load.
+    resolve_dtype(dtype, warn=False)
+    override = read_chat_template_file(chat_template_path) if chat_template_path else None
+    loaded = _dispatch(spec, dtype)
+    if override is not None:
+        logger.info("chat template replaced by %s", chat_template_path)
+        loaded.chat_template = override
+        loaded.tokenizer = loaded.tokenizer.with_chat_template(override)
+        loaded.extra["chat_template_source"] = chat_template_path
+    return loaded
+
+
+def _dispatch(spec: str | None, dtype: str | None) -> LoadedModel:
+    if spec is None or spec == "":
+        from compat_serve.models.embedded import EMBEDDED_FILE, embedded_model_path
+        from compat_serve.models.gguf import load_gguf
+
+        path = embedded_model_path()
+        return load_gguf(str(path), dtype=dtype, source=f"embedded:{EMBEDDED_FILE}")
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            from compat_serve.models.gguf import load_gguf
+
+            return load_gguf(str(path), dtype=dtype, source=str(path))
+        raise ModelLoadError(
+            f"{spec}: not a .gguf file; --model takes a .gguf file, a model directory "
+            "or a Hugging Face hub id"
+        )
+    if path.is_dir():
+        from compat_serve.models.hf_dir import load_hf_dir
+
+        return load_hf_dir(path, dtype=dtype, source=str(path))
+    if spec.lower().endswith(".gguf"):
+        raise ModelLoadError(f"GGUF file not found: {spec}")
+    from compat_serve.models.hf_dir import load_hub_model, looks_like_hub_id
+
+    if looks_like_hub_id(spec):
+        return load_hub_model(spec, dtype=dtype)
+    raise ModelLoadError(
+        f"{spec}: no such file or directory, and not a Hugging Face hub id (org/name)"
+    )

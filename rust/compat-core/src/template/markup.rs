@@ -1,0 +1,366 @@
+//! jinja2's `Markup` arithmetic. Even with autoescape off, `x|safe` (and `escape`)
+//! produce a `markupsafe.Markup`, and `Markup + str` HTML-escapes the plain
+//! operand: `"'"|safe + '"a"'` renders `'&#34;a&#34;`. minijinja's `+` ignores
+//! string safety, so in templates that can create Markup (they use `safe`,
+//! `escape`, `e` or `forceescape`) every `a + b` is rewritten to
+//! `__py_add(a, b)`, located with minijinja's own parser. Other templates are
+//! compiled unchanged.
+//!
+//! Markup is represented by minijinja's safe strings.
+
+use minijinja::machinery::ast::{BinOpKind, CallArg, Expr, Stmt};
+use minijinja::machinery::parse;
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::{Value, ValueKind};
+use minijinja::{Error, ErrorKind};
+
+use super::pyfmt::to_py_str;
+
+/// Name of the Python-semantics `+` function.
+pub const ADD_FUNCTION: &str = "__py_add";
+
+const MARKUP_FILTERS: &[&str] = &["safe", "escape", "e", "forceescape"];
+
+/// Rewrites `a + b` to `__py_add(a, b)` if the template can create Markup.
+/// Returns `None` when nothing needs to change (or the source does not parse:
+/// compiling it then reports the error).
+pub fn rewrite_add(source: &str, syntax: SyntaxConfig) -> Option<String> {
+    if !MARKUP_FILTERS.iter().any(|f| source.contains(f)) {
+        return None;
+    }
+    let ast = parse(source, "chat_template", syntax).ok()?;
+    let mut found = Found::default();
+    found.stmt(&ast);
+    if !found.markup || found.adds.is_empty() {
+        return None;
+    }
+    let mut edits: Vec<(usize, u8, usize, &str, usize)> = Vec::new();
+    for &(start, end, left_end, right_start) in &found.adds {
+        let gap = source.get(left_end..right_start)?;
+        let plus = left_end + gap.find('+')?;
+        let len = end - start;
+        // At one offset: closes (inner first), then the operator, then opens (outer first).
+        edits.push((end, 0, len, ")", 0));
+        edits.push((plus, 1, 0, ",", 1));
+        edits.push((start, 2, usize::MAX - len, "__py_add(", 0));
+    }
+    edits.sort_unstable_by_key(|&(pos, phase, order, _, _)| (pos, phase, order));
+    let mut out = String::with_capacity(source.len() + edits.len() * 4);
+    let mut pos = 0;
+    for (at, _, _, text, replaced) in edits {
+        out.push_str(source.get(pos..at)?);
+        out.push_str(text);
+        pos = at + replaced;
+    }
+    out.push_str(&source[pos..]);
+    Some(out)
+}
+
+/// Additions (node span, end of left operand, start of right operand) and
+/// whether a Markup-producing filter occurs.
+#[derive(Default)]
+struct Found {
+    adds: Vec<(usize, usize, usize, usize)>,
+    markup: bool,
+}
+
+impl Found {
+    fn stmts(&mut self, stmts: &[Stmt<'_>]) {
+        for stmt in stmts {
+            self.stmt(stmt);
+        }
+    }
+
+    fn stmt(&mut self, stmt: &Stmt<'_>) {
+        match stmt {
+            Stmt::Template(t) => self.stmts(&t.children),
+            Stmt::EmitExpr(e) => self.expr(&e.expr),
+            Stmt::ForLoop(f) => {
+                self.expr(&f.target);
+                self.expr(&f.iter);
+                self.opt(f.filter_expr.as_ref());
+                self.stmts(&f.body);
+                self.stmts(&f.else_body);
+            }
+            Stmt::IfCond(i) => {
+                self.expr(&i.expr);
+                self.stmts(&i.true_body);
+                self.stmts(&i.false_body);
+            }
+            Stmt::WithBlock(w) => {
+                for (target, value) in &w.assignments {
+                    self.expr(target);
+                    self.expr(value);
+                }
+                self.stmts(&w.body);
+            }
+            Stmt::Set(s) => {
+                self.expr(&s.target);
+                self.expr(&s.expr);
+            }
+            Stmt::SetBlock(s) => {
+                self.opt(s.filter.as_ref());
+                self.stmts(&s.body);
+            }
+            Stmt::AutoEscape(a) => {
+                self.expr(&a.enabled);
+                self.stmts(&a.body);
+            }
+            Stmt::FilterBlock(f) => {
+                self.expr(&f.filter);
+                self.stmts(&f.body);
+            }
+            Stmt::Block(b) => self.stmts(&b.body),
+            Stmt::Import(i) => {
+                self.expr(&i.expr);
+                self.expr(&i.name);
+            }
+            Stmt::FromImport(i) => self.expr(&i.expr),
+            Stmt::Extends(e) => self.expr(&e.name),
+            Stmt::Include(i) => self.expr(&i.name),
+            Stmt::Macro(m) => {
+                self.exprs(&m.defaults);
+                self.stmts(&m.body);
+            }
+            Stmt::CallBlock(c) => {
+                self.expr(&c.call.expr);
+                self.args(&c.call.args);
+                self.exprs(&c.macro_decl.defaults);
+                self.stmts(&c.macro_decl.body);
+            }
+            Stmt::Do(d) => {
+                self.expr(&d.call.expr);
+                self.args(&d.call.args);
+            }
+            Stmt::EmitRaw(_) | Stmt::Continue(_) | Stmt::Break(_) => {}
+        }
+    }
+
+    fn opt(&mut self, expr: Option<&Expr<'_>>) {
+        if let Some(expr) = expr {
+            self.expr(expr);
+        }
+    }
+
+    fn exprs(&mut self, exprs: &[Expr<'_>]) {
+        for expr in exprs {
+            self.expr(expr);
+        }
+    }
+
+    fn args(&mut self, args: &[CallArg<'_>]) {
+        for arg in args {
+            match arg {
+                CallArg::Pos(e) | CallArg::Kwarg(_, e) | CallArg::PosSplat(e) | CallArg::KwargSplat(e) => {
+                    self.expr(e);
+                }
+            }
+        }
+    }
+
+    fn expr(&mut self, expr: &Expr<'_>) {
+        match expr {
+            Expr::Var(_) | Expr::Const(_) => {}
+            Expr::Slice(s) => {
+                self.expr(&s.expr);
+                self.opt(s.start.as_ref());
+                self.opt(s.stop.as_ref());
+                self.opt(s.step.as_ref());
+            }
+            Expr::UnaryOp(u) => self.expr(&u.expr),
+            Expr::BinOp(b) => {
+                if matches!(b.op, BinOpKind::Add) {
+                    let span = expr.span();
+                    self.adds.push((
+                        span.start_offset as usize,
+                        span.end_offset as usize,
+                        b.left.span().end_offset as usize,
+                        b.right.span().start_offset as usize,
+                    ));
+                }
+                self.expr(&b.left);
+                self.expr(&b.right);
+            }
+            Expr::Compare(c) => {
+                self.expr(&c.expr);
+                for op in &c.ops {
+                    self.expr(&op.expr);
+                }
+            }
+            Expr::IfExpr(i) => {
+                self.expr(&i.test_expr);
+                self.expr(&i.true_expr);
+                self.opt(i.false_expr.as_ref());
+            }
+            Expr::Filter(f) => {
+                self.markup |= MARKUP_FILTERS.contains(&f.name);
+                self.opt(f.expr.as_ref());
+                self.args(&f.args);
+            }
+            Expr::Test(t) => {
+                self.expr(&t.expr);
+                self.args(&t.args);
+            }
+            Expr::GetAttr(g) => self.expr(&g.expr),
+            Expr::GetItem(g) => {
+                self.expr(&g.expr);
+                self.expr(&g.subscript_expr);
+            }
+            Expr::Call(c) => {
+                self.expr(&c.expr);
+                self.args(&c.args);
+            }
+            Expr::List(l) => self.exprs(&l.items),
+            Expr::Tuple(t) => self.exprs(&t.items),
+            Expr::Map(m) => {
+                self.exprs(&m.keys);
+                self.exprs(&m.values);
+            }
+        }
+    }
+}
+
+/// `markupsafe.escape(str(value))`.
+pub fn html_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&#34;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `escape` / `e`: Markup stays as it is, anything else is escaped into Markup.
+pub fn escape(value: &Value) -> Value {
+    if value.is_safe() {
+        return value.clone();
+    }
+    forceescape(value)
+}
+
+/// `forceescape`: escapes even Markup.
+pub fn forceescape(value: &Value) -> Value {
+    Value::from_safe_string(html_escape(&to_py_str(value)))
+}
+
+/// Python's `a + b`, with `Markup + str` escaping the plain string.
+pub fn py_add(a: &Value, b: &Value) -> Result<Value, Error> {
+    if a.is_undefined() || b.is_undefined() {
+        return Err(Error::from(ErrorKind::UndefinedError));
+    }
+    match (a.kind(), b.kind()) {
+        (ValueKind::String, ValueKind::String) => {
+            let (sa, sb) = (a.as_str().unwrap_or_default(), b.as_str().unwrap_or_default());
+            Ok(match (a.is_safe(), b.is_safe()) {
+                (false, false) => Value::from([sa, sb].concat()),
+                (true, true) => Value::from_safe_string([sa, sb].concat()),
+                (true, false) => Value::from_safe_string([sa, &html_escape(sb)].concat()),
+                (false, true) => Value::from_safe_string([&html_escape(sa), sb].concat()),
+            })
+        }
+        (ValueKind::Number | ValueKind::Bool, ValueKind::Number | ValueKind::Bool) => {
+            if is_int(a) && is_int(b) {
+                let (x, y) = (int(a)?, int(b)?);
+                return x.checked_add(y).map(Value::from).ok_or_else(|| unsupported(a, b));
+            }
+            Ok(Value::from(float(a)? + float(b)?))
+        }
+        (ValueKind::Seq, ValueKind::Seq) if a.is_tuple() == b.is_tuple() => {
+            let items: Vec<Value> = a.try_iter()?.chain(b.try_iter()?).collect();
+            Ok(if a.is_tuple() {
+                Value::from(minijinja::value::Tuple::from(items))
+            } else {
+                Value::from(items)
+            })
+        }
+        _ => Err(unsupported(a, b)),
+    }
+}
+
+fn is_int(v: &Value) -> bool {
+    v.kind() == ValueKind::Bool || v.is_integer()
+}
+
+fn int(v: &Value) -> Result<i128, Error> {
+    if v.kind() == ValueKind::Bool {
+        return Ok(i128::from(v.is_true()));
+    }
+    i128::try_from(v.clone())
+}
+
+fn float(v: &Value) -> Result<f64, Error> {
+    if v.kind() == ValueKind::Bool {
+        return Ok(if v.is_true() { 1.0 } else { 0.0 });
+    }
+    f64::try_from(v.clone())
+}
+
+fn unsupported(a: &Value, b: &Value) -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!("unsupported operand type(s) for +: '{}' and '{}'", a.kind(), b.kind()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rewrite(src: &str) -> Option<String> {
+        rewrite_add(src, SyntaxConfig::default())
+    }
+
+    #[test]
+    fn templates_without_markup_are_untouched() {
+        assert_eq!(rewrite("{{ a + b }}"), None);
+        assert_eq!(rewrite("{{ a|safe }}"), None);
+    }
+
+    #[test]
+    fn additions_become_calls() {
+        assert_eq!(
+            rewrite("{{ 'x'|safe + a + (b + c) }}{% set d = [1] + [2] %}").as_deref(),
+            Some("{{ __py_add(__py_add('x'|safe , a) , (__py_add(b , c))) }}{% set d = __py_add([1] , [2]) %}")
+        );
+        assert_eq!(
+            rewrite("{{ (a)+(b)|safe }}").as_deref(),
+            Some("{{ __py_add((a),(b)|safe) }}")
+        );
+    }
+
+    #[test]
+    fn markup_plus_str_escapes() {
+        let safe = Value::from_safe_string("'".into());
+        let plain = Value::from("\"a\" & <b>");
+        let sum = py_add(&safe, &plain).unwrap();
+        assert!(sum.is_safe());
+        assert_eq!(sum.as_str(), Some("'&#34;a&#34; &amp; &lt;b&gt;"));
+        assert_eq!(py_add(&plain, &safe).unwrap().as_str(), Some("&#34;a&#34; &amp; &lt;b&gt;'"));
+        assert_eq!(py_add(&plain, &plain).unwrap().is_safe(), false);
+    }
+
+    #[test]
+    fn python_addition() {
+        assert_eq!(py_add(&Value::from(1), &Value::from(true)).unwrap(), Value::from(2));
+        assert_eq!(py_add(&Value::from(1), &Value::from(0.5)).unwrap(), Value::from(1.5));
+        let list = py_add(&Value::from(vec![1]), &Value::from(vec![2])).unwrap();
+        assert_eq!(list.to_string(), "[1, 2]");
+        assert!(py_add(&Value::from("a"), &Value::from(1)).is_err());
+        assert!(py_add(&Value::UNDEFINED, &Value::from("a")).is_err());
+        assert!(py_add(&Value::from(()), &Value::from("a")).is_err());
+    }
+
+    #[test]
+    fn escape_like_markupsafe() {
+        assert_eq!(escape(&Value::from("<'&\">")).as_str(), Some("&lt;&#39;&amp;&#34;&gt;"));
+        let safe = Value::from_safe_string("<b>".into());
+        assert_eq!(escape(&safe).as_str(), Some("<b>"));
+        assert_eq!(forceescape(&safe).as_str(), Some("&lt;b&gt;"));
+    }
+}
