@@ -7,13 +7,14 @@ embedded GGUF loaded once per session through `load_model(None)`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
     from compat_serve.models.gguf_tokenizer import GGUFTokenizerInfo
     from compat_serve.models.tokenizer import Tokenizer
+    from compat_serve.models.types import LoadedModel
 
 CHATML_FRANCE = (
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -43,6 +44,24 @@ TOKENIZER_CORPUS = [
     "\u00a0non-breaking\u2009thin\u200bzero-width",
     "```python\nprint('hi')\n```",
 ]
+
+
+def greedy(loaded: LoadedModel, prompt: str, max_tokens: int = 12) -> str:
+    """Greedy continuation of `prompt` (stops at an EOS id)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model: Any = loaded.model
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([loaded.tokenizer.encode(prompt)]), cache=cache)
+    out: list[int] = []
+    for _ in range(max_tokens):
+        token = int(mx.argmax(logits[0, -1]))
+        if token in loaded.tokenizer.eos_token_ids:
+            break
+        out.append(token)
+        logits = model(mx.array([[token]]), cache=cache)
+    return loaded.tokenizer.decode(out)
 
 
 @pytest.fixture(scope="session")

@@ -21,26 +21,10 @@ from compat_serve.models.gguf import (
     unpermute_rows,
 )
 from compat_serve.models.weights import compute_backend, model_arrays
-from tests.python.conftest import CHATML_FRANCE
+from tests.python.conftest import CHATML_FRANCE, greedy
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
-
-
-def greedy(loaded: LoadedModel, prompt: str, max_tokens: int = 12) -> str:
-    from mlx_lm.models.cache import make_prompt_cache
-
-    model: Any = loaded.model
-    cache = make_prompt_cache(model)
-    logits = model(mx.array([loaded.tokenizer.encode(prompt)]), cache=cache)
-    out: list[int] = []
-    for _ in range(max_tokens):
-        token = int(mx.argmax(logits[0, -1]))
-        if token in loaded.tokenizer.eos_token_ids:
-            break
-        out.append(token)
-        logits = model(mx.array([[token]]), cache=cache)
-    return loaded.tokenizer.decode(out)
 
 
 def test_backend_is_cpu() -> None:

@@ -12,15 +12,15 @@
 //!   use Python's whitespace rules ([`builtins`]);
 //! - methods that mutate (`list.append`, `dict.update`, ...) raise, as the
 //!   immutable sandbox does;
-//! - `safe`/`escape` create Markup, and `Markup + str` escapes the string
-//!   ([`markup`]);
+//! - `~` joins Python `str()`s; `safe`/`escape` create Markup, and
+//!   `Markup + str` escapes the string ([`ops`]);
 //! - the tests `iterable`, `sequence` and `number` follow Python's types;
 //! - `for` loops over `none` raise, and transformers' `{% generation %}` tag is
 //!   supported, through a tag-level rewrite before compiling ([`source`]).
 
 mod builtins;
 mod json;
-mod markup;
+mod ops;
 mod pyfmt;
 mod source;
 
@@ -56,7 +56,7 @@ impl ChatTemplate {
             .build()
             .map_err(|e| CoreError::Template(e.to_string()))?;
         let desugared = source::desugar(source);
-        let compiled_source = markup::rewrite_add(&desugared, syntax.clone())
+        let compiled_source = ops::rewrite_operators(&desugared, syntax.clone())
             .unwrap_or_else(|| desugared.into_owned());
         let mut env = Environment::new();
         env.set_syntax(syntax);
@@ -82,10 +82,11 @@ impl ChatTemplate {
         env.add_test("iterable", builtins::is_iterable);
         env.add_test("sequence", builtins::is_sequence);
         env.add_test("number", builtins::is_number);
-        env.add_function(markup::ADD_FUNCTION, markup::py_add);
-        env.add_filter("escape", markup::escape);
-        env.add_filter("e", markup::escape);
-        env.add_filter("forceescape", markup::forceescape);
+        env.add_function(ops::ADD_FUNCTION, ops::py_add);
+        env.add_function(ops::CONCAT_FUNCTION, ops::py_concat);
+        env.add_filter("escape", ops::escape);
+        env.add_filter("e", ops::escape);
+        env.add_filter("forceescape", ops::forceescape);
         env.add_template_owned(TEMPLATE_NAME, compiled_source)
             .map_err(|e| template_error(&e))?;
         Ok(Self { env })

@@ -1,12 +1,15 @@
-//! jinja2's `Markup` arithmetic. Even with autoescape off, `x|safe` (and `escape`)
-//! produce a `markupsafe.Markup`, and `Markup + str` HTML-escapes the plain
-//! operand: `"'"|safe + '"a"'` renders `'&#34;a&#34;`. minijinja's `+` ignores
-//! string safety, so in templates that can create Markup (they use `safe`,
-//! `escape`, `e` or `forceescape`) every `a + b` is rewritten to
-//! `__py_add(a, b)`, located with minijinja's own parser. Other templates are
-//! compiled unchanged.
+//! Python semantics for the operators `~` and `+`, applied by rewriting the
+//! operator into a function call at the spans minijinja's own parser reports.
 //!
-//! Markup is represented by minijinja's safe strings.
+//! - `a ~ b` is `str(a) + str(b)` in jinja2; minijinja formats operands its own
+//!   way (`1e-07` prints as `0.0000001`). Every `~` becomes `__py_concat(a, b)`.
+//! - Even with autoescape off, `x|safe` (and `escape`) produce a
+//!   `markupsafe.Markup`, and `Markup + str` HTML-escapes the plain operand:
+//!   `"'"|safe + '"a"'` renders `'&#34;a&#34;`. minijinja's `+` ignores string
+//!   safety, so in templates that can create Markup (they use `safe`, `escape`,
+//!   `e` or `forceescape`) every `a + b` becomes `__py_add(a, b)`. Markup is
+//!   represented by minijinja's safe strings. Templates without those filters
+//!   keep minijinja's `+`, which agrees with Python's on plain values.
 
 use minijinja::machinery::ast::{BinOpKind, CallArg, Expr, Stmt};
 use minijinja::machinery::parse;
@@ -14,35 +17,45 @@ use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Value, ValueKind};
 use minijinja::{Error, ErrorKind};
 
-use super::pyfmt::to_py_str;
+use super::pyfmt::{py_str, to_py_str};
 
 /// Name of the Python-semantics `+` function.
 pub const ADD_FUNCTION: &str = "__py_add";
+/// Name of the Python-semantics `~` function.
+pub const CONCAT_FUNCTION: &str = "__py_concat";
 
 const MARKUP_FILTERS: &[&str] = &["safe", "escape", "e", "forceescape"];
 
-/// Rewrites `a + b` to `__py_add(a, b)` if the template can create Markup.
-/// Returns `None` when nothing needs to change (or the source does not parse:
-/// compiling it then reports the error).
-pub fn rewrite_add(source: &str, syntax: SyntaxConfig) -> Option<String> {
-    if !MARKUP_FILTERS.iter().any(|f| source.contains(f)) {
+/// Rewrites `a ~ b` to `__py_concat(a, b)`, and `a + b` to `__py_add(a, b)` if
+/// the template can create Markup. Returns `None` when nothing needs to change
+/// (or the source does not parse: compiling it then reports the error).
+pub fn rewrite_operators(source: &str, syntax: SyntaxConfig) -> Option<String> {
+    let may_concat = source.contains('~');
+    let may_markup = MARKUP_FILTERS.iter().any(|f| source.contains(f)) && source.contains('+');
+    if !may_concat && !may_markup {
         return None;
     }
     let ast = parse(source, "chat_template", syntax).ok()?;
     let mut found = Found::default();
     found.stmt(&ast);
-    if !found.markup || found.adds.is_empty() {
+    let ops: Vec<&Op> = found
+        .ops
+        .iter()
+        .filter(|op| op.symbol == '~' || found.markup)
+        .collect();
+    if ops.is_empty() {
         return None;
     }
     let mut edits: Vec<(usize, u8, usize, &str, usize)> = Vec::new();
-    for &(start, end, left_end, right_start) in &found.adds {
-        let gap = source.get(left_end..right_start)?;
-        let plus = left_end + gap.find('+')?;
-        let len = end - start;
+    for op in ops {
+        let gap = source.get(op.left_end..op.right_start)?;
+        let at = op.left_end + gap.find(op.symbol)?;
+        let len = op.end - op.start;
+        let open = if op.symbol == '~' { "__py_concat(" } else { "__py_add(" };
         // At one offset: closes (inner first), then the operator, then opens (outer first).
-        edits.push((end, 0, len, ")", 0));
-        edits.push((plus, 1, 0, ",", 1));
-        edits.push((start, 2, usize::MAX - len, "__py_add(", 0));
+        edits.push((op.end, 0, len, ")", 0));
+        edits.push((at, 1, 0, ",", 1));
+        edits.push((op.start, 2, usize::MAX - len, open, 0));
     }
     edits.sort_unstable_by_key(|&(pos, phase, order, _, _)| (pos, phase, order));
     let mut out = String::with_capacity(source.len() + edits.len() * 4);
@@ -56,11 +69,19 @@ pub fn rewrite_add(source: &str, syntax: SyntaxConfig) -> Option<String> {
     Some(out)
 }
 
-/// Additions (node span, end of left operand, start of right operand) and
-/// whether a Markup-producing filter occurs.
+/// One `+` or `~`: its node span and the gap holding the operator.
+struct Op {
+    symbol: char,
+    start: usize,
+    end: usize,
+    left_end: usize,
+    right_start: usize,
+}
+
+/// The operators to rewrite and whether a Markup-producing filter occurs.
 #[derive(Default)]
 struct Found {
-    adds: Vec<(usize, usize, usize, usize)>,
+    ops: Vec<Op>,
     markup: bool,
 }
 
@@ -169,14 +190,20 @@ impl Found {
             }
             Expr::UnaryOp(u) => self.expr(&u.expr),
             Expr::BinOp(b) => {
-                if matches!(b.op, BinOpKind::Add) {
+                let symbol = match b.op {
+                    BinOpKind::Add => Some('+'),
+                    BinOpKind::Concat => Some('~'),
+                    _ => None,
+                };
+                if let Some(symbol) = symbol {
                     let span = expr.span();
-                    self.adds.push((
-                        span.start_offset as usize,
-                        span.end_offset as usize,
-                        b.left.span().end_offset as usize,
-                        b.right.span().start_offset as usize,
-                    ));
+                    self.ops.push(Op {
+                        symbol,
+                        start: span.start_offset as usize,
+                        end: span.end_offset as usize,
+                        left_end: b.left.span().end_offset as usize,
+                        right_start: b.right.span().start_offset as usize,
+                    });
                 }
                 self.expr(&b.left);
                 self.expr(&b.right);
@@ -249,6 +276,14 @@ pub fn forceescape(value: &Value) -> Value {
     Value::from_safe_string(html_escape(&to_py_str(value)))
 }
 
+/// jinja2's `a ~ b`: `str(a) + str(b)`, a plain string.
+pub fn py_concat(a: &Value, b: &Value) -> Value {
+    let mut out = String::new();
+    py_str(a, &mut out);
+    py_str(b, &mut out);
+    Value::from(out)
+}
+
 /// Python's `a + b`, with `Markup + str` escaping the plain string.
 pub fn py_add(a: &Value, b: &Value) -> Result<Value, Error> {
     if a.is_undefined() || b.is_undefined() {
@@ -313,13 +348,27 @@ mod tests {
     use super::*;
 
     fn rewrite(src: &str) -> Option<String> {
-        rewrite_add(src, SyntaxConfig::default())
+        rewrite_operators(src, SyntaxConfig::default())
     }
 
     #[test]
-    fn templates_without_markup_are_untouched() {
+    fn templates_without_markup_keep_plus() {
         assert_eq!(rewrite("{{ a + b }}"), None);
         assert_eq!(rewrite("{{ a|safe }}"), None);
+        assert_eq!(rewrite("{{ '~' + b }}"), None);
+    }
+
+    #[test]
+    fn concatenations_become_calls() {
+        assert_eq!(
+            rewrite("{{ a ~ b ~ (c + d) }}").as_deref(),
+            Some("{{ __py_concat(__py_concat(a , b) , (c + d)) }}")
+        );
+        assert_eq!(py_concat(&Value::from(1e-7), &Value::UNDEFINED).as_str(), Some("1e-07"));
+        assert_eq!(
+            py_concat(&Value::from("x"), &Value::from(vec![Value::from(true)])).as_str(),
+            Some("x[True]")
+        );
     }
 
     #[test]
