@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear
 
-from tests.python.conftest import CHATML_FRANCE
+from tests.python.conftest import CHATML_FRANCE, greedy
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -104,7 +104,6 @@ def test_quantized_dir_through_our_loader_equals_gguf(
 ) -> None:
     """Our HF-dir loader dequantizes the quantized dir on the CPU: same f32 weights as the GGUF."""
     from compat_serve.models.loader import load_model
-    from tests.python.test_gguf_load import greedy
 
     loaded = load_model(str(converted_dirs["quantized"]))
     assert loaded.dtype == "float32"

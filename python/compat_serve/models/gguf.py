@@ -372,17 +372,18 @@ def load_gguf(path: str, *, dtype: str | None = None, source: str | None = None)
 
         quantize(model, class_predicate=predicate)
         weights = parts.weights
+        qconfig = quantization_config(quant)
         dtype_name = (
-            f"quantized-{quantization_config(quant)['bits']}bit"  # type: ignore[index]
-            if quant
-            else str(next(iter(parts.weights.values())).dtype).removeprefix("mlx.core.")
+            f"quantized-{qconfig['bits']}bit"
+            if qconfig is not None
+            else str(parts.weights["model.norm.weight"].dtype).removeprefix("mlx.core.")
         )
         phase = "loading quantized weights"
     else:
-        assert plan.dense is not None
-        weights = dense_weights(parts.weights, parts.quant, mx_dtype(plan.dense))
-        dtype_name = plan.dense
-        phase = f"dequantizing to {plan.dense}" if parts.quant else f"casting to {plan.dense}"
+        dense = plan.dense or "float32"
+        weights = dense_weights(parts.weights, parts.quant, mx_dtype(dense))
+        dtype_name = dense
+        phase = f"dequantizing to {dense}" if parts.quant else f"casting to {dense}"
     if parts.rope_freqs is not None:
         apply_rope_freqs(model, config, parts.rope_freqs)
     model.eval()

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import mlx.nn as nn
+    from mlx.nn.layers.base import Module
 
     from compat_serve.models.tokenizer import Tokenizer
 
@@ -20,7 +20,7 @@ class LoadedModel:
     its cache.
     """
 
-    model: nn.Module
+    model: Module
     tokenizer: Tokenizer
     chat_template: str | None
     context_length: int

@@ -12,7 +12,7 @@ The dtype rule (`resolve_dtype`):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -226,7 +226,3 @@ def flat_arrays(tree: Any) -> dict[str, mx.array]:
 def param_shapes(model: Module) -> dict[str, tuple[int, ...]]:
     """Parameter name -> shape, without materializing anything."""
     return {k: tuple(int(d) for d in v.shape) for k, v in model_arrays(model).items()}
-
-
-def weights_nbytes(weights: Mapping[str, mx.array]) -> int:
-    return sum(int(w.nbytes) for w in weights.values())

@@ -100,8 +100,13 @@ impl ChatTemplate {
                 "template context must be a JSON object".to_owned(),
             ));
         }
-        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| template_error(&e))?;
-        template.render(json_to_value(ctx)).map_err(|e| template_error(&e))
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| template_error(&e))?;
+        template
+            .render(json_to_value(ctx))
+            .map_err(|e| template_error(&e))
     }
 }
 
@@ -120,10 +125,13 @@ pub fn json_to_value(json: &serde_json::Value) -> Value {
             }
         }
         serde_json::Value::String(s) => Value::from(s.as_str()),
-        serde_json::Value::Array(items) => Value::from(items.iter().map(json_to_value).collect::<Vec<_>>()),
-        serde_json::Value::Object(map) => {
-            Value::from_pairs(map.iter().map(|(k, v)| (Value::from(k.as_str()), json_to_value(v))))
+        serde_json::Value::Array(items) => {
+            Value::from(items.iter().map(json_to_value).collect::<Vec<_>>())
         }
+        serde_json::Value::Object(map) => Value::from_pairs(
+            map.iter()
+                .map(|(k, v)| (Value::from(k.as_str()), json_to_value(v))),
+        ),
     }
 }
 
@@ -153,7 +161,11 @@ mod tests {
     fn prints_like_python() {
         let ctx = json!({"d": {"a": 1, "b": [true, null, 1.5, "x"]}, "f": 1e-5, "n": null});
         assert_eq!(
-            render("{{ d }}|{{ f }}|{{ n }}|{{ d.b|string }}|{{ missing }}", &ctx).unwrap(),
+            render(
+                "{{ d }}|{{ f }}|{{ n }}|{{ d.b|string }}|{{ missing }}",
+                &ctx
+            )
+            .unwrap(),
             "{'a': 1, 'b': [True, None, 1.5, 'x']}|1e-05|None|[True, None, 1.5, 'x']|"
         );
     }
@@ -161,7 +173,10 @@ mod tests {
     #[test]
     fn whitespace_options_match_transformers() {
         let src = "{% for m in messages %}\n  {% if m %}\n{{ m }}\n  {% endif %}\n{% endfor %}\n";
-        assert_eq!(render(src, &json!({"messages": ["a", "b"]})).unwrap(), "a\nb\n");
+        assert_eq!(
+            render(src, &json!({"messages": ["a", "b"]})).unwrap(),
+            "a\nb\n"
+        );
     }
 
     #[test]
@@ -190,7 +205,10 @@ mod tests {
 
     #[test]
     fn syntax_error_is_template_error() {
-        assert!(matches!(ChatTemplate::new("{% if %}"), Err(CoreError::Template(_))));
+        assert!(matches!(
+            ChatTemplate::new("{% if %}"),
+            Err(CoreError::Template(_))
+        ));
     }
 
     #[test]
@@ -212,7 +230,8 @@ mod tests {
 
     #[test]
     fn generation_block_renders_its_body() {
-        let src = "{% for m in messages %}{%- generation -%} {{ m }} {%- endgeneration %}{% endfor %}";
+        let src =
+            "{% for m in messages %}{%- generation -%} {{ m }} {%- endgeneration %}{% endfor %}";
         assert_eq!(render(src, &json!({"messages": ["a", "b"]})).unwrap(), "ab");
     }
 
@@ -225,35 +244,54 @@ mod tests {
         assert!(render("{{ tools|length }}", &json!({"tools": null})).is_err());
         let tests = "{{ tools is iterable }} {{ missing is iterable }} {{ 'ab' is sequence }} \
                      {{ {} is sequence }} {{ true is number }}";
-        assert_eq!(render(tests, &json!({"tools": null})).unwrap(), "False True True True True");
+        assert_eq!(
+            render(tests, &json!({"tools": null})).unwrap(),
+            "False True True True True"
+        );
     }
 
     #[test]
     fn filter_keyword_arguments() {
         let ctx = json!({"t": {"a": [1]}});
         assert_eq!(
-            render("{{ t|tojson(indent=2, sort_keys=true)|indent(2, first=true) }}", &ctx).unwrap(),
+            render(
+                "{{ t|tojson(indent=2, sort_keys=true)|indent(2, first=true) }}",
+                &ctx
+            )
+            .unwrap(),
             "  {\n    \"a\": [\n      1\n    ]\n  }"
         );
-        assert_eq!(render("{{ t|tojson(separators=(',', ':')) }}", &ctx).unwrap(), r#"{"a":[1]}"#);
+        assert_eq!(
+            render("{{ t|tojson(separators=(',', ':')) }}", &ctx).unwrap(),
+            r#"{"a":[1]}"#
+        );
     }
 
     #[test]
     fn markup_addition_escapes_like_jinja2() {
         let src = r#"{{ "'"|safe + name + "'"|safe + t|tojson }}|{{ "<"|safe ~ name }}"#;
         let ctx = json!({"name": "a&b", "t": {"k": "v"}});
-        assert_eq!(render(src, &ctx).unwrap(), "'a&amp;b'{&#34;k&#34;: &#34;v&#34;}|<a&b");
+        assert_eq!(
+            render(src, &ctx).unwrap(),
+            "'a&amp;b'{&#34;k&#34;: &#34;v&#34;}|<a&b"
+        );
     }
 
     #[test]
     fn context_must_be_object() {
         let tpl = ChatTemplate::new("x").unwrap();
-        assert!(matches!(tpl.render(&json!([])), Err(CoreError::InvalidInput(_))));
+        assert!(matches!(
+            tpl.render(&json!([])),
+            Err(CoreError::InvalidInput(_))
+        ));
     }
 
     #[test]
     fn fixed_clock() {
-        let at = chrono::NaiveDate::from_ymd_opt(2024, 12, 31).unwrap().and_hms_opt(0, 0, 0).unwrap();
+        let at = chrono::NaiveDate::from_ymd_opt(2024, 12, 31)
+            .unwrap()
+            .and_hms_opt(0, 0, 0)
+            .unwrap();
         let tpl = ChatTemplate::with_clock("{{ strftime_now('%d %B %Y') }}", Some(at)).unwrap();
         assert_eq!(tpl.render(&json!({})).unwrap(), "31 December 2024");
     }

@@ -33,12 +33,16 @@ fn convert(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         if let Ok(v) = i.extract::<u64>() {
             return Ok(Value::from(v));
         }
-        return Err(PyValueError::new_err("integer out of the 64-bit range in template data"));
+        return Err(PyValueError::new_err(
+            "integer out of the 64-bit range in template data",
+        ));
     }
     if let Ok(f) = obj.cast::<PyFloat>() {
         return Number::from_f64(f.value())
             .map(Value::Number)
-            .ok_or_else(|| PyValueError::new_err("NaN and infinity are not allowed in template data"));
+            .ok_or_else(|| {
+                PyValueError::new_err("NaN and infinity are not allowed in template data")
+            });
     }
     if let Ok(d) = obj.cast::<PyDict>() {
         let mut map = Map::with_capacity(d.len());
@@ -48,10 +52,18 @@ fn convert(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         return Ok(Value::Object(map));
     }
     if let Ok(l) = obj.cast::<PyList>() {
-        return l.iter().map(|v| convert(&v, depth + 1)).collect::<PyResult<_>>().map(Value::Array);
+        return l
+            .iter()
+            .map(|v| convert(&v, depth + 1))
+            .collect::<PyResult<_>>()
+            .map(Value::Array);
     }
     if let Ok(t) = obj.cast::<PyTuple>() {
-        return t.iter().map(|v| convert(&v, depth + 1)).collect::<PyResult<_>>().map(Value::Array);
+        return t
+            .iter()
+            .map(|v| convert(&v, depth + 1))
+            .collect::<PyResult<_>>()
+            .map(Value::Array);
     }
     if let Ok(m) = obj.cast::<PyMapping>() {
         let mut map = Map::new();

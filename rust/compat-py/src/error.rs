@@ -23,7 +23,9 @@ impl From<CoreError> for PyCoreError {
 impl From<PyCoreError> for PyErr {
     fn from(err: PyCoreError) -> Self {
         match err.0 {
-            CoreError::Template(msg) | CoreError::TemplateRaised(msg) => TemplateError::new_err(msg),
+            CoreError::Template(msg) | CoreError::TemplateRaised(msg) => {
+                TemplateError::new_err(msg)
+            }
             CoreError::InvalidInput(msg) => PyValueError::new_err(msg),
         }
     }

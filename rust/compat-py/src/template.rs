@@ -40,6 +40,7 @@ impl ChatTemplate {
         eos_token = None,
         **kwargs
     ))]
+    #[allow(clippy::too_many_arguments)] // mirrors the Python signature
     fn render(
         &self,
         py: Python<'_>,
@@ -60,7 +61,10 @@ impl ChatTemplate {
         };
         ctx.insert("tools".into(), tools);
         ctx.insert("documents".into(), Value::Null);
-        ctx.insert("add_generation_prompt".into(), Value::Bool(add_generation_prompt));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::Bool(add_generation_prompt),
+        );
         if let Some(bos) = bos_token {
             ctx.insert("bos_token".into(), Value::from(bos));
         }

@@ -64,7 +64,9 @@ fn tojson_args(value: &Value, args: &[Value]) -> Result<Value, Error> {
     ) = from_args(args)?;
     let pick = |positional: Option<&Value>, name: &str| -> Result<Option<Value>, Error> {
         let named: Option<Value> = kwargs.get(name)?;
-        Ok(named.or_else(|| positional.cloned()).filter(|v| !v.is_none()))
+        Ok(named
+            .or_else(|| positional.cloned())
+            .filter(|v| !v.is_none()))
     };
     let ensure_ascii = pick(ensure_ascii, "ensure_ascii")?.is_some_and(|v| v.is_true());
     let indent = match pick(indent, "indent")? {
@@ -127,7 +129,11 @@ pub fn is_iterable(value: &Value) -> bool {
 pub fn is_sequence(value: &Value) -> bool {
     matches!(
         value.kind(),
-        ValueKind::Undefined | ValueKind::String | ValueKind::Bytes | ValueKind::Seq | ValueKind::Map
+        ValueKind::Undefined
+            | ValueKind::String
+            | ValueKind::Bytes
+            | ValueKind::Seq
+            | ValueKind::Map
     )
 }
 
@@ -231,13 +237,22 @@ pub fn indent(value: &Value, args: Rest<ValueOrKwargs>) -> Result<Value, Error> 
 fn indent_args(value: &Value, args: &[Value]) -> Result<Value, Error> {
     let (width, first, blank, kwargs): (Option<&Value>, Option<bool>, Option<bool>, Kwargs) =
         from_args(args)?;
-    let width = match kwargs.get::<Option<Value>>("width")?.or_else(|| width.cloned()) {
+    let width = match kwargs
+        .get::<Option<Value>>("width")?
+        .or_else(|| width.cloned())
+    {
         None => "    ".to_owned(),
         Some(w) if w.kind() == ValueKind::String => to_py_str(&w),
         Some(w) => " ".repeat(usize::try_from(i64::try_from(w)?).unwrap_or(0)),
     };
-    let first = kwargs.get::<Option<bool>>("first")?.or(first).unwrap_or(false);
-    let blank = kwargs.get::<Option<bool>>("blank")?.or(blank).unwrap_or(false);
+    let first = kwargs
+        .get::<Option<bool>>("first")?
+        .or(first)
+        .unwrap_or(false);
+    let blank = kwargs
+        .get::<Option<bool>>("blank")?
+        .or(blank)
+        .unwrap_or(false);
     kwargs.assert_all_used()?;
 
     let mut text = to_py_str(value);
@@ -248,7 +263,11 @@ fn indent_args(value: &Value, args: &[Value]) -> Result<Value, Error> {
         if idx > 0 {
             out.push('\n');
         }
-        let indented = if idx == 0 { false } else { blank || !line.is_empty() };
+        let indented = if idx == 0 {
+            false
+        } else {
+            blank || !line.is_empty()
+        };
         if indented {
             out.push_str(&width);
         }
@@ -268,7 +287,14 @@ fn py_splitlines(s: &str) -> Vec<&str> {
     while let Some((idx, ch)) = chars.next() {
         let is_break = matches!(
             ch,
-            '\n' | '\r' | '\u{b}' | '\u{c}' | '\u{1c}' | '\u{1d}' | '\u{1e}' | '\u{85}' | '\u{2028}'
+            '\n' | '\r'
+                | '\u{b}'
+                | '\u{c}'
+                | '\u{1c}'
+                | '\u{1d}'
+                | '\u{1e}'
+                | '\u{85}'
+                | '\u{2028}'
                 | '\u{2029}'
         );
         if is_break {
@@ -334,8 +360,19 @@ fn py_split(s: &str, sep: Option<&str>, maxsplit: i64) -> Result<Vec<String>, Er
 /// Methods that mutate their receiver. jinja2's `ImmutableSandboxedEnvironment`
 /// refuses them (`SecurityError`), so we refuse them too instead of emulating.
 const MUTATING_METHODS: &[&str] = &[
-    "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update",
-    "setdefault", "popitem", "add", "discard",
+    "append",
+    "extend",
+    "insert",
+    "pop",
+    "remove",
+    "clear",
+    "sort",
+    "reverse",
+    "update",
+    "setdefault",
+    "popitem",
+    "add",
+    "discard",
 ];
 
 /// Python methods on values: str `strip`/`lstrip`/`rstrip`/`split` with Python's
@@ -371,7 +408,10 @@ pub fn unknown_method(
     {
         return Err(Error::new(
             ErrorKind::InvalidOperation,
-            format!("access to attribute '{method}' of '{}' object is unsafe.", py_type_name(value)),
+            format!(
+                "access to attribute '{method}' of '{}' object is unsafe.",
+                py_type_name(value)
+            ),
         ));
     }
     minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
@@ -415,7 +455,10 @@ mod tests {
         assert_eq!(ind("{\n", &[Value::from(4), Value::from(true)]), "    {\n");
         assert_eq!(ind("a\nb\n\nc", &[Value::from(2)]), "a\n  b\n\n  c");
         assert_eq!(
-            ind("a\n\nb", &[Value::from(2), Value::from(false), Value::from(true)]),
+            ind(
+                "a\n\nb",
+                &[Value::from(2), Value::from(false), Value::from(true)]
+            ),
             "a\n  \n  b"
         );
         assert_eq!(ind("a\r\nb", &[Value::from("> ")]), "a\n> b");
@@ -431,15 +474,25 @@ mod tests {
     fn tojson_arguments() {
         let v = crate::template::json_to_value(&serde_json::json!({"b": [1, "é"], "a": null}));
         let kw = |pairs: &[(&str, Value)]| {
-            Kwargs::from_iter(pairs.iter().map(|(k, v)| ((*k).to_owned(), v.clone())))
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect::<Kwargs>()
         };
-        assert_eq!(tojson_args(&v, &[]).unwrap().to_string(), r#"{"b": [1, "é"], "a": null}"#);
-        let sorted = tojson_args(&v, &[Value::from(kw(&[("sort_keys", Value::from(true))]))]).unwrap();
+        assert_eq!(
+            tojson_args(&v, &[]).unwrap().to_string(),
+            r#"{"b": [1, "é"], "a": null}"#
+        );
+        let sorted =
+            tojson_args(&v, &[Value::from(kw(&[("sort_keys", Value::from(true))]))]).unwrap();
         assert_eq!(sorted.to_string(), r#"{"a": null, "b": [1, "é"]}"#);
         let ascii = tojson_args(&v, &[Value::from(true)]).unwrap();
         assert_eq!(ascii.to_string(), r#"{"b": [1, "\u00e9"], "a": null}"#);
         let indented = tojson_args(&v, &[Value::from(kw(&[("indent", Value::from(1))]))]).unwrap();
-        assert_eq!(indented.to_string(), "{\n \"b\": [\n  1,\n  \"é\"\n ],\n \"a\": null\n}");
+        assert_eq!(
+            indented.to_string(),
+            "{\n \"b\": [\n  1,\n  \"é\"\n ],\n \"a\": null\n}"
+        );
     }
 
     #[test]

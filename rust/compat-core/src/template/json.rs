@@ -66,12 +66,19 @@ fn newline(opts: &DumpOptions, level: usize, out: &mut String) {
     }
 }
 
-fn write_value(value: &Value, opts: &DumpOptions, level: usize, out: &mut String) -> Result<(), Error> {
+fn write_value(
+    value: &Value,
+    opts: &DumpOptions,
+    level: usize,
+    out: &mut String,
+) -> Result<(), Error> {
     match value.kind() {
         ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number => write_number(value, out),
-        ValueKind::String => write_string(value.as_str().unwrap_or_default(), opts.ensure_ascii, out),
+        ValueKind::String => {
+            write_string(value.as_str().unwrap_or_default(), opts.ensure_ascii, out);
+        }
         ValueKind::Seq => {
             let items: Vec<Value> = value.try_iter()?.collect();
             if items.is_empty() {
@@ -153,7 +160,10 @@ fn json_key(key: &Value) -> Result<String, Error> {
         }
         _ => Err(Error::new(
             ErrorKind::InvalidOperation,
-            format!("keys must be str, int, float, bool or None, not {}", key.kind()),
+            format!(
+                "keys must be str, int, float, bool or None, not {}",
+                key.kind()
+            ),
         )),
     }
 }
@@ -221,7 +231,10 @@ mod tests {
     fn explicit_separators_and_sort_keys() {
         let mut opts = DumpOptions::new(None, Some((",".into(), ":".into())));
         opts.sort_keys = true;
-        assert_eq!(dump(r#"{"b": 1, "a": [1, 2]}"#, &opts), r#"{"a":[1,2],"b":1}"#);
+        assert_eq!(
+            dump(r#"{"b": 1, "a": [1, 2]}"#, &opts),
+            r#"{"a":[1,2],"b":1}"#
+        );
     }
 
     #[test]
@@ -239,8 +252,14 @@ mod tests {
     #[test]
     fn floats_and_keys_like_python() {
         let opts = DumpOptions::new(None, None);
-        assert_eq!(dump("[1e-05, 1e20, 2.0, -0.5]", &opts), "[1e-05, 1e+20, 2.0, -0.5]");
-        let map = Value::from_pairs([(Value::from(true), Value::from(1)), (Value::from(2), Value::from(()))]);
+        assert_eq!(
+            dump("[1e-05, 1e20, 2.0, -0.5]", &opts),
+            "[1e-05, 1e+20, 2.0, -0.5]"
+        );
+        let map = Value::from_pairs([
+            (Value::from(true), Value::from(1)),
+            (Value::from(2), Value::from(())),
+        ]);
         assert_eq!(dumps(&map, &opts).unwrap(), r#"{"true": 1, "2": null}"#);
     }
 

@@ -51,7 +51,11 @@ pub fn rewrite_operators(source: &str, syntax: SyntaxConfig) -> Option<String> {
         let gap = source.get(op.left_end..op.right_start)?;
         let at = op.left_end + gap.find(op.symbol)?;
         let len = op.end - op.start;
-        let open = if op.symbol == '~' { "__py_concat(" } else { "__py_add(" };
+        let open = if op.symbol == '~' {
+            "__py_concat("
+        } else {
+            "__py_add("
+        };
         // At one offset: closes (inner first), then the operator, then opens (outer first).
         edits.push((op.end, 0, len, ")", 0));
         edits.push((at, 1, 0, ",", 1));
@@ -172,7 +176,10 @@ impl Found {
     fn args(&mut self, args: &[CallArg<'_>]) {
         for arg in args {
             match arg {
-                CallArg::Pos(e) | CallArg::Kwarg(_, e) | CallArg::PosSplat(e) | CallArg::KwargSplat(e) => {
+                CallArg::Pos(e)
+                | CallArg::Kwarg(_, e)
+                | CallArg::PosSplat(e)
+                | CallArg::KwargSplat(e) => {
                     self.expr(e);
                 }
             }
@@ -291,7 +298,10 @@ pub fn py_add(a: &Value, b: &Value) -> Result<Value, Error> {
     }
     match (a.kind(), b.kind()) {
         (ValueKind::String, ValueKind::String) => {
-            let (sa, sb) = (a.as_str().unwrap_or_default(), b.as_str().unwrap_or_default());
+            let (sa, sb) = (
+                a.as_str().unwrap_or_default(),
+                b.as_str().unwrap_or_default(),
+            );
             Ok(match (a.is_safe(), b.is_safe()) {
                 (false, false) => Value::from([sa, sb].concat()),
                 (true, true) => Value::from_safe_string([sa, sb].concat()),
@@ -302,7 +312,10 @@ pub fn py_add(a: &Value, b: &Value) -> Result<Value, Error> {
         (ValueKind::Number | ValueKind::Bool, ValueKind::Number | ValueKind::Bool) => {
             if is_int(a) && is_int(b) {
                 let (x, y) = (int(a)?, int(b)?);
-                return x.checked_add(y).map(Value::from).ok_or_else(|| unsupported(a, b));
+                return x
+                    .checked_add(y)
+                    .map(Value::from)
+                    .ok_or_else(|| unsupported(a, b));
             }
             Ok(Value::from(float(a)? + float(b)?))
         }
@@ -339,7 +352,11 @@ fn float(v: &Value) -> Result<f64, Error> {
 fn unsupported(a: &Value, b: &Value) -> Error {
     Error::new(
         ErrorKind::InvalidOperation,
-        format!("unsupported operand type(s) for +: '{}' and '{}'", a.kind(), b.kind()),
+        format!(
+            "unsupported operand type(s) for +: '{}' and '{}'",
+            a.kind(),
+            b.kind()
+        ),
     )
 }
 
@@ -364,7 +381,10 @@ mod tests {
             rewrite("{{ a ~ b ~ (c + d) }}").as_deref(),
             Some("{{ __py_concat(__py_concat(a , b) , (c + d)) }}")
         );
-        assert_eq!(py_concat(&Value::from(1e-7), &Value::UNDEFINED).as_str(), Some("1e-07"));
+        assert_eq!(
+            py_concat(&Value::from(1e-7), &Value::UNDEFINED).as_str(),
+            Some("1e-07")
+        );
         assert_eq!(
             py_concat(&Value::from("x"), &Value::from(vec![Value::from(true)])).as_str(),
             Some("x[True]")
@@ -390,14 +410,23 @@ mod tests {
         let sum = py_add(&safe, &plain).unwrap();
         assert!(sum.is_safe());
         assert_eq!(sum.as_str(), Some("'&#34;a&#34; &amp; &lt;b&gt;"));
-        assert_eq!(py_add(&plain, &safe).unwrap().as_str(), Some("&#34;a&#34; &amp; &lt;b&gt;'"));
-        assert_eq!(py_add(&plain, &plain).unwrap().is_safe(), false);
+        assert_eq!(
+            py_add(&plain, &safe).unwrap().as_str(),
+            Some("&#34;a&#34; &amp; &lt;b&gt;'")
+        );
+        assert!(!py_add(&plain, &plain).unwrap().is_safe());
     }
 
     #[test]
     fn python_addition() {
-        assert_eq!(py_add(&Value::from(1), &Value::from(true)).unwrap(), Value::from(2));
-        assert_eq!(py_add(&Value::from(1), &Value::from(0.5)).unwrap(), Value::from(1.5));
+        assert_eq!(
+            py_add(&Value::from(1), &Value::from(true)).unwrap(),
+            Value::from(2)
+        );
+        assert_eq!(
+            py_add(&Value::from(1), &Value::from(0.5)).unwrap(),
+            Value::from(1.5)
+        );
         let list = py_add(&Value::from(vec![1]), &Value::from(vec![2])).unwrap();
         assert_eq!(list.to_string(), "[1, 2]");
         assert!(py_add(&Value::from("a"), &Value::from(1)).is_err());
@@ -407,7 +436,10 @@ mod tests {
 
     #[test]
     fn escape_like_markupsafe() {
-        assert_eq!(escape(&Value::from("<'&\">")).as_str(), Some("&lt;&#39;&amp;&#34;&gt;"));
+        assert_eq!(
+            escape(&Value::from("<'&\">")).as_str(),
+            Some("&lt;&#39;&amp;&#34;&gt;")
+        );
         let safe = Value::from_safe_string("<b>".into());
         assert_eq!(escape(&safe).as_str(), Some("<b>"));
         assert_eq!(forceescape(&safe).as_str(), Some("&lt;b&gt;"));

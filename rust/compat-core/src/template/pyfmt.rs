@@ -78,7 +78,11 @@ pub fn py_repr(value: &Value, out: &mut String) {
 /// Python's `repr(str)`: single quotes unless the text holds `'` but no `"`,
 /// non-printable characters escaped as `\xNN`, `\uNNNN` or `\UNNNNNNNN`.
 pub fn string_repr(s: &str, out: &mut String) {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     out.push(quote);
     for ch in s.chars() {
         match ch {
@@ -121,7 +125,9 @@ pub fn is_printable(c: char) -> bool {
     if (cp & 0xfffe) == 0xfffe || (0xfdd0..=0xfdef).contains(&cp) {
         return false; // noncharacters (Cn)
     }
-    !NON_PRINTABLE.iter().any(|&(lo, hi)| (lo..=hi).contains(&cp))
+    !NON_PRINTABLE
+        .iter()
+        .any(|&(lo, hi)| (lo..=hi).contains(&cp))
 }
 
 /// Cf, Co, Zl, Zp and Zs ranges above U+00A0 (Unicode 14, Python 3.11).
@@ -246,7 +252,7 @@ mod tests {
         assert_eq!(float(1e100), "1e+100");
         assert_eq!(float(f64::INFINITY), "inf");
         assert_eq!(float(f64::NAN), "nan");
-        assert_eq!(float(0.30000000000000004), "0.30000000000000004");
+        assert_eq!(float(0.1 + 0.2), "0.30000000000000004");
     }
 
     #[test]
@@ -277,7 +283,10 @@ mod tests {
         )
         .map(|j| crate::template::json_to_value(&j))
         .unwrap();
-        assert_eq!(repr(&v), "{'b': [1, 2.5, None, True], 'a': {'x': 'y'}, 'c': []}");
+        assert_eq!(
+            repr(&v),
+            "{'b': [1, 2.5, None, True], 'a': {'x': 'y'}, 'c': []}"
+        );
         let one = Value::from(minijinja::value::Tuple::from([Value::from("k")]));
         assert_eq!(repr(&one), "('k',)");
     }

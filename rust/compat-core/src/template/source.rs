@@ -43,7 +43,11 @@ pub fn desugar(source: &str) -> Cow<'_, str> {
         let Some(inner_len) = find_close(&rest[2..], close, close != "#}") else {
             // Unterminated: leave it to the parser to report.
             out.push_str(rest);
-            return if changed { Cow::Owned(out) } else { Cow::Borrowed(source) };
+            return if changed {
+                Cow::Owned(out)
+            } else {
+                Cow::Borrowed(source)
+            };
         };
         let end = start + 2 + inner_len + 2;
         let tag = &source[start..end];
@@ -195,7 +199,9 @@ fn find_endraw(s: &str) -> Option<usize> {
 
 fn first_word(s: &str) -> &str {
     let s = s.trim_start();
-    let end = s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(s.len());
+    let end = s
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
     &s[..end]
 }
 
@@ -219,7 +225,10 @@ mod tests {
 
     #[test]
     fn generation_tags_become_if_true() {
-        assert_eq!(desugar("{%- generation -%}x{% endgeneration %}"), "{%- if true -%}x{% endif %}");
+        assert_eq!(
+            desugar("{%- generation -%}x{% endgeneration %}"),
+            "{%- if true -%}x{% endif %}"
+        );
         assert_eq!(desugar("{%+ generation%}"), "{%+ if true %}");
     }
 
@@ -245,7 +254,8 @@ mod tests {
 
     #[test]
     fn non_tags_are_untouched() {
-        let src = "{{ '{% for x in y %}' }}{# {% for a in b %} #}{% raw %}{% for q in r %}{% endraw %}";
+        let src =
+            "{{ '{% for x in y %}' }}{# {% for a in b %} #}{% raw %}{% for q in r %}{% endraw %}";
         assert!(matches!(desugar(src), Cow::Borrowed(_)));
         assert_eq!(desugar("{ {x} {%- if a %}"), "{ {x} {%- if a %}");
     }

@@ -1,0 +1,420 @@
+"""Pure conversions between Anthropic Messages shapes and the neutral chat/engine types.
+
+Request rules (one rule each, used everywhere):
+- A string content is exactly one text block. The text blocks of one message are
+  joined with "\\n"; `cache_control` and other block metadata never reach the messages.
+- Text blocks starting with `x-anthropic-billing-header` are dropped from the top-level
+  `system` and from inline system messages (string form included).
+- Inline `system` (and `developer`) messages stay in place as `system` messages; empty
+  ones are dropped. The per-model preserve/fold policy is applied later.
+- A user message's blocks become, in order, `tool` messages (one per `tool_result`)
+  and `user` messages (each run of text blocks). A `tool_result` with `is_error: true`
+  has its content prefixed with "Error: " ("Error" when empty).
+- Assistant `thinking` → `reasoning_content`, `tool_use` → `tool_calls` with dict
+  arguments; `redacted_thinking`, `tool_reference` and server-tool blocks are ignored.
+- A final non-empty assistant message is a prefill (`continue_final_message`); an empty
+  one is dropped. Tool schemas lose their top-level `$schema` (metadata only).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from compat_serve.chat.types import ChatRequest, Message
+from compat_serve.engine.types import EngineEvent, FinishReason, SamplingParams
+from compat_serve.server.anthropic.errors import error_payload
+from compat_serve.server.anthropic.protocol import (
+    ASSISTANT_BLOCKS,
+    IGNORED_BLOCKS,
+    KNOWN_BLOCKS,
+    TEXT_BLOCKS,
+    TEXT_ONLY_BLOCKS,
+    USER_BLOCKS,
+    AnthropicUsage,
+    ContentBlock,
+    CountTokensRequest,
+    InputMessage,
+    MessagesRequest,
+    TextBlock,
+    ThinkingBlock,
+    ThinkingConfig,
+    ToolChoice,
+    ToolDef,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from compat_serve.server.errors import ApiError
+from compat_serve.server.sse import event
+
+BILLING_HEADER = "x-anthropic-billing-header"
+MIN_THINKING_BUDGET = 1024
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+# ---------------------------------------------------------------- request → ChatRequest
+
+
+def to_chat_request(
+    body: MessagesRequest | CountTokensRequest, *, default_max_tokens: int
+) -> ChatRequest:
+    if not body.messages:
+        raise ApiError(400, "messages: at least one message is required", param="messages")
+    max_tokens = body.max_tokens if isinstance(body, MessagesRequest) else None
+    template_kwargs = _thinking_kwargs(body.thinking, max_tokens)
+    tools = _tools(body.tools, body.tool_choice)
+    messages = _system_messages(body.system) + chat_messages(body.messages)
+    if not messages:
+        raise ApiError(400, "messages: all messages are empty", param="messages")
+    prefill = _prefill(messages)
+    return ChatRequest(
+        messages=messages,
+        sampling=_sampling(body, default_max_tokens),
+        tools=tools,
+        continue_final_message=prefill,
+        template_kwargs=template_kwargs,
+    )
+
+
+def chat_messages(messages: list[InputMessage]) -> list[Message]:
+    out: list[Message] = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        blocks = _as_blocks(message.content)
+        if message.role == "assistant":
+            out.append(_assistant_message(blocks, where))
+        elif message.role == "user":
+            out.extend(_user_messages(blocks, where))
+        else:
+            text = _system_text(blocks, where)
+            if text:
+                out.append({"role": "system", "content": text})
+    return out
+
+
+def _as_blocks(content: str | list[ContentBlock]) -> list[ContentBlock]:
+    if isinstance(content, str):
+        return [ContentBlock.model_validate({"type": "text", "text": content})]
+    return content
+
+
+def _system_messages(system: str | list[ContentBlock] | None) -> list[Message]:
+    if system is None:
+        return []
+    text = _system_text(_as_blocks(system), "system", top_level=True)
+    return [{"role": "system", "content": text}] if text else []
+
+
+def _system_text(blocks: list[ContentBlock], where: str, *, top_level: bool = False) -> str:
+    texts: list[str] = []
+    for j, block in enumerate(blocks):
+        at = f"{where}[{j}]" if top_level else f"{where}.content[{j}]"
+        if _classify(block, at, TEXT_BLOCKS, "system messages"):
+            text = _parse(TextBlock, block, at).text
+            if not text.lstrip().startswith(BILLING_HEADER):
+                texts.append(text)
+    return "\n".join(texts)
+
+
+def _assistant_message(blocks: list[ContentBlock], where: str) -> Message:
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        at = f"{where}.content[{j}]"
+        kind = _classify(block, at, ASSISTANT_BLOCKS, "assistant messages")
+        if kind == "text":
+            texts.append(_parse(TextBlock, block, at).text)
+        elif kind == "thinking":
+            thinking.append(_parse(ThinkingBlock, block, at).thinking)
+        elif kind == "tool_use":
+            use = _parse(ToolUseBlock, block, at)
+            calls.append(
+                {
+                    "id": use.id,
+                    "type": "function",
+                    "function": {"name": use.name, "arguments": use.input},
+                }
+            )
+    message: Message = {"role": "assistant", "content": "\n".join(texts)}
+    if calls:
+        message["tool_calls"] = calls
+    reasoning = "\n".join(t for t in thinking if t)
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    return message
+
+
+def _user_messages(blocks: list[ContentBlock], where: str) -> list[Message]:
+    out: list[Message] = []
+    texts: list[str] = []
+    for j, block in enumerate(blocks):
+        at = f"{where}.content[{j}]"
+        kind = _classify(block, at, USER_BLOCKS, "user messages")
+        if kind == "text":
+            texts.append(_parse(TextBlock, block, at).text)
+        elif kind == "tool_result":
+            if texts:
+                out.append({"role": "user", "content": "\n".join(texts)})
+                texts = []
+            out.append(_tool_message(_parse(ToolResultBlock, block, at), at))
+    if texts or not out:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _tool_message(result: ToolResultBlock, where: str) -> Message:
+    content = result.content
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    else:
+        parts: list[str] = []
+        for k, block in enumerate(content):
+            at = f"{where}.content[{k}]"
+            if _classify(block, at, TEXT_BLOCKS, "tool results"):
+                parts.append(_parse(TextBlock, block, at).text)
+        text = "\n".join(parts)
+    if result.is_error:
+        text = f"Error: {text}" if text else "Error"
+    return {"role": "tool", "tool_call_id": result.tool_use_id, "content": text}
+
+
+def _classify(block: ContentBlock, where: str, allowed: frozenset[str], context: str) -> str:
+    """The block's type when the caller handles it, "" when it is ignored; else a 400."""
+    kind = block.type
+    if kind in allowed:
+        return kind
+    if kind in IGNORED_BLOCKS or kind.endswith("_tool_result"):
+        return ""
+    if kind in TEXT_ONLY_BLOCKS:
+        raise ApiError(
+            400,
+            f"{where}: this model is text-only and cannot read {TEXT_ONLY_BLOCKS[kind]}",
+            param=where,
+        )
+    param = f"{where}.type"
+    if kind in KNOWN_BLOCKS:
+        raise ApiError(400, f"{param}: {kind!r} blocks are not allowed in {context}", param=param)
+    raise ApiError(400, f"{param}: unknown content block type {kind!r}", param=param)
+
+
+def _parse(model: type[_M], block: ContentBlock, where: str) -> _M:
+    try:
+        return model.model_validate(block.model_dump())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        at = where + "".join(
+            f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.get("loc", ())
+        )
+        raise ApiError(400, f"{at}: {first.get('msg', 'invalid value')}", param=at) from exc
+
+
+def _prefill(messages: list[Message]) -> bool:
+    final = messages[-1]
+    if final["role"] != "assistant":
+        return False
+    if final.get("tool_calls"):
+        raise ApiError(400, "messages: the final assistant message cannot contain tool_use blocks")
+    content: str = final["content"]
+    if not content:
+        messages.pop()  # an empty prefill is no prefill
+        return False
+    if content != content.rstrip():
+        raise ApiError(400, "messages: final assistant content cannot end with trailing whitespace")
+    return True
+
+
+def _thinking_kwargs(thinking: ThinkingConfig | None, max_tokens: int | None) -> dict[str, Any]:
+    if thinking is None:
+        return {}
+    if thinking.type == "enabled":
+        budget = thinking.budget_tokens
+        param = "thinking.budget_tokens"
+        if budget is None:
+            raise ApiError(400, f"{param}: field required", param=param)
+        if budget < MIN_THINKING_BUDGET:
+            raise ApiError(
+                400, f"{param}: must be at least {MIN_THINKING_BUDGET}, got {budget}", param=param
+            )
+        if max_tokens is not None and budget >= max_tokens:
+            raise ApiError(
+                400,
+                f"max_tokens must be greater than {param} ({max_tokens} <= {budget})",
+                param="max_tokens",
+            )
+    return {"enable_thinking": thinking.type != "disabled"}
+
+
+def _tools(tools: list[ToolDef] | None, choice: ToolChoice | None) -> list[dict[str, Any]] | None:
+    defs: list[dict[str, Any]] = []
+    for k, tool in enumerate(tools or []):
+        if tool.is_server_tool:
+            continue  # Anthropic-hosted tools (bash_20250124, web_search_...): not ours to run
+        if tool.input_schema is None:
+            raise ApiError(400, f"tools[{k}].input_schema: field required", param=f"tools[{k}]")
+        function: dict[str, Any] = {"name": tool.name}
+        if tool.description is not None:
+            function["description"] = tool.description
+        function["parameters"] = _schema(tool.input_schema)
+        defs.append({"type": "function", "function": function})
+    if choice is not None and choice.type == "tool":
+        names = {d["function"]["name"] for d in defs}
+        if choice.name not in names:
+            raise ApiError(
+                400,
+                f"tool_choice.name: tool {choice.name!r} is not defined in tools",
+                param="tool_choice.name",
+            )
+    if choice is not None and choice.type == "none":
+        return None
+    return defs or None
+
+
+def _schema(schema: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in schema.items() if key != "$schema"}
+
+
+def _sampling(
+    body: MessagesRequest | CountTokensRequest, default_max_tokens: int
+) -> SamplingParams:
+    if not isinstance(body, MessagesRequest):
+        return SamplingParams(max_tokens=default_max_tokens)
+    return SamplingParams(
+        max_tokens=body.max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        stop_strings=tuple(s for s in body.stop_sequences or () if s),
+    )
+
+
+# ---------------------------------------------------------------- response side
+
+STOP_REASONS = {
+    FinishReason.STOP_TOKEN: "end_turn",
+    FinishReason.STOP_STRING: "stop_sequence",
+    FinishReason.LENGTH: "max_tokens",
+    FinishReason.CONTEXT: "model_context_window_exceeded",
+}
+
+
+def stop_fields(final: EngineEvent) -> tuple[str | None, str | None]:
+    """`(stop_reason, stop_sequence)` for a request's final event."""
+    reason = STOP_REASONS.get(final.finish_reason) if final.finish_reason else None
+    sequence = final.matched_stop if final.finish_reason is FinishReason.STOP_STRING else None
+    return reason, sequence
+
+
+def _message(
+    message_id: str, model: str, content: list[dict[str, Any]], usage: AnthropicUsage
+) -> dict[str, Any]:
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "content": content,
+        "model": model,
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage.to_json(),
+    }
+
+
+def message_response(
+    message_id: str, model: str, text: str, final_event: EngineEvent, usage: AnthropicUsage
+) -> dict[str, Any]:
+    content = [{"type": "text", "text": text}] if text else []
+    body = _message(message_id, model, content, usage)
+    body["stop_reason"], body["stop_sequence"] = stop_fields(final_event)
+    return body
+
+
+class MessageStreamEncoder:
+    """Turns engine events into Anthropic SSE frames (`event: <type>\\ndata: <json>\\n\\n`).
+
+    Blocks are numbered in the order they start; starting a block closes the open one,
+    so thinking and tool_use blocks can be added next to text with the same bookkeeping.
+    """
+
+    def __init__(self, message_id: str, model: str) -> None:
+        self.message_id = message_id
+        self.model = model
+        self.finished = False
+        self._usage: AnthropicUsage | None = None
+        self._block_types: list[str] = []
+        self._open: int | None = None
+        self._output_tokens = 0
+
+    def start(self, prompt_tokens: int, cache_read: int = 0, cache_creation: int = 0) -> str:
+        uncached = max(0, prompt_tokens - cache_read - cache_creation)
+        self._usage = AnthropicUsage(uncached, 0, cache_read, cache_creation)
+        message = _message(self.message_id, self.model, [], self._usage)
+        return event("message_start", {"type": "message_start", "message": message})
+
+    def ping(self) -> str:
+        return event("ping", {"type": "ping"})
+
+    def feed(self, engine_event: EngineEvent) -> str:
+        if self._usage is None:
+            raise RuntimeError("MessageStreamEncoder.start() must come before feed()")
+        if self.finished:
+            return ""
+        self._output_tokens += len(engine_event.token_ids)
+        reason = engine_event.finish_reason
+        if reason in (FinishReason.ERROR, FinishReason.ABORTED):
+            aborted = reason is FinishReason.ABORTED
+            detail = engine_event.error or ("request aborted" if aborted else "unknown error")
+            return self.error("api_error", f"generation failed: {detail}")
+        frames = self._text(engine_event.text) if engine_event.text else ""
+        if reason is not None:
+            frames += self._finish(engine_event, self._usage)
+        return frames
+
+    def error(self, kind: str, message: str) -> str:
+        self.finished = True
+        return event("error", error_payload(kind, message))
+
+    # -- blocks
+
+    def _text(self, text: str) -> str:
+        frames = ""
+        if self._open is None or self._block_types[self._open] != "text":
+            frames = self._start_block({"type": "text", "text": ""})
+        return frames + self._delta({"type": "text_delta", "text": text})
+
+    def _start_block(self, content_block: dict[str, Any]) -> str:
+        frames = self._stop_block()
+        index = len(self._block_types)
+        self._block_types.append(str(content_block["type"]))
+        self._open = index
+        payload = {"type": "content_block_start", "index": index, "content_block": content_block}
+        return frames + event("content_block_start", payload)
+
+    def _delta(self, delta: dict[str, Any]) -> str:
+        payload = {"type": "content_block_delta", "index": self._open, "delta": delta}
+        return event("content_block_delta", payload)
+
+    def _stop_block(self) -> str:
+        if self._open is None:
+            return ""
+        index, self._open = self._open, None
+        return event("content_block_stop", {"type": "content_block_stop", "index": index})
+
+    def _finish(self, final: EngineEvent, usage: AnthropicUsage) -> str:
+        self.finished = True
+        output = final.usage.completion_tokens if final.usage else self._output_tokens
+        stop_reason, stop_sequence = stop_fields(final)
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+            "usage": {**usage.to_json(), "output_tokens": output},
+        }
+        return (
+            self._stop_block()
+            + event("message_delta", delta)
+            + event("message_stop", {"type": "message_stop"})
+        )
