@@ -5,11 +5,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 from compat_serve.chat.prompt import PromptBuilder
 from compat_serve.engine.engine import Engine, EngineConfig
-from compat_serve.models.loader import load_model
+from compat_serve.models.loader import load_model, read_chat_template_file, replace_chat_template
 from compat_serve.models.types import LoadedModel
 from compat_serve.server.state import ServerState
 
@@ -35,21 +34,17 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         raise ValueError("--prefill-chunk must be at least 1")
     if options.max_queue < 1:
         raise ValueError("--max-queue must be at least 1")
+    # Cheap checks first: a typo must not wait for a multi-second model load.
+    template = read_chat_template_file(options.chat_template) if options.chat_template else None
+    if options.context_length is not None and options.context_length < 2:
+        raise ValueError("--context-length must be at least 2")
     if loaded is None:
         loaded = load_model(options.model)
+    if template is not None and options.chat_template is not None:
+        loaded = replace_chat_template(loaded, template, options.chat_template)
     if options.context_length is not None:
-        if options.context_length < 2:
-            raise ValueError("--context-length must be at least 2")
         loaded = dataclasses.replace(loaded, context_length=options.context_length)
-    template = loaded.chat_template
-    if options.chat_template is not None:
-        path = Path(options.chat_template)
-        if not path.is_file():
-            raise FileNotFoundError(f"--chat-template: no such file {path}")
-        template = path.read_text(encoding="utf-8")
-        loaded = dataclasses.replace(loaded, chat_template=template)
-        log.info("chat template replaced by %s", path)
-    builder = PromptBuilder(template, loaded.tokenizer)
+    builder = PromptBuilder(loaded.chat_template, loaded.tokenizer)
     if builder.uses_default_template:
         log.warning("the model has no chat template; using a ChatML fallback")
     policy = "preserve" if options.inline_system == "auto" else options.inline_system

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -59,12 +60,20 @@ def load_model(
     resolve_dtype(dtype, warn=False)
     override = read_chat_template_file(chat_template_path) if chat_template_path else None
     loaded = _dispatch(spec, dtype)
-    if override is not None:
-        logger.info("chat template replaced by %s", chat_template_path)
-        loaded.chat_template = override
-        loaded.tokenizer = loaded.tokenizer.with_chat_template(override)
-        loaded.extra["chat_template_source"] = chat_template_path
+    if override is not None and chat_template_path is not None:
+        loaded = replace_chat_template(loaded, override, chat_template_path)
     return loaded
+
+
+def replace_chat_template(loaded: LoadedModel, template: str, origin: str) -> LoadedModel:
+    """A copy of `loaded` using `template` (end-of-turn ids follow the new template)."""
+    logger.info("chat template replaced by %s", origin)
+    return dataclasses.replace(
+        loaded,
+        chat_template=template,
+        tokenizer=loaded.tokenizer.with_chat_template(template),
+        extra={**loaded.extra, "chat_template_source": origin},
+    )
 
 
 def _dispatch(spec: str | None, dtype: str | None) -> LoadedModel:

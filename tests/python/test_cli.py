@@ -1,0 +1,76 @@
+"""The `compat-serve` command line: help, convert-gguf, and clear startup errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compat_serve.cli import build_convert_parser, build_serve_parser
+
+SERVE_FLAGS = [
+    "--model",
+    "--host",
+    "--port",
+    "--served-model-name",
+    "--api-key",
+    "--chat-template",
+    "--inline-system",
+    "--context-length",
+    "--prefill-chunk",
+    "--max-queue",
+    "--strict-model-names",
+    "--log-level",
+]
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "compat_serve.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_help_documents_every_flag() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for flag in SERVE_FLAGS:
+        assert flag in result.stdout, flag
+    assert "convert-gguf" in result.stdout
+    # Every option has help text of its own.
+    for action in build_serve_parser()._actions:
+        assert action.help, action.option_strings
+    for action in build_convert_parser()._actions:
+        assert action.help, action.option_strings
+
+
+def test_convert_gguf_command_writes_a_loadable_directory(tmp_path: Path) -> None:
+    from compat_serve.models.embedded import embedded_model_path
+
+    out = tmp_path / "converted"
+    result = run_cli("convert-gguf", str(embedded_model_path()), str(out), "--dtype", "float32")
+    assert result.returncode == 0, result.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert (out / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf"),
+        (["--chat-template", "/nonexistent/template.jinja"], "template.jinja"),
+        (["--prefill-chunk", "0"], "--prefill-chunk"),
+    ],
+)
+def test_startup_errors_are_clear(args: list[str], needle: str) -> None:
+    result = run_cli(*args, "--port", "1")
+    assert result.returncode == 2
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr
