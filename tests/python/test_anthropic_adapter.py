@@ -12,7 +12,6 @@ from pydantic import ValidationError
 
 from compat_serve.chat.types import ChatRequest
 from compat_serve.server.anthropic.adapter import to_chat_request
-from compat_serve.server.anthropic.errors import anthropic_error_body
 from compat_serve.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from compat_serve.server.errors import ApiError
 
@@ -138,29 +137,20 @@ def test_default_capture_shape() -> None:
 
 def test_bare_capture_drops_empty_inline_system() -> None:
     (body,) = bodies("bare.jsonl")
-    assert body["messages"][-1] == {
-        "role": "system",
-        "content": [],
-        "output_config": {"effort": "medium"},
-    }
+    assert body["messages"][-1]["role"] == "system" and body["messages"][-1]["content"] == []
     assert [m["role"] for m in convert(body).messages] == ["system", "user"]
 
 
 def test_thinking_capture_echoes_reasoning() -> None:
     request = convert(bodies("tool_thinking.jsonl")[1])
-    turn = request.messages[3]
-    assert turn["role"] == "assistant"
-    assert turn["reasoning_content"] == "Let me think."
-    assert turn["content"] == "Running it."
-    assert turn["tool_calls"][0]["function"]["arguments"] == {
+    turn, result = request.messages[3:5]
+    assert (turn["content"], turn["reasoning_content"]) == ("Running it.", "Let me think.")
+    (call,) = turn["tool_calls"]
+    assert call["function"]["arguments"] == {
         "command": "echo hi",
         "description": "Run a test command",
     }
-    assert request.messages[4] == {
-        "role": "tool",
-        "tool_call_id": turn["tool_calls"][0]["id"],
-        "content": "hi",
-    }
+    assert result == {"role": "tool", "tool_call_id": call["id"], "content": "hi"}
 
 
 # ---------------------------------------------------------------- text and system
@@ -191,10 +181,8 @@ def test_string_and_single_text_block_render_identically() -> None:
 
 
 def test_text_blocks_join_with_newline() -> None:
-    request = chat([user([text("<system-reminder>r</system-reminder>"), text("do it")])])
-    assert request.messages == [
-        {"role": "user", "content": "<system-reminder>r</system-reminder>\ndo it"}
-    ]
+    request = chat([user([text("<r>x</r>"), text("do it")])])
+    assert request.messages == [{"role": "user", "content": "<r>x</r>\ndo it"}]
 
 
 def test_billing_header_dropped_everywhere_in_system() -> None:
@@ -234,68 +222,35 @@ def test_lenient_fields_are_ignored() -> None:
 
 
 def test_tool_use_becomes_tool_calls_with_dict_arguments() -> None:
-    request = chat(
-        [
-            user("go"),
-            assistant([text("Running."), tool_use("toolu_1", command="ls")]),
-            user([tool_result("toolu_1", "a b")]),
-        ]
-    )
-    assert request.messages[1] == {
-        "role": "assistant",
-        "content": "Running.",
-        "tool_calls": [
-            {
-                "id": "toolu_1",
-                "type": "function",
-                "function": {"name": "Bash", "arguments": {"command": "ls"}},
-            }
-        ],
+    request = chat([user("go"), assistant([text("Ok."), tool_use("toolu_1", cmd="ls")]), user("?")])
+    call = {
+        "id": "toolu_1",
+        "type": "function",
+        "function": {"name": "Bash", "arguments": {"cmd": "ls"}},
     }
+    assert request.messages[1] == {"role": "assistant", "content": "Ok.", "tool_calls": [call]}
 
 
 def test_tool_results_keep_order_and_trailing_text_follows() -> None:
-    request = chat(
-        [
-            user("go"),
-            assistant([tool_use("t1", command="a"), tool_use("t2", command="b")]),
-            user(
-                [
-                    tool_result("t1", "one"),
-                    tool_result("t2", [text("two"), text("lines")]),
-                    text("and now?"),
-                ]
-            ),
-        ]
-    )
+    results = [tool_result("t1", "one"), tool_result("t2", [text("two"), text("lines")])]
+    turns = [user("go"), assistant([tool_use("t1"), tool_use("t2")])]
+    request = chat([*turns, user([*results, text("and now?")])])
+    assert request.messages[1]["content"] == ""
     assert request.messages[2:] == [
         {"role": "tool", "tool_call_id": "t1", "content": "one"},
         {"role": "tool", "tool_call_id": "t2", "content": "two\nlines"},
         {"role": "user", "content": "and now?"},
     ]
-    assert request.messages[1]["content"] == ""
-
-
-def test_tool_result_string_and_blocks_agree() -> None:
-    flat = chat([user("go"), assistant([tool_use("t")]), user([tool_result("t", "out")])])
-    blocks = chat([user("go"), assistant([tool_use("t")]), user([tool_result("t", [text("out")])])])
-    assert flat.messages == blocks.messages
+    flat = [tool_result("t1", [text("one")]), tool_result("t2", "two\nlines"), text("and now?")]
+    assert chat([*turns, user(flat)]).messages == request.messages
+    before = chat([*turns, user([text("first"), *results])]).messages[2:]
+    assert [m["role"] for m in before] == ["user", "tool", "tool"]
 
 
 def test_tool_result_errors_are_prefixed() -> None:
-    request = chat(
-        [
-            user("go"),
-            assistant([tool_use("a"), tool_use("b"), tool_use("c")]),
-            user(
-                [
-                    tool_result("a", "Exit code 2", is_error=True),
-                    tool_result("b", None, is_error=True),
-                    tool_result("c", "fine", is_error=False),
-                ]
-            ),
-        ]
-    )
+    errors = [tool_result("a", "Exit code 2", is_error=True), tool_result("b", None, is_error=True)]
+    ok = tool_result("c", "fine", is_error=False)
+    request = chat([user("go"), assistant([tool_use("a")]), user([*errors, ok])])
     assert [m["content"] for m in request.messages[2:]] == ["Error: Exit code 2", "Error", "fine"]
 
 
@@ -316,21 +271,14 @@ def test_tool_definitions() -> None:
             {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
         ],
     )
-    assert request.tools == [
-        {
-            "type": "function",
-            "function": {
-                "name": "Bash",
-                "description": "run",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"command": {"type": "string"}},
-                    "additionalProperties": False,
-                },
-            },
-        },
-        {"type": "function", "function": {"name": "Nop", "parameters": {"type": "object"}}},
-    ]
+    assert request.tools is not None
+    bash, nop = request.tools  # the three server tools are dropped
+    assert bash["function"]["parameters"] == {k: v for k, v in schema.items() if k != "$schema"}
+    assert bash["function"]["description"] == "run"
+    assert nop == {
+        "type": "function",
+        "function": {"name": "Nop", "parameters": {"type": "object"}},
+    }
     only_server = chat([user("hi")], tools=[{"type": "bash_20250124", "name": "bash"}])
     assert only_server.tools is None
 
@@ -388,10 +336,9 @@ def test_unknown_block_type_names_its_position() -> None:
 
 def test_misplaced_blocks_are_rejected() -> None:
     error = rejected([user("hi"), assistant([tool_result("t")])])
-    assert "messages[1].content[0].type" in error.message
-    assert "not allowed in assistant messages" in error.message
-    error = rejected([user([tool_use("t")])])
-    assert "not allowed in user messages" in error.message
+    assert error.message.startswith("messages[1].content[0].type: 'tool_result' blocks are not")
+    assert "not allowed in user messages" in rejected([user([tool_use("t")])]).message
+    assert "tool_use" in rejected([user("hi"), assistant([tool_use("t")])]).message  # as prefill
 
 
 def test_malformed_known_block_names_the_field() -> None:
@@ -401,24 +348,21 @@ def test_malformed_known_block_names_the_field() -> None:
     assert error.message.startswith("messages[0].content[0].text:")
 
 
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+IMAGE_URL = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+PDF = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf"}}
+
+
 @pytest.mark.parametrize(
-    "block",
-    [
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}},
-        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
-    ],
+    ("block", "what"), [(IMAGE, "images"), (IMAGE_URL, "images"), (PDF, "documents")]
 )
-def test_images_are_rejected_text_only(block: dict[str, Any]) -> None:
+def test_images_and_documents_are_rejected_text_only(block: dict[str, Any], what: str) -> None:
     error = rejected([user([text("look"), block])])
-    assert error.message == "messages[0].content[1]: this model is text-only and cannot read images"
+    assert (
+        error.message == f"messages[0].content[1]: this model is text-only and cannot read {what}"
+    )
     nested = rejected([user("go"), assistant([tool_use("t")]), user([tool_result("t", [block])])])
     assert nested.message.startswith("messages[2].content[0].content[0]: this model is text-only")
-
-
-def test_documents_are_rejected_text_only() -> None:
-    doc = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf"}}
-    error = rejected([user([doc])])
-    assert error.message.startswith("messages[0].content[0]: this model is text-only")
 
 
 # ---------------------------------------------------------------- prefill and empties
@@ -443,46 +387,36 @@ def test_empty_final_assistant_is_no_prefill() -> None:
     assert request.messages == [{"role": "user", "content": "hi"}]
 
 
-def test_final_assistant_with_tool_use_is_rejected() -> None:
-    rejected([user("hi"), assistant([tool_use("t")])])
-
-
 def test_empty_messages_are_rejected() -> None:
     assert rejected([]).param == "messages"
     assert rejected([{"role": "system", "content": []}]).param == "messages"
-
-
-def test_unknown_role_is_a_validation_error() -> None:
-    with pytest.raises(ValidationError):
-        chat([{"role": "tool", "content": "x"}])
+    assert rejected([assistant([])]).param == "messages"
 
 
 # ---------------------------------------------------------------- sampling and thinking
 
 
 def test_sampling_params() -> None:
-    request = chat([user("hi")])
-    assert request.sampling.max_tokens == 2048
-    assert (request.sampling.temperature, request.sampling.top_p, request.sampling.top_k) == (
-        1.0,
-        1.0,
-        0,
-    )
-    tuned = chat(
-        [user("hi")], temperature=0.2, top_p=0.9, top_k=40, stop_sequences=["END", "", "##"]
-    )
-    assert tuned.sampling.temperature == 0.2
-    assert (tuned.sampling.top_p, tuned.sampling.top_k) == (0.9, 40)
-    assert tuned.sampling.stop_strings == ("END", "##")
+    s = chat([user("hi")]).sampling
+    assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.stop_strings) == (2048, 1, 1, 0, ())
+    stops = ["END", "", "##"]
+    s = chat([user("hi")], temperature=0.2, top_p=0.9, top_k=40, stop_sequences=stops).sampling
+    assert (s.temperature, s.top_p, s.top_k, s.stop_strings) == (0.2, 0.9, 40, ("END", "##"))
 
 
 @pytest.mark.parametrize(
     "fields",
-    [{"temperature": 1.5}, {"temperature": -0.1}, {"max_tokens": -1}, {"top_k": -2}],
+    [
+        {"temperature": 1.5},
+        {"temperature": -0.1},
+        {"max_tokens": -1},
+        {"top_k": -2},
+        {"messages": [{"role": "tool", "content": "x"}]},
+    ],
 )
 def test_out_of_range_fields_fail_validation(fields: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
-        chat([user("hi")], **fields)
+        convert({"model": "m", "max_tokens": 64, "messages": [user("hi")], **fields})
 
 
 def test_max_tokens_is_required_but_may_be_zero() -> None:
@@ -492,12 +426,9 @@ def test_max_tokens_is_required_but_may_be_zero() -> None:
 
 
 def test_count_tokens_uses_the_default_max_tokens() -> None:
+    thinking = {"type": "enabled", "budget_tokens": 5000}
     body = CountTokensRequest.model_validate(
-        {
-            "model": "m",
-            "messages": [user("hi")],
-            "thinking": {"type": "enabled", "budget_tokens": 5000},
-        }
+        {"model": "m", "messages": [user("hi")], "thinking": thinking}
     )
     request = to_chat_request(body, default_max_tokens=777)
     assert request.sampling.max_tokens == 777
@@ -531,31 +462,3 @@ def test_thinking_budget_validation(budget: int | None, max_tokens: int, param: 
     thinking = {"type": "enabled", "budget_tokens": budget}
     error = rejected([user("hi")], thinking=thinking, max_tokens=max_tokens)
     assert error.param == param
-
-
-# ---------------------------------------------------------------- error bodies
-
-
-@pytest.mark.parametrize(
-    ("status", "kind"),
-    [
-        (400, "invalid_request_error"),
-        (401, "authentication_error"),
-        (403, "permission_error"),
-        (404, "not_found_error"),
-        (405, "invalid_request_error"),
-        (413, "request_too_large"),
-        (422, "invalid_request_error"),
-        (429, "rate_limit_error"),
-        (500, "api_error"),
-        (503, "api_error"),
-        (529, "overloaded_error"),
-    ],
-)
-def test_error_body(status: int, kind: str) -> None:
-    body = anthropic_error_body(ApiError(status, "nope", param="x"), "req_123")
-    assert body == {
-        "type": "error",
-        "error": {"type": kind, "message": "nope"},
-        "request_id": "req_123",
-    }

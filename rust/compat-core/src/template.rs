@@ -64,6 +64,9 @@ impl ChatTemplate {
         env.set_auto_escape_callback(|_| AutoEscape::None);
         env.set_debug(false);
         env.set_formatter(|out, _state, value| {
+            if let Some(s) = value.as_str() {
+                return out.write_str(s).map_err(minijinja::Error::from);
+            }
             let mut text = String::new();
             pyfmt::py_str(value, &mut text);
             out.write_str(&text).map_err(minijinja::Error::from)

@@ -48,6 +48,16 @@ from compat_serve.server.anthropic.protocol import (
 from compat_serve.server.errors import ApiError
 from compat_serve.server.sse import event
 
+__all__ = [
+    "STOP_REASONS",
+    "AnthropicUsage",
+    "MessageStreamEncoder",
+    "chat_messages",
+    "message_response",
+    "stop_fields",
+    "to_chat_request",
+]
+
 BILLING_HEADER = "x-anthropic-billing-header"
 MIN_THINKING_BUDGET = 1024
 
@@ -66,9 +76,9 @@ def to_chat_request(
     template_kwargs = _thinking_kwargs(body.thinking, max_tokens)
     tools = _tools(body.tools, body.tool_choice)
     messages = _system_messages(body.system) + chat_messages(body.messages)
+    prefill = bool(messages) and _prefill(messages)
     if not messages:
         raise ApiError(400, "messages: all messages are empty", param="messages")
-    prefill = _prefill(messages)
     return ChatRequest(
         messages=messages,
         sampling=_sampling(body, default_max_tokens),
