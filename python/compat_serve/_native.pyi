@@ -4,6 +4,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, final
 
+__all__ = ["ChatTemplate", "TemplateError", "__version__"]
+
 __version__: str
 
 class TemplateError(Exception):

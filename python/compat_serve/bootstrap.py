@@ -44,23 +44,27 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         loaded = replace_chat_template(loaded, template, options.chat_template)
     if options.context_length is not None:
         loaded = dataclasses.replace(loaded, context_length=options.context_length)
-    builder = PromptBuilder(loaded.chat_template, loaded.tokenizer)
+    builder = PromptBuilder(
+        loaded.chat_template, loaded.tokenizer, inline_system=options.inline_system
+    )
     if builder.uses_default_template:
         log.warning("the model has no chat template; using a ChatML fallback")
-    policy = "preserve" if options.inline_system == "auto" else options.inline_system
+    traits = builder.traits
     engine = Engine(
         loaded,
         EngineConfig(prefill_chunk=options.prefill_chunk, max_queue=options.max_queue),
     )
     name = options.served_model_name or loaded.name
     log.info(
-        "model %s (%s, %s, %s): context %d tokens, inline-system policy %s",
+        "model %s (%s, %s, %s): context %d tokens, inline-system policy %s (%s)%s",
         name,
         loaded.model_type,
         loaded.dtype,
         loaded.source,
         loaded.context_length,
-        policy,
+        traits.inline_system,
+        traits.inline_system_reason,
+        ", merging same-role turns" if traits.requires_alternation else "",
     )
     return ServerState(
         engine=engine,
@@ -69,5 +73,5 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         context_length=loaded.context_length,
         api_key=options.api_key,
         strict_model_names=options.strict_model_names,
-        inline_system_policy=policy,
+        inline_system_policy=traits.inline_system,
     )

@@ -66,7 +66,11 @@ WEATHER_TOOL: dict[str, Any] = {
             "type": "object",
             "properties": {
                 "city": {"type": "string", "description": "City name, e.g. 'Paris' or \"Zürich\""},
-                "units": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"},
+                "units": {
+                    "type": "string",
+                    "enum": ["celsius", "fahrenheit"],
+                    "default": "celsius",
+                },
                 "days": {"type": "integer", "minimum": 1, "maximum": 14},
                 "threshold": {"type": "number", "default": 0.5},
                 "include_hourly": {"type": "boolean", "default": False},
@@ -140,7 +144,9 @@ CONVERSATIONS: dict[str, dict[str, Any]] = {
                 "role": "assistant",
                 "content": "",
                 "tool_calls": [
-                    tool_call("call_1", "get_weather", {"city": "Paris", "days": 3, "threshold": 0.25})
+                    tool_call(
+                        "call_1", "get_weather", {"city": "Paris", "days": 3, "threshold": 0.25}
+                    )
                 ],
             },
             {
@@ -172,8 +178,18 @@ CONVERSATIONS: dict[str, dict[str, Any]] = {
                     tool_call("call_b", "get_weather", {"city": "Oslo", "include_hourly": False}),
                 ],
             },
-            {"role": "tool", "tool_call_id": "call_a", "name": "search_files", "content": "src/lib.rs"},
-            {"role": "tool", "tool_call_id": "call_b", "name": "get_weather", "content": "-3 °C, snow"},
+            {
+                "role": "tool",
+                "tool_call_id": "call_a",
+                "name": "search_files",
+                "content": "src/lib.rs",
+            },
+            {
+                "role": "tool",
+                "tool_call_id": "call_b",
+                "name": "get_weather",
+                "content": "-3 °C, snow",
+            },
         ],
         "tools": TOOLS,
     },
@@ -182,7 +198,7 @@ CONVERSATIONS: dict[str, dict[str, Any]] = {
             SYSTEM,
             {
                 "role": "user",
-                "content": "Ünïcödé 你好 👨‍👩‍👧 — it's \"quoted\" <b>&amp;</b>\\path\ttab\nnew line",
+                "content": 'Ünïcödé 你好 👨‍👩‍👧 — it\'s "quoted" <b>&amp;</b>\\path\ttab\nnew line',
             },
             {"role": "assistant", "content": "Got it: 😀 ✓ ß→SS"},
             {"role": "user", "content": "  leading and trailing spaces  "},
@@ -308,9 +324,9 @@ def test_templates_present() -> None:
 
 
 def test_required_extras_are_in_manifest() -> None:
-    for template in REQUIRED_EXTRA_CONTEXT:
+    for template, make_extras in REQUIRED_EXTRA_CONTEXT.items():
         declared = MANIFEST[template]["extra_context_vars"].split(",")
-        extras = REQUIRED_EXTRA_CONTEXT[template](CONVERSATIONS["single_turn"])
+        extras = make_extras(CONVERSATIONS["single_turn"])
         assert set(extras) <= set(declared), (template, declared)
 
 
@@ -324,7 +340,7 @@ def test_parity(template: str | None, conversation: str, add_generation_prompt: 
     expected_error: Exception | None = None
     try:
         expected = render_jinja2(source, copy.deepcopy(context))
-    except Exception as exc:  # noqa: BLE001 - any jinja2 failure must be mirrored
+    except Exception as exc:
         expected_error = exc
 
     if expected_error is not None:
@@ -355,11 +371,11 @@ def test_reference_matches_transformers(monkeypatch: pytest.MonkeyPatch) -> None
             context = build_context(path.name, conversation, True)
             try:
                 ours = render_jinja2(source, copy.deepcopy(context))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 ours = f"raised {type(exc).__name__}"
             hf_template = ctu._cached_compile_jinja_template(source)
             try:
                 theirs = hf_template.render(**{"documents": None, **copy.deepcopy(context)})
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 theirs = f"raised {type(exc).__name__}"
             assert ours == theirs, path.name

@@ -53,9 +53,10 @@ def fold_inline_system(messages: list[Message]) -> list[Message]:
                 pending.append(text)
             continue
         if pending and role == "user":
-            message = _prepend_text(message, FOLD_SEPARATOR.join(pending))
+            out.append(_prepend_text(message, FOLD_SEPARATOR.join(pending)))
             pending = []
-        elif pending and role != "tool":
+            continue
+        if pending and role != "tool":
             out.append({"role": "user", "content": FOLD_SEPARATOR.join(pending)})
             pending = []
         out.append(message)

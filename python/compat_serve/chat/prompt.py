@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from compat_serve.chat.normalize import normalize_messages
+from compat_serve.chat.probe import TemplateTraits, probe_template
 from compat_serve.chat.types import ChatRequest, Message
 from compat_serve.templating import ChatTemplate, TemplateError
 
@@ -37,11 +39,45 @@ DEFAULT_CHAT_TEMPLATE = (
 
 
 class PromptBuilder:
-    def __init__(self, template_source: str | None, tokenizer: Encoder) -> None:
+    """Renders conversations with the model's template, normalized the way it needs.
+
+    `inline_system`: "auto" probes the template (chat/probe.py); "preserve"/"fold" force
+    that policy. Same-role merging follows the probe's alternation answer.
+    """
+
+    def __init__(
+        self, template_source: str | None, tokenizer: Encoder, *, inline_system: str = "auto"
+    ) -> None:
+        if inline_system not in ("auto", "preserve", "fold"):
+            raise ValueError(f"inline_system must be auto, preserve or fold, not {inline_system!r}")
         self.template_source = template_source or DEFAULT_CHAT_TEMPLATE
         self.uses_default_template = template_source is None
         self._template = ChatTemplate(self.template_source)
         self._tokenizer = tokenizer
+        probed = probe_template(self._probe_render)
+        self.traits = (
+            probed
+            if inline_system == "auto"
+            else TemplateTraits(
+                inline_system, "set by --inline-system", probed.requires_alternation
+            )
+        )
+
+    def _probe_render(self, messages: list[Message], add_generation_prompt: bool) -> str:
+        text: str = self._template.render(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self._tokenizer.bos_token,
+            eos_token=self._tokenizer.eos_token,
+        )
+        return text
+
+    def normalize(self, messages: Sequence[Message]) -> list[Message]:
+        return normalize_messages(
+            list(messages),
+            inline_system=self.traits.inline_system,
+            requires_alternation=self.traits.requires_alternation,
+        )
 
     def render(
         self,
@@ -73,7 +109,7 @@ class PromptBuilder:
 
     def build(self, request: ChatRequest) -> Prompt:
         text = self.render(
-            request.messages,
+            self.normalize(request.messages),
             tools=request.tools,
             continue_final_message=request.continue_final_message,
             **request.template_kwargs,

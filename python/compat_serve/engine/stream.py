@@ -39,13 +39,22 @@ class RequestStream:
     def __aiter__(self) -> AsyncIterator[EngineEvent]:
         return self._iterate()
 
+    async def next(self, timeout: float | None = None) -> EngineEvent | None:
+        """The next event, or None if `timeout` seconds pass first (safe to call again)."""
+        try:
+            event = await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            return None
+        if event.finished:
+            self._finished = True
+        return event
+
     async def _iterate(self) -> AsyncIterator[EngineEvent]:
         try:
             while not self._finished:
-                event = await self._queue.get()
-                if event.finished:
-                    self._finished = True
-                yield event
+                event = await self.next()
+                if event is not None:
+                    yield event
         finally:
             if not self._finished:
                 self.abort()

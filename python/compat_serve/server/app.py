@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -12,7 +11,8 @@ from fastapi import Depends, FastAPI, Request
 from starlette.responses import Response
 
 from compat_serve.server import common_routes
-from compat_serve.server.errors import ApiError, install_error_handlers
+from compat_serve.server.anthropic import routes as anthropic_routes
+from compat_serve.server.errors import ApiError, install_error_handlers, render_error, request_id
 from compat_serve.server.generation import server_state
 from compat_serve.server.openai import routes as openai_routes
 from compat_serve.server.state import ServerState
@@ -56,17 +56,31 @@ def create_app(state: ServerState, *, manage_engine: bool = True) -> FastAPI:
 
     app = FastAPI(title="compat-serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.compat = state
-    app.state.error_renderers = {}
     install_error_handlers(app)
 
     @app.middleware("http")
-    async def request_id(
+    async def request_id_and_size(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        response = await call_next(request)
-        response.headers.setdefault("request-id", f"req_{uuid.uuid4().hex[:24]}")
+        rid = request_id(request)
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > state.max_request_bytes:
+            response: Response = render_error(
+                request,
+                ApiError(
+                    413,
+                    f"request body of {int(length)} bytes exceeds the "
+                    f"{state.max_request_bytes}-byte limit",
+                ),
+            )
+        else:
+            response = await call_next(request)
+        response.headers["request-id"] = rid
         return response
 
-    app.include_router(common_routes.router)
-    app.include_router(openai_routes.router, dependencies=[Depends(require_api_key)])
+    authed = [Depends(require_api_key)]
+    app.include_router(common_routes.health_router)
+    app.include_router(common_routes.router, dependencies=authed)
+    app.include_router(openai_routes.router, dependencies=authed)
+    app.include_router(anthropic_routes.router, dependencies=authed)
     return app

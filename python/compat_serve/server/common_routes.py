@@ -12,6 +12,7 @@ from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import server_state
 
 router = APIRouter()
+health_router = APIRouter()
 _STARTED = int(time.time())
 
 
@@ -31,7 +32,7 @@ def _model_card(request: Request) -> dict[str, Any]:
     }
 
 
-@router.get("/health")
+@health_router.get("/health")
 async def health(request: Request) -> JSONResponse:
     state = server_state(request)
     ok = state.engine.running

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,6 +44,8 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        anthropic_status: int | None = None,
+        anthropic_message: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -50,6 +53,9 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        # Where the two APIs disagree (queue full: 429 vs 529; context overflow wording).
+        self.anthropic_status = anthropic_status
+        self.anthropic_message = anthropic_message
 
 
 def openai_error_body(error: ApiError) -> dict[str, Any]:
@@ -63,13 +69,29 @@ def openai_error_body(error: ApiError) -> dict[str, Any]:
     }
 
 
+def is_anthropic_request(request: Request) -> bool:
+    """Anthropic clients: the Messages endpoints, or any call carrying anthropic-version."""
+    return request.url.path.startswith("/v1/messages") or "anthropic-version" in request.headers
+
+
+def request_id(request: Request) -> str:
+    rid = getattr(request.state, "request_id", None)
+    if not isinstance(rid, str):
+        rid = f"req_{uuid.uuid4().hex[:24]}"
+        request.state.request_id = rid
+    return rid
+
+
 def render_error(request: Request, error: ApiError) -> JSONResponse:
-    renderer = getattr(request.app.state, "error_renderers", {})
-    for prefix, render in renderer.items():
-        if request.url.path.startswith(prefix):
-            body, headers = render(request, error)
-            return JSONResponse(body, status_code=error.status, headers=headers)
-    return JSONResponse(openai_error_body(error), status_code=error.status, headers=error.headers)
+    from compat_serve.server.anthropic.errors import anthropic_error_body
+
+    rid = request_id(request)
+    headers = {**error.headers, "request-id": rid}
+    if is_anthropic_request(request):
+        status = error.anthropic_status or error.status
+        body = anthropic_error_body(ApiError(status, error.anthropic_message or error.message), rid)
+        return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(openai_error_body(error), status_code=error.status, headers=headers)
 
 
 def _location(loc: Sequence[Any]) -> str:

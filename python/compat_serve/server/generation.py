@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -63,9 +62,14 @@ def submit(
             f"your prompt has {exc.prompt_tokens} tokens (at most {exc.context_length} fit).",
             param="messages",
             code="context_length_exceeded",
+            # Claude Code compacts the conversation on exactly this wording.
+            anthropic_message=f"prompt is too long: {exc.prompt_tokens} tokens > "
+            f"{exc.context_length} maximum",
         ) from exc
     except EngineOverloaded as exc:
-        raise ApiError(429, str(exc), headers={"retry-after": RETRY_AFTER_S}) from exc
+        raise ApiError(
+            429, str(exc), headers={"retry-after": RETRY_AFTER_S}, anthropic_status=529
+        ) from exc
     except EngineStopped as exc:
         raise ApiError(503, "the server is shutting down") from exc
     except ValueError as exc:
@@ -102,9 +106,3 @@ async def _abort_on_disconnect(stream: RequestStream, request: Request) -> None:
             stream.abort()
             return
         await asyncio.sleep(0.25)
-
-
-async def events(stream: RequestStream) -> AsyncIterator[EngineEvent]:
-    """Iterate events; leaving early (client gone) aborts the request."""
-    async for event in stream:
-        yield event

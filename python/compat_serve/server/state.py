@@ -19,3 +19,5 @@ class ServerState:
     api_key: str | None = None
     strict_model_names: bool = False
     inline_system_policy: str = "preserve"
+    # Anthropic's own limit for a Messages request body.
+    max_request_bytes: int = 32 * 1024 * 1024

@@ -4,7 +4,7 @@ use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 
 pyo3::create_exception!(
-    _native,
+    compat_serve._native,
     TemplateError,
     PyException,
     "A chat template failed to compile, failed to render, or called raise_exception()."

@@ -1,0 +1,80 @@
+"""Anthropic Messages API: POST /v1/messages and /v1/messages/count_tokens."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from compat_serve.engine.stream import RequestStream
+from compat_serve.engine.types import FinishReason
+from compat_serve.server import sse
+from compat_serve.server.anthropic import adapter
+from compat_serve.server.anthropic.protocol import (
+    AnthropicUsage,
+    CountTokensRequest,
+    MessagesRequest,
+)
+from compat_serve.server.errors import ApiError
+from compat_serve.server.generation import (
+    build_chat_prompt,
+    check_model_name,
+    collect,
+    new_id,
+    server_state,
+    submit,
+)
+
+router = APIRouter()
+
+# Claude Code gives up on a request after ~300 s without a byte: keep the line busy
+# while a long prompt is processed.
+PING_INTERVAL_S = 10.0
+
+
+@router.post("/v1/messages")
+async def create_message(body: MessagesRequest, request: Request) -> Any:
+    state = server_state(request)
+    check_model_name(state, body.model)
+    chat = adapter.to_chat_request(body, default_max_tokens=state.context_length)
+    prompt = await build_chat_prompt(state, chat)
+    message_id = new_id("msg_")
+    stream = submit(state, message_id, prompt.token_ids, chat.sampling)
+    if body.stream:
+        encoder = adapter.MessageStreamEncoder(message_id, body.model)
+        return StreamingResponse(
+            _message_events(stream, encoder, len(prompt.token_ids)),
+            media_type="text/event-stream",
+            headers=sse.SSE_HEADERS,
+        )
+    done = await collect(stream, request)
+    final = done.final
+    if final.finish_reason is FinishReason.ABORTED:
+        raise ApiError(500, "the request was aborted (server shutting down)")
+    assert final.usage is not None
+    usage = AnthropicUsage.from_usage(final.usage)
+    return JSONResponse(adapter.message_response(message_id, body.model, done.text, final, usage))
+
+
+async def _message_events(
+    stream: RequestStream, encoder: adapter.MessageStreamEncoder, prompt_tokens: int
+) -> AsyncIterator[str]:
+    # message_start goes out at admission, before the prompt is processed.
+    yield encoder.start(prompt_tokens)
+    try:
+        while not stream.finished:
+            event = await stream.next(timeout=PING_INTERVAL_S)
+            yield encoder.ping() if event is None else encoder.feed(event)
+    finally:
+        stream.abort()  # no-op when finished; a client that left stops generation
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
+    state = server_state(request)
+    check_model_name(state, body.model)
+    chat = adapter.to_chat_request(body, default_max_tokens=state.context_length)
+    prompt = await build_chat_prompt(state, chat)
+    return {"input_tokens": len(prompt.token_ids)}
