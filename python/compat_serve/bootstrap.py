@@ -26,12 +26,18 @@ class ServeOptions:
     prefill_chunk: int = 512
     max_queue: int = 256
     strict_model_names: bool = False
+    max_output_tokens: int | None = None
+    max_request_bytes: int = 32 * 1024 * 1024
 
 
 def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> ServerState:
     """Build everything but do not start the engine (the app's lifespan starts it)."""
     if options.prefill_chunk < 1:
         raise ValueError("--prefill-chunk must be at least 1")
+    if options.max_output_tokens is not None and options.max_output_tokens < 1:
+        raise ValueError("--max-output-tokens must be at least 1")
+    if options.max_request_bytes < 1024:
+        raise ValueError("--max-request-bytes must be at least 1024")
     if options.max_queue < 1:
         raise ValueError("--max-queue must be at least 1")
     # Cheap checks first: a typo must not wait for a multi-second model load.
@@ -74,4 +80,6 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         api_key=options.api_key,
         strict_model_names=options.strict_model_names,
         inline_system_policy=traits.inline_system,
+        max_request_bytes=options.max_request_bytes,
+        max_output_tokens=options.max_output_tokens,
     )

@@ -69,6 +69,18 @@ def build_serve_parser() -> argparse.ArgumentParser:
         help="requests allowed in flight before answering 429/529 (default 256)",
     )
     p.add_argument(
+        "--max-output-tokens",
+        type=int,
+        help="cap every request's max_tokens (default: no cap; generation stops when the "
+        "context is full). Agents ask for 32k+ tokens, which a slow CPU cannot deliver",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=32 * 1024 * 1024,
+        help="largest request body accepted, else 413 (default 32 MiB, Anthropic's limit)",
+    )
+    p.add_argument(
         "--strict-model-names",
         action="store_true",
         help="reject requests whose model name differs from the served name (default: "
@@ -149,6 +161,8 @@ def _serve(ns: argparse.Namespace) -> int:
                 prefill_chunk=ns.prefill_chunk,
                 max_queue=ns.max_queue,
                 strict_model_names=ns.strict_model_names,
+                max_output_tokens=ns.max_output_tokens,
+                max_request_bytes=ns.max_request_bytes,
             )
         )
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
@@ -190,7 +204,8 @@ compat-serve {__version__} serving {model_name!r} at {base}
   Claude Code:
     ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY={key} claude
 
-  Endpoints: POST /v1/chat/completions, /v1/completions, GET /v1/models, /health
+  Endpoints: POST /v1/messages, /v1/messages/count_tokens, /v1/chat/completions,
+             /v1/completions; GET /v1/models, /health
 """,
         flush=True,
     )

@@ -23,6 +23,8 @@ SERVE_FLAGS = [
     "--prefill-chunk",
     "--max-queue",
     "--strict-model-names",
+    "--max-output-tokens",
+    "--max-request-bytes",
     "--log-level",
 ]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from dataclasses import dataclass
 
@@ -53,6 +54,9 @@ async def build_chat_prompt(state: ServerState, chat: ChatRequest) -> Prompt:
 def submit(
     state: ServerState, request_id: str, prompt_ids: tuple[int, ...], sampling: SamplingParams
 ) -> RequestStream:
+    cap = state.max_output_tokens
+    if cap is not None and sampling.max_tokens > cap:
+        sampling = dataclasses.replace(sampling, max_tokens=cap)
     try:
         return state.engine.submit(EngineRequest(request_id, prompt_ids, sampling))
     except PromptTooLong as exc:

@@ -21,3 +21,5 @@ class ServerState:
     inline_system_policy: str = "preserve"
     # Anthropic's own limit for a Messages request body.
     max_request_bytes: int = 32 * 1024 * 1024
+    # Clamp every request's max_tokens (None: no cap beyond the context window).
+    max_output_tokens: int | None = None

@@ -30,8 +30,6 @@ use minijinja::{AutoEscape, Environment, UndefinedBehavior};
 
 use crate::error::CoreError;
 
-pub use pyfmt::{py_repr, py_str, to_py_str};
-
 const TEMPLATE_NAME: &str = "chat_template";
 
 /// A compiled chat template. Cheap to share across threads (`Send + Sync`).
@@ -114,7 +112,7 @@ impl ChatTemplate {
 }
 
 /// Converts JSON into a template value, keeping object key order.
-pub fn json_to_value(json: &serde_json::Value) -> Value {
+pub(crate) fn json_to_value(json: &serde_json::Value) -> Value {
     match json {
         serde_json::Value::Null => Value::from(()),
         serde_json::Value::Bool(b) => Value::from(*b),

@@ -1,9 +1,9 @@
 //! The filters, globals and Python methods of transformers' jinja2 environment,
 //! where minijinja's own differ from what jinja2 does.
 
-use std::fmt;
+use std::fmt::{self, Write};
 
-use chrono::format::{Item, StrftimeItems};
+use chrono::format::{Fixed, Item, StrftimeItems};
 use chrono::NaiveDateTime;
 use minijinja::value::{from_args, Kwargs, Rest, Value, ValueKind, ValueOrKwargs};
 use minijinja::{Error, ErrorKind, State};
@@ -32,19 +32,41 @@ pub fn raise_exception(message: &Value) -> Result<Value, Error> {
 }
 
 /// `strftime_now(format)`: `datetime.now().strftime(format)`, or a fixed instant.
+/// Python's `datetime.now()` is naive, so `%Z` and `%z` print nothing.
 pub fn make_strftime_now(
     fixed: Option<NaiveDateTime>,
 ) -> impl Fn(&str) -> Result<String, Error> + Send + Sync + 'static {
     move |format: &str| {
-        let items: Vec<Item<'_>> = StrftimeItems::new(format).collect();
-        if items.iter().any(|item| matches!(item, Item::Error)) {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!("invalid strftime format {format:?}"),
-            ));
+        let mut items: Vec<Item<'_>> = Vec::new();
+        for item in StrftimeItems::new(format) {
+            match item {
+                Item::Error => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!("invalid strftime format {format:?}"),
+                    ))
+                }
+                Item::Fixed(
+                    Fixed::TimezoneName
+                    | Fixed::TimezoneOffset
+                    | Fixed::TimezoneOffsetColon
+                    | Fixed::TimezoneOffsetDoubleColon
+                    | Fixed::TimezoneOffsetTripleColon
+                    | Fixed::TimezoneOffsetColonZ
+                    | Fixed::TimezoneOffsetZ,
+                ) => {}
+                item => items.push(item),
+            }
         }
         let now = fixed.unwrap_or_else(|| chrono::Local::now().naive_local());
-        Ok(now.format_with_items(items.into_iter()).to_string())
+        let mut out = String::new();
+        write!(out, "{}", now.format_with_items(items.into_iter())).map_err(|_| {
+            Error::new(
+                ErrorKind::InvalidOperation,
+                format!("cannot format date with {format:?}"),
+            )
+        })?;
+        Ok(out)
     }
 }
 
@@ -511,6 +533,7 @@ mod tests {
         let f = make_strftime_now(Some(at));
         assert_eq!(f("%d %b %Y").unwrap(), "07 Mar 2025");
         assert_eq!(f("%Y-%m-%dT%H:%M:%S").unwrap(), "2025-03-07T08:09:10");
+        assert_eq!(f("[%Z%z]").unwrap(), "[]");
         assert!(f("%Q").is_err());
     }
 }

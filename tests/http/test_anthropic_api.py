@@ -1,0 +1,140 @@
+"""Anthropic Messages API through the official `anthropic` SDK against the real server."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anthropic
+import httpx
+import pytest
+
+if TYPE_CHECKING:
+    from tests.conftest import RunningServer
+
+QUESTION: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]
+# anthropic 2.x no longer has sampling arguments; the API still takes them in the body.
+GREEDY = {"temperature": 0}
+
+
+@pytest.fixture
+def client(server: RunningServer) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+def assert_usage_invariant(usage: Any, prompt_tokens: int) -> None:
+    read = usage.cache_read_input_tokens or 0
+    created = usage.cache_creation_input_tokens or 0
+    assert usage.input_tokens + read + created == prompt_tokens
+
+
+def test_create_answers_and_counts(client: anthropic.Anthropic) -> None:
+    message = client.messages.create(
+        model="claude-opus-5-5", max_tokens=32, extra_body=GREEDY, messages=QUESTION
+    )
+    text = "".join(b.text for b in message.content if b.type == "text")
+    assert "Paris" in text
+    assert message.stop_reason == "end_turn" and message.stop_sequence is None
+    assert message.model == "claude-opus-5-5"
+    assert message.id.startswith("msg_")
+    counted = client.messages.count_tokens(model="claude-opus-5-5", messages=QUESTION)
+    assert_usage_invariant(message.usage, counted.input_tokens)
+    assert message.usage.cache_read_input_tokens == 0
+    assert message.usage.cache_creation_input_tokens == 0
+
+
+def test_stream_event_order_and_same_text(client: anthropic.Anthropic) -> None:
+    whole = client.messages.create(model="m", max_tokens=24, extra_body=GREEDY, messages=QUESTION)
+    kinds: list[str] = []
+    with client.messages.stream(
+        model="m", max_tokens=24, extra_body=GREEDY, messages=QUESTION
+    ) as stream:
+        for event in stream:
+            kinds.append(event.type)
+        final = stream.get_final_message()
+    raw = [k for k in kinds if k in {
+        "message_start", "content_block_start", "content_block_delta",
+        "content_block_stop", "message_delta", "message_stop",
+    }]  # fmt: skip
+    assert raw[0] == "message_start"
+    assert raw[1] == "content_block_start"
+    assert raw[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(raw[2:-3]) == {"content_block_delta"}
+    assert [(b.type, getattr(b, "text", None)) for b in final.content] == [
+        (b.type, getattr(b, "text", None)) for b in whole.content
+    ]
+    assert final.stop_reason == whole.stop_reason
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    assert final.usage.input_tokens == whole.usage.input_tokens
+
+
+def test_stop_sequence_and_max_tokens(client: anthropic.Anthropic) -> None:
+    base = client.messages.create(model="m", max_tokens=24, extra_body=GREEDY, messages=QUESTION)
+    text = base.content[0].text  # type: ignore[union-attr]
+    stopped = client.messages.create(
+        model="m", max_tokens=24, extra_body=GREEDY, messages=QUESTION, stop_sequences=["Paris"]
+    )
+    assert stopped.stop_reason == "stop_sequence"
+    assert stopped.stop_sequence == "Paris"
+    assert stopped.content[0].text == text[: text.index("Paris")]  # type: ignore[union-attr]
+    capped = client.messages.create(model="m", max_tokens=3, messages=QUESTION)
+    assert capped.stop_reason == "max_tokens"
+    assert capped.usage.output_tokens == 3
+
+
+def test_max_tokens_zero_and_prefill(client: anthropic.Anthropic) -> None:
+    empty = client.messages.create(model="m", max_tokens=0, messages=QUESTION)
+    assert empty.content == [] and empty.usage.output_tokens == 0
+    assert empty.stop_reason == "max_tokens"
+    prefilled = client.messages.create(
+        model="m",
+        max_tokens=8,
+        extra_body=GREEDY,
+        messages=[*QUESTION, {"role": "assistant", "content": "The capital of France is"}],
+    )
+    assert "Paris" in prefilled.content[0].text  # type: ignore[union-attr]
+    assert not prefilled.content[0].text.startswith("The capital")  # type: ignore[union-attr]
+
+
+def test_inline_system_billing_header_and_query_string(server: RunningServer) -> None:
+    body = {
+        "model": "claude-opus-5-5",
+        "max_tokens": 4,
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=1"},
+            {"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}},
+        ],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment"}],
+             "output_config": {"x": 1}},
+        ],
+        "context_management": {"edits": []},
+        "metadata": {"user_id": '{"session": "abc"}'},
+    }  # fmt: skip
+    headers = {"anthropic-version": "2023-06-01", "anthropic-beta": "a,b", "x-api-key": "k"}
+    response = httpx.post(
+        f"{server.base_url}/v1/messages?beta=true", json=body, headers=headers, timeout=60
+    )
+    assert response.status_code == 200, response.text
+    assert response.headers["request-id"].startswith("req_")
+    counted = httpx.post(
+        f"{server.base_url}/v1/messages/count_tokens?beta=true",
+        json={k: v for k, v in body.items() if k != "max_tokens"},
+        headers=headers,
+        timeout=60,
+    ).json()["input_tokens"]
+    assert_usage_invariant(_Usage(response.json()["usage"]), counted)
+    # The billing header never reaches the prompt: it would break the cache at token 0.
+    prompt = server.state.prompt_builder  # type: ignore[attr-defined]
+    text = prompt.render([{"role": "system", "content": "You are terse."}])
+    assert "billing" not in text
+
+
+class _Usage:
+    def __init__(self, raw: dict[str, int]) -> None:
+        self.__dict__.update(raw)
+
+
+def test_models_list_for_anthropic_clients(client: anthropic.Anthropic) -> None:
+    page = client.models.list()
+    assert [m.id for m in page.data] == ["SmolLM2-135M-Instruct"]
