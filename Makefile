@@ -14,14 +14,16 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-# Debian's pthread OpenBLAS: MLX on the CPU is ~14x faster with it (docs/PLATFORM notes).
+# Debian packages: pthread OpenBLAS (MLX on the CPU is ~14x faster with it) and iproute2
+# (the Claude Code end-to-end test runs in a loopback-only network namespace).
+SYSTEM_PACKAGES := libopenblas0-pthread iproute2
 system-libs:
-	@if [ "$$(uname -s)" = Linux ] && ! ldconfig -p 2>/dev/null | grep -q 'libopenblas.so.0'; then \
+	@if [ "$$(uname -s)" = Linux ] && ! { ldconfig -p 2>/dev/null | grep -q 'libopenblas.so.0' && command -v ip >/dev/null; }; then \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-	    echo "== installing libopenblas0-pthread (fast CPU matmul for MLX)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas0-pthread iproute2 >/dev/null; \
+	    echo "== installing $(SYSTEM_PACKAGES)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
 	  else \
-	    echo "!! libopenblas.so.0 not found and apt-get unavailable: MLX will run ~14x slower"; \
+	    echo "!! need $(SYSTEM_PACKAGES) (run make setup as root on Debian): MLX will run ~14x slower"; \
 	  fi; \
 	fi
 

@@ -113,7 +113,9 @@ def only_ours(args: argparse.Namespace) -> None:
     print(json.dumps({**result, "blas": BLAS.describe(), "dtype": loaded.dtype}))
 
 
-def subprocess_ours(blas: str, dtype: str, prompt_tokens: int, decode_tokens: int) -> dict[str, Any]:
+def subprocess_ours(
+    blas: str, dtype: str, prompt_tokens: int, decode_tokens: int
+) -> dict[str, Any]:
     env = dict(os.environ)
     env.pop("COMPAT_SERVE_BLAS", None)
     if blas != "auto":

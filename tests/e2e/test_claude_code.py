@@ -1,0 +1,94 @@
+"""The real Claude Code CLI (bundled in claude-agent-sdk) against compat-serve.
+
+Server and client run inside a loopback-only network namespace (`unshare -n`), so the
+client can reach nothing but our server. Print mode only, per shared/claude_code/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RECIPE_ENV = {
+    "ANTHROPIC_API_KEY": "x",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "DISABLE_UPDATES": "1",
+    "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL": "1",
+    "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
+    "CLAUDE_CODE_MAX_CONTEXT_TOKENS": "18000",
+    "CLAUDE_CODE_DISABLE_THINKING": "1",
+    "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
+    "BASH_MAX_OUTPUT_LENGTH": "2000",
+}
+PORT = 8123
+SCRIPT = """
+set -u
+ip link set lo up
+"$SERVE" --port {port} --max-output-tokens 256 > "$WORK/server.log" 2>&1 &
+server=$!
+for _ in $(seq 1 120); do
+  "$PYTHON" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:{port}/health')" \
+    2>/dev/null && break
+  sleep 0.5
+done
+for caps in unset set; do
+  home=$(mktemp -d -p "$WORK")
+  cd "$home"
+  if [ "$caps" = set ]; then export CLAUDE_CODE_MODEL_CAPABILITIES=-mid_conv_system; fi
+  HOME="$home" ANTHROPIC_BASE_URL=http://127.0.0.1:{port} timeout 300 "$CLAUDE" \
+    -p "Say hello in five words." --output-format json --bare --model local-model \
+    --system-prompt "You are terse." --tools Bash --allowedTools Bash --max-turns 3 \
+    > "$WORK/result-$caps.json" 2> "$WORK/stderr-$caps.txt"
+  echo "$?" > "$WORK/exit-$caps"
+  unset CLAUDE_CODE_MODEL_CAPABILITIES
+done
+kill $server
+wait $server || true  # uvicorn re-raises SIGTERM after its graceful shutdown
+"""
+
+
+def claude_binary() -> Path:
+    import claude_agent_sdk
+
+    binary = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+    assert binary.is_file(), f"claude binary missing at {binary}"
+    return binary
+
+
+def test_claude_code_print_mode_round_trip(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+        pytest.fail("needs root, unshare and ip (iproute2; `make setup` installs it)")
+    serve = Path(sys.executable).with_name("compat-serve")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE"))},
+        **RECIPE_ENV,
+        "SERVE": str(serve),
+        "PYTHON": sys.executable,
+        "CLAUDE": str(claude_binary()),
+        "WORK": str(tmp_path),
+    }
+    subprocess.run(
+        ["unshare", "-n", "sh", "-c", SCRIPT.format(port=PORT)],
+        env=env,
+        timeout=900,
+        check=True,
+    )
+    server_log = (tmp_path / "server.log").read_text()
+    for caps in ("unset", "set"):
+        stderr = (tmp_path / f"stderr-{caps}.txt").read_text()
+        assert (tmp_path / f"exit-{caps}").read_text().strip() == "0", stderr + server_log
+        result = json.loads((tmp_path / f"result-{caps}.json").read_text())
+        assert result["is_error"] is False, result
+        assert result["type"] == "result" and result["subtype"] == "success"
+        assert result["usage"]["input_tokens"] > 0
+    assert server_log.count('"POST /v1/messages?beta=true HTTP/1.1" 200') >= 2
+    assert " 500 " not in server_log
