@@ -23,10 +23,10 @@ def run(chunks: list[str], stops: list[str]) -> tuple[str, str | None]:
 
 
 def reference(text: str, stops: list[str]) -> tuple[str, str | None]:
-    hits = [(text.find(s), s) for s in stops if s and s in text]
+    hits = [(text.find(s) + len(s), text.find(s), s) for s in stops if s and s in text]
     if not hits:
         return text, None
-    at, stop = min(hits)
+    _end, at, stop = min(hits)
     return text[:at], stop
 
 
@@ -50,8 +50,11 @@ def test_no_stops_passes_through() -> None:
     assert not matcher.active
 
 
-def test_earliest_stop_wins() -> None:
+def test_first_completed_stop_wins() -> None:
     assert run(["xx b yy a"], ["a", "b"]) == ("xx ", "b")
+    # "c" completes before "abcd" does, in one chunk or many.
+    assert run(["abcd"], ["abcd", "c"]) == ("ab", "c")
+    assert run(["a", "b", "c", "d"], ["abcd", "c"]) == ("ab", "c")
 
 
 @given(

@@ -33,15 +33,16 @@ class StopStringMatcher:
         if not self._stops:
             return StopMatch(emit=text)
         buf = self._pending + text
-        first_at: int | None = None
-        first_stop: str | None = None
+        # The stop that completes first wins (as it would mid-stream, whatever the
+        # chunking); on a tie, the one that starts first.
+        best: tuple[int, int, str] | None = None
         for stop in self._stops:
             at = buf.find(stop)
-            if at != -1 and (first_at is None or at < first_at):
-                first_at, first_stop = at, stop
-        if first_at is not None:
+            if at != -1 and (best is None or (at + len(stop), at) < best[:2]):
+                best = (at + len(stop), at, stop)
+        if best is not None:
             self._pending = ""
-            return StopMatch(emit=buf[:first_at], matched=first_stop)
+            return StopMatch(emit=buf[: best[1]], matched=best[2])
         hold = self._holdback_length(buf)
         self._pending = buf[len(buf) - hold :] if hold else ""
         return StopMatch(emit=buf[: len(buf) - hold])

@@ -29,10 +29,6 @@ from compat_serve.server.generation import (
 
 router = APIRouter()
 
-# Claude Code gives up on a request after ~300 s without a byte: keep the line busy
-# while a long prompt is processed.
-PING_INTERVAL_S = 10.0
-
 
 @router.post("/v1/messages")
 async def create_message(body: MessagesRequest, request: Request) -> Any:
@@ -45,7 +41,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
     if body.stream:
         encoder = adapter.MessageStreamEncoder(message_id, body.model)
         return StreamingResponse(
-            _message_events(stream, encoder, len(prompt.token_ids)),
+            _message_events(stream, encoder, len(prompt.token_ids), state.ping_interval_s),
             media_type="text/event-stream",
             headers=sse.SSE_HEADERS,
         )
@@ -59,13 +55,16 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
 
 
 async def _message_events(
-    stream: RequestStream, encoder: adapter.MessageStreamEncoder, prompt_tokens: int
+    stream: RequestStream,
+    encoder: adapter.MessageStreamEncoder,
+    prompt_tokens: int,
+    ping_interval_s: float,
 ) -> AsyncIterator[str]:
     # message_start goes out at admission, before the prompt is processed.
     yield encoder.start(prompt_tokens)
     try:
         while not stream.finished:
-            event = await stream.next(timeout=PING_INTERVAL_S)
+            event = await stream.next(timeout=ping_interval_s)
             yield encoder.ping() if event is None else encoder.feed(event)
     finally:
         stream.abort()  # no-op when finished; a client that left stops generation
