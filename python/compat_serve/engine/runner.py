@@ -25,8 +25,16 @@ class ModelRunner:
         mx.eval([c.state for c in cache])
 
     def last_logits(self, cache: list[Any], token_ids: list[int]) -> mx.array:
-        """Feed tokens and return the (lazy) logits of the last position, shape [1, vocab]."""
-        logits: mx.array = self._model(mx.array(token_ids, dtype=mx.uint32)[None], cache=cache)
+        """Feed tokens and return the (lazy) logits of the last position, shape [1, vocab].
+
+        All but the last token go through the model with their logits left unevaluated
+        (MLX is lazy, so the LM head never runs for them); slicing the logits of a whole
+        chunk instead would compute the head for every position (~20% of a small model's
+        prefill).
+        """
+        if len(token_ids) > 1:
+            self._model(mx.array(token_ids[:-1], dtype=mx.uint32)[None], cache=cache)
+        logits: mx.array = self._model(mx.array(token_ids[-1:], dtype=mx.uint32)[None], cache=cache)
         return logits[:, -1, :]
 
     def decode_logits(self, cache: list[Any], token: mx.array) -> mx.array:
