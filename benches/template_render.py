@@ -11,29 +11,20 @@ Usage: python benches/template_render.py [--seconds 2] [--template NAME.jinja]
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
 from compat_serve.templating import ChatTemplate
 
+# The reference renderer and data locator are shared with the test suite.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.python.jinja_reference import compile_template
+from tests.shared_data import shared_dir
+
 TURNS = 50
-
-
-def shared_dir() -> Path:
-    override = os.environ.get("COMPAT_SHARED_DIR")
-    if override:
-        return Path(override)
-    return Path(__file__).resolve().parents[1].parent / "shared"
 
 
 def conversation() -> dict[str, Any]:
@@ -83,35 +74,6 @@ def conversation() -> dict[str, Any]:
     return {"messages": messages, "tools": tools}
 
 
-def transformers_style(source: str) -> jinja2.Template:
-    """transformers' environment (see utils/chat_template_utils.py), compiled once."""
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(
-        x: Any,
-        ensure_ascii: bool = False,
-        indent: int | None = None,
-        separators: tuple[str, str] | None = None,
-        sort_keys: bool = False,
-    ) -> str:
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
-
-    def strftime_now(fmt: str) -> str:
-        return datetime.now().strftime(fmt)
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    return env.from_string(source)
-
-
 def time_per_call(fn: Callable[[], str], seconds: float) -> float:
     fn()  # warm up
     calls = 0
@@ -137,7 +99,7 @@ def main() -> int:
     extra: dict[str, Any] = {"eos_token": "<|im_end|>", "enable_thinking": False}
 
     ours = ChatTemplate(source)
-    reference = transformers_style(source)
+    reference = compile_template(source)
 
     def render_rust() -> str:
         return ours.render(conv["messages"], tools=conv["tools"], **extra)

@@ -11,12 +11,9 @@ the same instant on both sides.
 from __future__ import annotations
 
 import copy
-import csv
 import json
-import os
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -24,34 +21,20 @@ import pytest
 
 from compat_serve.templating import ChatTemplate, TemplateError
 from tests.python.jinja_reference import compile_template
+from tests.shared_data import manifest_rows, templates_dir
 
 FROZEN_NOW = datetime(2025, 3, 7, 8, 9, 10)
 
 
-def shared_dir() -> Path:
-    override = os.environ.get("COMPAT_SHARED_DIR")
-    if override:
-        return Path(override)
-    return Path(__file__).resolve().parents[2].parent / "shared"
-
-
-TEMPLATES_DIR = shared_dir() / "templates"
-TEMPLATE_FILES = sorted(TEMPLATES_DIR.glob("*.jinja")) if TEMPLATES_DIR.is_dir() else []
+TEMPLATES_DIR = templates_dir()
+TEMPLATE_FILES = sorted(TEMPLATES_DIR.glob("*.jinja"))
 
 
 def frozen_strftime_now(fmt: str) -> str:
     return FROZEN_NOW.strftime(fmt)
 
 
-def load_manifest() -> dict[str, dict[str, str]]:
-    path = TEMPLATES_DIR / "MANIFEST.tsv"
-    if not path.is_file():
-        return {}
-    with path.open(encoding="utf-8", newline="") as fh:
-        return {row["file"]: row for row in csv.DictReader(fh, delimiter="\t")}
-
-
-MANIFEST = load_manifest()
+MANIFEST = {row["file"]: row for row in manifest_rows()}
 
 # ---------------------------------------------------------------------------
 # Conversations

@@ -81,6 +81,26 @@ def submit(
 
 
 @dataclass
+class Admitted:
+    """A chat request rendered, tokenized and accepted by the engine."""
+
+    state: ServerState
+    request_id: str
+    prompt: Prompt
+    stream: RequestStream
+
+
+async def admit_chat(request: Request, model: str, chat: ChatRequest, id_prefix: str) -> Admitted:
+    """The common start of every chat endpoint: model check, prompt, engine submission."""
+    state = server_state(request)
+    check_model_name(state, model)
+    prompt = await build_chat_prompt(state, chat)
+    request_id = new_id(id_prefix)
+    stream = submit(state, request_id, prompt.token_ids, chat.sampling)
+    return Admitted(state, request_id, prompt, stream)
+
+
+@dataclass
 class Collected:
     text: str
     final: EngineEvent

@@ -19,12 +19,11 @@ from compat_serve.server.anthropic.protocol import (
 )
 from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import (
+    admit_chat,
     build_chat_prompt,
     check_model_name,
     collect,
-    new_id,
     server_state,
-    submit,
 )
 
 router = APIRouter()
@@ -32,16 +31,15 @@ router = APIRouter()
 
 @router.post("/v1/messages")
 async def create_message(body: MessagesRequest, request: Request) -> Any:
-    state = server_state(request)
-    check_model_name(state, body.model)
-    chat = adapter.to_chat_request(body, default_max_tokens=state.context_length)
-    prompt = await build_chat_prompt(state, chat)
-    message_id = new_id("msg_")
-    stream = submit(state, message_id, prompt.token_ids, chat.sampling)
+    context = server_state(request).context_length
+    chat = adapter.to_chat_request(body, default_max_tokens=context)
+    admitted = await admit_chat(request, body.model, chat, "msg_")
+    message_id, stream = admitted.request_id, admitted.stream
     if body.stream:
         encoder = adapter.MessageStreamEncoder(message_id, body.model)
+        prompt_tokens = len(admitted.prompt.token_ids)
         return StreamingResponse(
-            _message_events(stream, encoder, len(prompt.token_ids), state.ping_interval_s),
+            _message_events(stream, encoder, prompt_tokens, admitted.state.ping_interval_s),
             media_type="text/event-stream",
             headers=sse.SSE_HEADERS,
         )

@@ -16,7 +16,7 @@ from compat_serve.engine.types import EngineEvent, FinishReason, SamplingParams
 from compat_serve.server import sse
 from compat_serve.server.errors import ApiError, openai_error_body
 from compat_serve.server.generation import (
-    build_chat_prompt,
+    admit_chat,
     check_model_name,
     collect,
     new_id,
@@ -31,12 +31,10 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-    state = server_state(request)
-    check_model_name(state, body.model)
-    chat = adapter.chat_request(body, default_max_tokens=state.context_length)
-    prompt = await build_chat_prompt(state, chat)
-    response_id = new_id("chatcmpl-")
-    stream = submit(state, response_id, prompt.token_ids, chat.sampling)
+    context = server_state(request).context_length
+    chat = adapter.chat_request(body, default_max_tokens=context)
+    admitted = await admit_chat(request, body.model, chat, "chatcmpl-")
+    response_id, stream = admitted.request_id, admitted.stream
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
