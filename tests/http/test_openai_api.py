@@ -167,3 +167,36 @@ def test_client_disconnect_stops_generation(server: RunningServer) -> None:
     while engine.status.snapshot() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert engine.status.snapshot() == []
+
+
+def test_stop_token_ids_and_truncating_samplers(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    tokenizer = server.state.engine.model.tokenizer  # type: ignore[attr-defined]
+    greedy = client.chat.completions.create(
+        model="m", messages=QUESTION, temperature=0, max_tokens=24
+    )
+    text = greedy.choices[0].message.content or ""
+    paris = tokenizer.encode(" Paris")
+    assert len(paris) == 1 and " Paris" in text
+    stopped = client.chat.completions.create(
+        model="m",
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=24,
+        extra_body={"stop_token_ids": paris},
+    )
+    assert stopped.choices[0].message.content == text[: text.index(" Paris")]
+    assert stopped.choices[0].finish_reason == "stop"
+    # A hot temperature with top_k=1 (or a tiny top_p) can only pick the top token.
+    for extra in ({"top_k": 1}, {"top_p": 1e-6}):
+        narrow = client.chat.completions.create(
+            model="m",
+            messages=QUESTION,
+            temperature=1.8,
+            max_tokens=24,
+            seed=5,
+            **({"top_p": extra["top_p"]} if "top_p" in extra else {}),
+            extra_body={k: v for k, v in extra.items() if k == "top_k"},
+        )
+        assert narrow.choices[0].message.content == text

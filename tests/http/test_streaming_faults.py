@@ -104,3 +104,18 @@ def test_engine_fault_without_streaming_is_a_500_in_each_shape(slow_server: Runn
     assert "injected decode fault" in openai.json()["error"]["message"]
     # The engine survived: a healthy request afterwards is served.
     assert httpx.get(f"{slow_server.base_url}/health", timeout=10).status_code == 200
+
+
+def test_anthropic_disconnect_during_prefill_aborts(slow_server: RunningServer) -> None:
+    engine = slow_server.state.engine  # type: ignore[attr-defined]
+    body = {"model": "m", "max_tokens": 50, "stream": True, "messages": LONG}
+    with httpx.stream("POST", f"{slow_server.base_url}/v1/messages", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("event: message_start"):
+                break
+        assert engine.status.snapshot(), "the request should be in the engine"
+    deadline = time.monotonic() + 10
+    while engine.status.snapshot() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.status.snapshot() == []
