@@ -55,6 +55,12 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
     )
     if builder.uses_default_template:
         log.warning("the model has no chat template; using a ChatML fallback")
+    if not builder.traits.renders_tools:
+        log.warning(
+            "the chat template ignores tool definitions: clients' tools (Claude Code, "
+            "OpenAI `tools`) will not reach the model; pass --chat-template with a "
+            "tool-aware template to change that"
+        )
     traits = builder.traits
     engine = Engine(
         loaded,

@@ -140,3 +140,12 @@ def test_alternation_is_detected() -> None:
     strict = next(r for r in ROWS if r["file"] == "google-gemma-2-2b-it.jinja")
     source = (templates_dir() / strict["file"]).read_text(encoding="utf-8")
     assert probe_template(renderer(source)).requires_alternation
+
+
+def test_tool_rendering_is_detected(embedded_model: LoadedModel) -> None:
+    from compat_serve.chat.prompt import PromptBuilder
+
+    smol = PromptBuilder(embedded_model.chat_template, embedded_model.tokenizer)
+    assert not smol.traits.renders_tools  # SmolLM2's ChatML template has no tools block
+    qwen = (templates_dir() / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
+    assert PromptBuilder(qwen, embedded_model.tokenizer).traits.renders_tools

@@ -20,6 +20,8 @@ from compat_serve.chat.types import Message
 
 # render(messages, add_generation_prompt) -> text; raises on template errors.
 Render = Callable[[list[Message], bool], str]
+# render_tools(messages, tools) -> text, with add_generation_prompt.
+RenderTools = Callable[[list[Message], list[dict[str, object]]], str]
 
 _S0 = "Leading system text 7Q1."
 _U1 = "First user question 7Q2."
@@ -60,6 +62,8 @@ class TemplateTraits:
     inline_system: str  # "preserve" | "fold"
     inline_system_reason: str
     requires_alternation: bool
+    # False when the template ignores `tools`: tool-using clients' definitions vanish.
+    renders_tools: bool = True
 
 
 def _render(render: Render, messages: list[Message], gen: bool) -> str | Exception:
@@ -107,6 +111,24 @@ def _requires_alternation(render: Render) -> bool:
     )
 
 
-def probe_template(render: Render) -> TemplateTraits:
+_PROBE_TOOL: dict[str, object] = {
+    "type": "function",
+    "function": {
+        "name": "probe_tool_7q8",
+        "description": "Probe tool.",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+    },
+}
+
+
+def _renders_tools(render_tools: RenderTools) -> bool:
+    try:
+        return "probe_tool_7q8" in render_tools([_msg("user", _U1)], [_PROBE_TOOL])
+    except Exception:  # a template that raises on tools does not render them either
+        return False
+
+
+def probe_template(render: Render, render_tools: RenderTools | None = None) -> TemplateTraits:
     policy, reason = _inline_verdict(render)
-    return TemplateTraits(policy, reason, _requires_alternation(render))
+    tools = _renders_tools(render_tools) if render_tools is not None else True
+    return TemplateTraits(policy, reason, _requires_alternation(render), tools)

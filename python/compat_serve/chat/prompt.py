@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from compat_serve.chat.normalize import normalize_messages
-from compat_serve.chat.probe import TemplateTraits, probe_template
+from compat_serve.chat.probe import probe_template
 from compat_serve.chat.types import ChatRequest, Message
 from compat_serve.templating import ChatTemplate, TemplateError
 
@@ -54,19 +55,27 @@ class PromptBuilder:
         self.uses_default_template = template_source is None
         self._template = ChatTemplate(self.template_source)
         self._tokenizer = tokenizer
-        probed = probe_template(self._probe_render)
-        self.traits = (
-            probed
-            if inline_system == "auto"
-            else TemplateTraits(
-                inline_system, "set by --inline-system", probed.requires_alternation
+        probed = probe_template(self._probe_render, self._probe_render_tools)
+        if inline_system != "auto":
+            probed = dataclasses.replace(
+                probed, inline_system=inline_system, inline_system_reason="set by --inline-system"
             )
-        )
+        self.traits = probed
 
     def _probe_render(self, messages: list[Message], add_generation_prompt: bool) -> str:
         text: str = self._template.render(
             messages,
             add_generation_prompt=add_generation_prompt,
+            bos_token=self._tokenizer.bos_token,
+            eos_token=self._tokenizer.eos_token,
+        )
+        return text
+
+    def _probe_render_tools(self, messages: list[Message], tools: list[dict[str, Any]]) -> str:
+        text: str = self._template.render(
+            messages,
+            tools=tools,
+            add_generation_prompt=True,
             bos_token=self._tokenizer.bos_token,
             eos_token=self._tokenizer.eos_token,
         )
