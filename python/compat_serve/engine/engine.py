@@ -21,6 +21,7 @@ import mlx.core as mx
 
 from compat_serve.engine.detokenizer import IncrementalDetokenizer
 from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTooLong
+from compat_serve.engine.metrics import EngineMetrics
 from compat_serve.engine.runner import ModelRunner
 from compat_serve.engine.sampling import RequestSampler
 from compat_serve.engine.sequence import Phase, Sequence
@@ -64,6 +65,7 @@ class Engine:
         self.model = loaded
         self.config = config or EngineConfig()
         self.status = StatusBoard()
+        self.metrics = EngineMetrics(loaded.name)
         self._runner = ModelRunner(loaded)
         tokenizer = loaded.tokenizer
         self._eos_ids = frozenset(tokenizer.eos_token_ids)
@@ -119,6 +121,7 @@ class Engine:
                 submitted_at=seq.timings.submitted,
             )
         )
+        self.metrics.on_submit(request.request_id, seq.prompt_len, seq.timings.submitted)
         self._inbox.put(_Submit(seq))
         return stream
 
@@ -204,6 +207,7 @@ class Engine:
             seq.sampler = RequestSampler(seq.request.sampling)
             seq.timings.extra["prefill_started"] = time.monotonic()
             self.status.update(seq.request_id, phase=Phase.PREFILL.value)
+            self.metrics.on_start(seq.request_id)
         assert seq.cache is not None and seq.sampler is not None
         prompt = seq.request.prompt_ids
         end = min(seq.computed + self.config.prefill_chunk, len(prompt))
@@ -211,11 +215,13 @@ class Engine:
         if end < len(prompt):
             self._runner.prefill(seq.cache, chunk)
             seq.computed = end
+            self.metrics.on_prefill(seq.request_id, end, seq.cache)
             self.status.update(seq.request_id, computed_tokens=end)
             self._log_progress(seq)
             return
         logits = self._runner.last_logits(seq.cache, chunk)
         seq.computed = end
+        self.metrics.on_prefill(seq.request_id, end, seq.cache)
         seq.timings.prompt_done = time.monotonic()
         self.status.update(seq.request_id, computed_tokens=end, phase=Phase.DECODE.value)
         if seq.request.sampling.max_tokens == 0:
@@ -246,6 +252,7 @@ class Engine:
             seq.timings.first_token = now
             self.status.update(seq.request_id, ttft_s=round(now - seq.timings.submitted, 4))
         seq.generated.append(token)
+        self.metrics.on_token(seq.request_id, now)
         n = len(seq.generated)
         if n % 16 == 0 and seq.timings.first_token is not None and n > 1:
             rate = (n - 1) / max(now - seq.timings.first_token, 1e-9)
@@ -292,6 +299,7 @@ class Engine:
         # Clear the status row before the final event: a client that sees its request
         # finished must not still find it in /v1/status.
         self.status.remove(seq.request_id)
+        self.metrics.on_finish(seq.request_id, reason, seq.timings.finished)
         seq.stream.push(
             EngineEvent(
                 seq.request_id,

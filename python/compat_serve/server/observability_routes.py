@@ -1,0 +1,40 @@
+"""`GET /v1/status` (what the engine is doing now) and `GET /metrics` (Prometheus text)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
+
+from compat_serve.engine.metrics import CONTENT_TYPE
+from compat_serve.server.generation import server_state
+
+router = APIRouter()
+
+
+@router.get("/v1/status")
+async def status(request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    engine = state.engine
+    rows = engine.status.snapshot()
+    # The status board refreshes token counts lazily (every 16 tokens); the metrics
+    # registry counts every token, so its numbers win where it has them.
+    progress = engine.metrics.progress()
+    for row in rows:
+        row.update(progress.get(row["request_id"], {}))
+    queued, running = engine.metrics.counts()
+    return {
+        "model": state.served_model_name,
+        "uptime_s": round(time.monotonic() - engine.metrics.started_at, 3),
+        "queue_depth": queued,
+        "running": running,
+        "requests": rows,
+    }
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> PlainTextResponse:
+    body = server_state(request).engine.metrics.render()
+    return PlainTextResponse(body, media_type=CONTENT_TYPE)
