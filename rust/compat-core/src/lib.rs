@@ -1,3 +1,4 @@
 //! Pure-Rust core of compat-serve. Knows nothing of Python.
 pub mod error;
+pub mod scheduler;
 pub mod template;

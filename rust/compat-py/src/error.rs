@@ -10,6 +10,14 @@ pyo3::create_exception!(
     "A chat template failed to compile, failed to render, or called raise_exception()."
 );
 
+pyo3::create_exception!(
+    compat_serve._native,
+    SchedulerError,
+    PyException,
+    "The scheduler was misused: unknown or duplicate request id, invalid status \
+     transition, or a step result that does not match its plan."
+);
+
 /// Wrapper so `?` can turn a [`CoreError`] into a `PyErr` (orphan rule).
 #[derive(Debug)]
 pub struct PyCoreError(pub CoreError);
@@ -27,10 +35,16 @@ impl From<PyCoreError> for PyErr {
                 TemplateError::new_err(msg)
             }
             CoreError::InvalidInput(msg) => PyValueError::new_err(msg),
+            err @ (CoreError::InvalidTransition { .. }
+            | CoreError::UnknownRequest(_)
+            | CoreError::DuplicateRequest(_)
+            | CoreError::InvalidStep(_)
+            | CoreError::BrokenInvariant(_)) => SchedulerError::new_err(err.to_string()),
         }
     }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("TemplateError", m.py().get_type::<TemplateError>())
+    m.add("TemplateError", m.py().get_type::<TemplateError>())?;
+    m.add("SchedulerError", m.py().get_type::<SchedulerError>())
 }

@@ -3,6 +3,7 @@ use pyo3::prelude::*;
 
 mod convert;
 mod error;
+mod scheduler;
 mod template;
 
 #[pymodule]
@@ -10,5 +11,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     error::register(m)?;
     m.add_class::<template::ChatTemplate>()?;
+    m.add_class::<scheduler::Scheduler>()?;
+    m.add_class::<scheduler::StepPlan>()?;
     Ok(())
 }

@@ -1,0 +1,542 @@
+//! The scheduler: owns every request, plans each engine step under a token budget, a
+//! batch size and KV memory, and applies what the engine reports back.
+//!
+//! One `schedule()` plans, in this order:
+//! 1. **Decode first.** Every running request that is decoding gets its one token,
+//!    oldest admission first, so running streams never stall behind a long prompt.
+//! 2. **Prefill continues.** Running requests mid-prefill (or mid-recompute) get up to
+//!    `prefill_chunk` tokens each, oldest first, while the token budget lasts.
+//! 3. **Admission.** Waiting requests strictly FIFO (the head blocks the rest, so
+//!    nothing starves) while `max_num_seqs` and the budget allow and the free KV holds
+//!    the request's whole prompt (or recompute). Nothing is admitted in a step that
+//!    preempted: an evicted request would otherwise be re-admitted at once and
+//!    recompute for nothing.
+//!
+//! When a running request's next tokens do not fit in KV, the most recently admitted
+//! running request not yet planned this step is preempted (LIFO, like vLLM) — possibly
+//! the request itself. Its KV is released and it goes back to the front of the waiting
+//! queue; re-admitted, it recomputes prompt plus generated tokens. A prefill that
+//! cannot evict anyone newer takes the KV that is left.
+//!
+//! `schedule()` reserves KV for the plan; `update()` commits what the engine reports,
+//! appends sampled tokens and applies the stop-token, max-token and context checks.
+//! They alternate: one plan is outstanding at a time. A request that ends is reported
+//! exactly once (by `update`'s return, or `abort`/`finish` returning `true`) and then
+//! forgotten.
+use std::collections::VecDeque;
+
+use crate::error::CoreError;
+
+mod arena;
+mod invariants;
+mod kv;
+mod plan;
+#[cfg(test)]
+mod proptests;
+mod request;
+#[cfg(test)]
+mod tests;
+
+use arena::Requests;
+pub use kv::{KvBudget, TokenKv};
+pub use plan::{
+    Finished, NewRequest, PrefillWork, RequestSnapshot, SchedulerConfig, StepPlan, StepResult,
+};
+pub use request::{FinishReason, Request, RequestId, RequestStatus};
+
+#[derive(Debug)]
+pub struct Scheduler<K: KvBudget = TokenKv> {
+    config: SchedulerConfig,
+    token_limit: u32,
+    requests: Requests,
+    /// Waiting and preempted requests, admission order (preempted ones at the front).
+    waiting: VecDeque<RequestId>,
+    /// Running requests, oldest admission first (preemption takes from the back).
+    running: Vec<RequestId>,
+    kv: K,
+    /// Requests planned by the outstanding `schedule()`; empty between steps.
+    inflight: Vec<RequestId>,
+    /// Planned requests that ended before `update()`; results for them are ignored.
+    ended_inflight: Vec<(String, RequestId)>,
+}
+
+impl Scheduler<TokenKv> {
+    pub fn new(config: SchedulerConfig) -> Result<Self, CoreError> {
+        Self::with_kv(config, TokenKv::new(config.kv_capacity_tokens))
+    }
+}
+
+impl<K: KvBudget> Scheduler<K> {
+    pub fn with_kv(config: SchedulerConfig, kv: K) -> Result<Self, CoreError> {
+        config.validate()?;
+        Ok(Self {
+            config,
+            token_limit: config.token_limit(),
+            requests: Requests::default(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            kv,
+            inflight: Vec::new(),
+            ended_inflight: Vec::new(),
+        })
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// Queues a request at the back of the waiting queue.
+    pub fn add_request(&mut self, new: NewRequest) -> Result<RequestId, CoreError> {
+        if self.requests.contains_external(&new.external_id) {
+            return Err(CoreError::DuplicateRequest(new.external_id));
+        }
+        if new.prompt_len == 0 {
+            return Err(CoreError::InvalidInput(format!(
+                "request {:?}: the prompt is empty",
+                new.external_id
+            )));
+        }
+        // At least one token must fit after the prompt.
+        if new.prompt_len >= self.token_limit {
+            return Err(CoreError::InvalidInput(format!(
+                "request {:?}: a prompt of {} tokens leaves no room (at most {} tokens \
+                 per sequence: context {}, KV capacity {})",
+                new.external_id,
+                new.prompt_len,
+                self.token_limit - 1,
+                self.config.context_length,
+                self.config.kv_capacity_tokens
+            )));
+        }
+        let request = Request::new(
+            new.external_id,
+            new.prompt_len,
+            new.max_tokens,
+            new.stop_token_ids.into_boxed_slice(),
+        );
+        let id = self.requests.insert(request);
+        self.waiting.push_back(id);
+        Ok(id)
+    }
+
+    /// The id of a live request, or of one that ended since the outstanding plan (so
+    /// its results can still be passed to `update`, which ignores them).
+    pub fn lookup(&self, external_id: &str) -> Option<RequestId> {
+        self.requests.lookup(external_id).or_else(|| {
+            self.ended_inflight
+                .iter()
+                .find(|(ext, _)| ext == external_id)
+                .map(|&(_, id)| id)
+        })
+    }
+
+    pub fn request(&self, id: RequestId) -> Option<&Request> {
+        self.requests.get(id)
+    }
+
+    pub fn external_id(&self, id: RequestId) -> Option<&str> {
+        self.requests.get(id).map(Request::external_id)
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// KV in use, in the budget's units (tokens for [`TokenKv`]).
+    pub fn kv_used(&self) -> u64 {
+        self.kv.used()
+    }
+
+    /// Live requests, running ones first, each queue in order.
+    pub fn snapshot(&self) -> Vec<RequestSnapshot> {
+        self.running
+            .iter()
+            .chain(&self.waiting)
+            .map(|&id| {
+                let r = self.req(id);
+                RequestSnapshot {
+                    external_id: r.external_id.clone(),
+                    status: r.status(),
+                    num_computed: r.num_computed,
+                    num_output: r.num_output,
+                }
+            })
+            .collect()
+    }
+
+    /// Plans the next step (see the module docs for the policy).
+    pub fn schedule(&mut self) -> Result<StepPlan, CoreError> {
+        if self
+            .inflight
+            .iter()
+            .any(|&id| self.requests.get(id).is_some())
+        {
+            return Err(CoreError::InvalidStep(
+                "schedule() called again before update() of the previous plan".into(),
+            ));
+        }
+        self.inflight.clear();
+        self.ended_inflight.clear();
+        let mut plan = StepPlan::default();
+        let mut budget = self.config.max_num_batched_tokens;
+        self.plan_decodes(&mut plan, &mut budget);
+        self.plan_prefills(&mut plan, &mut budget);
+        if plan.preempted.is_empty() {
+            self.admit(&mut plan, &mut budget);
+        }
+        debug_assert!(plan.num_tokens() <= u64::from(self.config.max_num_batched_tokens));
+        debug_assert!(self.running.len() <= self.config.max_num_seqs);
+        self.debug_check();
+        Ok(plan)
+    }
+
+    fn plan_decodes(&mut self, plan: &mut StepPlan, budget: &mut u32) {
+        let mut i = 0;
+        while i < self.running.len() && *budget > 0 {
+            let id = self.running[i];
+            if !self.req(id).is_decoding() {
+                i += 1;
+                continue;
+            }
+            if self.make_room(i, 1, true, plan).is_none() {
+                continue; // preempted itself; index i now holds the next request
+            }
+            self.reserve(id, 1);
+            plan.decode.push(id);
+            *budget -= 1;
+            i += 1;
+        }
+    }
+
+    fn plan_prefills(&mut self, plan: &mut StepPlan, budget: &mut u32) {
+        let mut i = 0;
+        while i < self.running.len() && *budget > 0 {
+            let id = self.running[i];
+            i += 1;
+            let r = self.req(id);
+            if r.num_scheduled > 0 || r.is_decoding() {
+                continue;
+            }
+            let (start, total) = (r.num_computed, r.num_tokens());
+            debug_assert!(start < total, "running request {id} has nothing to compute");
+            let want = (total - start).min(self.config.prefill_chunk).min(*budget);
+            let len = self
+                .make_room(i - 1, want, false, plan)
+                .expect("a prefill never evicts itself");
+            if len > 0 {
+                self.reserve(id, len);
+                let is_last_chunk = start + len == total;
+                plan.prefill.push(PrefillWork {
+                    id,
+                    start,
+                    len,
+                    is_last_chunk,
+                });
+                *budget -= len;
+            }
+        }
+    }
+
+    fn admit(&mut self, plan: &mut StepPlan, budget: &mut u32) {
+        while self.running.len() < self.config.max_num_seqs && *budget > 0 {
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
+            let total = self.req(id).num_tokens();
+            // KV is reserved chunk by chunk, but admission waits until the whole prompt
+            // (or recompute) fits: a request admitted short of it would likely be the
+            // next one evicted, its chunks computed for nothing.
+            if self.kv.headroom(0) < total {
+                break;
+            }
+            let len = total.min(self.config.prefill_chunk).min(*budget);
+            self.waiting.pop_front();
+            self.req_mut(id)
+                .transition(RequestStatus::Running)
+                .expect("waiting and preempted requests can run");
+            self.running.push(id);
+            self.reserve(id, len);
+            plan.prefill.push(PrefillWork {
+                id,
+                start: 0,
+                len,
+                is_last_chunk: len == total,
+            });
+            *budget -= len;
+        }
+    }
+
+    /// Preempts the most recently admitted running requests not yet planned this step
+    /// until `running[i]` can take `want` more tokens; returns how many it can take.
+    /// When the next victim is the request itself, it is preempted (`None`) if
+    /// `evict_self`, else it gets what is left.
+    fn make_room(
+        &mut self,
+        i: usize,
+        want: u32,
+        evict_self: bool,
+        plan: &mut StepPlan,
+    ) -> Option<u32> {
+        loop {
+            let room = self.kv.headroom(self.req(self.running[i]).kv_held());
+            if room >= want {
+                return Some(want);
+            }
+            let victim = self
+                .running
+                .iter()
+                .rposition(|&id| self.req(id).num_scheduled == 0)
+                .expect("running[i] itself is unplanned");
+            debug_assert!(
+                victim >= i,
+                "victims are newer than the request making room"
+            );
+            if victim == i && !evict_self {
+                return Some(room);
+            }
+            self.preempt(victim, plan);
+            if victim == i {
+                return None;
+            }
+        }
+    }
+
+    fn preempt(&mut self, index: usize, plan: &mut StepPlan) {
+        let id = self.running.remove(index);
+        let r = self
+            .requests
+            .get_mut(id)
+            .expect("running requests are live");
+        debug_assert_eq!(r.num_scheduled, 0, "planned requests are never preempted");
+        r.transition(RequestStatus::Preempted)
+            .expect("running requests can be preempted");
+        self.kv.shrink(r.num_computed, r.num_computed);
+        r.num_computed = 0;
+        self.waiting.push_front(id);
+        plan.preempted.push(id);
+    }
+
+    fn reserve(&mut self, id: RequestId, tokens: u32) {
+        let r = self
+            .requests
+            .get_mut(id)
+            .expect("planned requests are live");
+        self.kv.grow(r.kv_held(), tokens);
+        if r.num_scheduled == 0 {
+            self.inflight.push(id);
+        }
+        r.num_scheduled += tokens;
+    }
+
+    /// Commits the engine's result for the outstanding plan; returns the requests that
+    /// finished, each exactly once. On error nothing changes and the plan stays
+    /// outstanding.
+    pub fn update(&mut self, result: &StepResult) -> Result<Vec<Finished>, CoreError> {
+        if let Err(err) = self.gather(result).and_then(|()| self.validate_reports()) {
+            for &id in &self.inflight {
+                if let Some(r) = self.requests.get_mut(id) {
+                    r.report = request::Report::default();
+                }
+            }
+            return Err(err);
+        }
+        let finished = self.commit();
+        self.debug_check();
+        Ok(finished)
+    }
+
+    /// Files each reported entry with its request.
+    fn gather(&mut self, result: &StepResult) -> Result<(), CoreError> {
+        let entries = result
+            .prefilled
+            .iter()
+            .map(|&(id, n)| (id, n, true))
+            .chain(result.sampled.iter().map(|&(id, t)| (id, t, false)));
+        for (id, value, is_prefill) in entries {
+            let Some(r) = self.requests.get_mut(id) else {
+                if self.ended_inflight.iter().any(|&(_, ended)| ended == id) {
+                    continue;
+                }
+                return Err(CoreError::UnknownRequest(id.to_string()));
+            };
+            let what = if is_prefill { "prefilled" } else { "sampled" };
+            if r.num_scheduled == 0 {
+                return Err(CoreError::InvalidStep(format!(
+                    "request {:?} is {what} but was not planned in this step",
+                    r.external_id
+                )));
+            }
+            let slot = if is_prefill {
+                &mut r.report.prefilled
+            } else {
+                &mut r.report.sampled
+            };
+            if slot.replace(value).is_some() {
+                return Err(CoreError::InvalidStep(format!(
+                    "request {:?} is {what} twice",
+                    r.external_id
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks each planned request's report against its plan.
+    fn validate_reports(&self) -> Result<(), CoreError> {
+        for &id in &self.inflight {
+            let Some(r) = self.requests.get(id) else {
+                continue;
+            };
+            let bad = |msg: String| {
+                Err(CoreError::InvalidStep(format!(
+                    "request {:?}: {msg}",
+                    r.external_id
+                )))
+            };
+            let report = r.report;
+            if r.is_decoding() {
+                if report.prefilled.is_some() {
+                    return bad("decodes: report its token in sampled, not prefilled".into());
+                }
+                if report.sampled.is_none() {
+                    return bad("decoded but no token was sampled".into());
+                }
+                continue;
+            }
+            let Some(n) = report.prefilled else {
+                return bad(format!(
+                    "prefill of {} tokens not reported",
+                    r.num_scheduled
+                ));
+            };
+            if n > r.num_scheduled {
+                return bad(format!("prefilled {n} tokens, {} planned", r.num_scheduled));
+            }
+            let reaches_end = r.num_computed + n == r.num_tokens();
+            match report.sampled {
+                None if reaches_end && r.max_tokens > 0 => {
+                    return bad("prefill reached the last token but nothing was sampled".into());
+                }
+                Some(_) if !reaches_end => {
+                    return bad("sampled before the prefill reached the last token".into());
+                }
+                // With max_tokens == 0 a sample is allowed and dropped.
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies validated reports: commits KV, appends tokens, ends finished requests.
+    fn commit(&mut self) -> Vec<Finished> {
+        let mut finished = Vec::new();
+        let inflight = std::mem::take(&mut self.inflight);
+        for &id in &inflight {
+            let Some(r) = self.requests.get_mut(id) else {
+                continue;
+            };
+            let report = std::mem::take(&mut r.report);
+            let done = if r.is_decoding() {
+                1
+            } else {
+                report.prefilled.unwrap_or(0)
+            };
+            self.kv.shrink(r.kv_held(), r.num_scheduled - done);
+            r.num_computed += done;
+            r.num_scheduled = 0;
+            if r.num_computed < r.num_tokens() {
+                continue;
+            }
+            let reason = if r.max_tokens == 0 {
+                Some(FinishReason::MaxTokens)
+            } else {
+                let token = report
+                    .sampled
+                    .expect("validated: the last token is sampled");
+                r.num_output += 1;
+                if r.stop_token_ids.contains(&token) {
+                    Some(FinishReason::StopToken)
+                } else if r.num_output >= r.max_tokens {
+                    Some(FinishReason::MaxTokens)
+                } else if r.num_tokens() >= self.token_limit {
+                    Some(FinishReason::ContextFull)
+                } else {
+                    None
+                }
+            };
+            if let Some(reason) = reason {
+                finished.push(self.end(id, reason));
+            }
+        }
+        if !finished.is_empty() {
+            let requests = &self.requests;
+            self.running.retain(|&id| requests.get(id).is_some());
+        }
+        self.inflight = inflight;
+        self.inflight.clear(); // keeps the allocation
+        self.ended_inflight.clear();
+        finished
+    }
+
+    /// Ends a live request (any state → `Finished(Aborted)`); frees its KV. `false` if
+    /// it already ended or never existed (aborts race with natural ends).
+    pub fn abort(&mut self, id: RequestId) -> bool {
+        self.finish(id, FinishReason::Aborted)
+    }
+
+    /// Ends a live request for a reason decided outside the scheduler (a stop string,
+    /// an engine error). `false` if it already ended or never existed.
+    pub fn finish(&mut self, id: RequestId, reason: FinishReason) -> bool {
+        let Some(r) = self.requests.get(id) else {
+            return false;
+        };
+        let queue_pos = match r.status() {
+            RequestStatus::Running => self.running.iter().position(|&x| x == id),
+            _ => self.waiting.iter().position(|&x| x == id),
+        };
+        match (r.status(), queue_pos) {
+            (RequestStatus::Running, Some(pos)) => {
+                self.running.remove(pos);
+            }
+            (_, Some(pos)) => {
+                self.waiting.remove(pos);
+            }
+            (_, None) => unreachable!("live request {id} is in no queue"),
+        }
+        let planned = r.num_scheduled > 0;
+        let ended = self.end(id, reason);
+        if planned {
+            self.ended_inflight.push((ended.external_id, id));
+        }
+        self.debug_check();
+        true
+    }
+
+    /// Moves a live request to `Finished`, frees its KV and forgets it. The caller
+    /// takes it out of its queue.
+    fn end(&mut self, id: RequestId, reason: FinishReason) -> Finished {
+        let mut r = self.requests.remove(id).expect("ending a live request");
+        r.transition(RequestStatus::Finished(reason))
+            .expect("live requests are never finished");
+        let held = r.kv_held();
+        self.kv.shrink(held, held);
+        Finished {
+            id,
+            external_id: r.external_id,
+            reason,
+            num_output: r.num_output,
+        }
+    }
+
+    fn req(&self, id: RequestId) -> &Request {
+        self.requests.get(id).expect("queued requests are live")
+    }
+
+    fn req_mut(&mut self, id: RequestId) -> &mut Request {
+        self.requests.get_mut(id).expect("queued requests are live")
+    }
+}
