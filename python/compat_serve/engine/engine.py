@@ -254,11 +254,6 @@ class Engine:
         seq.generated.append(token)
         self.metrics.on_token(seq.request_id, now)
         n = len(seq.generated)
-        if n % 16 == 0 and seq.timings.first_token is not None and n > 1:
-            rate = (n - 1) / max(now - seq.timings.first_token, 1e-9)
-            self.status.update(
-                seq.request_id, generated_tokens=n, decode_tokens_per_s=round(rate, 2)
-            )
         if token in seq.stop_ids:
             self._finish(seq, FinishReason.STOP_TOKEN, stop_token_id=token)
             return

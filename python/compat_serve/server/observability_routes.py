@@ -19,8 +19,8 @@ async def status(request: Request) -> dict[str, Any]:
     state = server_state(request)
     engine = state.engine
     rows = engine.status.snapshot()
-    # The status board refreshes token counts lazily (every 16 tokens); the metrics
-    # registry counts every token, so its numbers win where it has them.
+    # Token counts and decode rate come from the metrics registry, which counts every
+    # token; the status board holds phase, prompt size and TTFT.
     progress = engine.metrics.progress()
     for row in rows:
         row.update(progress.get(row["request_id"], {}))

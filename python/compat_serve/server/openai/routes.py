@@ -10,9 +10,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from compat_serve.chat.prompt import PromptError
 from compat_serve.engine.stream import RequestStream
-from compat_serve.engine.types import EngineEvent, FinishReason, SamplingParams
+from compat_serve.engine.types import EngineEvent, FinishReason
 from compat_serve.server import sse
 from compat_serve.server.errors import ApiError, openai_error_body
 from compat_serve.server.generation import (
@@ -25,6 +24,7 @@ from compat_serve.server.generation import (
 )
 from compat_serve.server.openai import adapter
 from compat_serve.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from compat_serve.server.state import ServerState
 
 router = APIRouter()
 
@@ -88,7 +88,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         raise ApiError(400, "suffix: not supported", param="suffix")
     prompt = adapter.completion_prompt(body)
     sampling = adapter.sampling_params(body, body.max_tokens, default_max_tokens=16)
-    prompt_ids = await _completion_ids(state.prompt_builder.encode, prompt, state)
+    prompt_ids = await _completion_ids(state, prompt)
     response_id = new_id("cmpl-")
     stream = submit(state, response_id, prompt_ids, sampling)
     created = int(time.time())
@@ -113,14 +113,11 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     )
 
 
-async def _completion_ids(encode: Any, prompt: str | list[int], state: Any) -> tuple[int, ...]:
+async def _completion_ids(state: ServerState, prompt: str | list[int]) -> tuple[int, ...]:
     if isinstance(prompt, str):
         if not prompt:
             raise ApiError(400, "prompt: must not be empty", param="prompt")
-        try:
-            return tuple(await asyncio.to_thread(encode, prompt))
-        except PromptError as exc:
-            raise ApiError(400, str(exc), param="prompt") from exc
+        return tuple(await asyncio.to_thread(state.prompt_builder.encode, prompt))
     vocab = state.engine.model.tokenizer.vocab_size
     bad = [t for t in prompt if not 0 <= t < vocab]
     if bad:
@@ -160,6 +157,3 @@ async def _completion_sse(
                 adapter.text_completion(response_id, model, created, event.text, None)
             )
     yield sse.data_line("[DONE]")
-
-
-__all__ = ["SamplingParams", "router"]
