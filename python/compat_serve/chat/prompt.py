@@ -55,31 +55,15 @@ class PromptBuilder:
         self.uses_default_template = template_source is None
         self._template = ChatTemplate(self.template_source)
         self._tokenizer = tokenizer
-        probed = probe_template(self._probe_render, self._probe_render_tools)
+        probed = probe_template(
+            lambda messages, gen: self.render(messages, add_generation_prompt=gen),
+            lambda messages, tools: self.render(messages, tools=tools),
+        )
         if inline_system != "auto":
             probed = dataclasses.replace(
                 probed, inline_system=inline_system, inline_system_reason="set by --inline-system"
             )
         self.traits = probed
-
-    def _probe_render(self, messages: list[Message], add_generation_prompt: bool) -> str:
-        text: str = self._template.render(
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self._tokenizer.bos_token,
-            eos_token=self._tokenizer.eos_token,
-        )
-        return text
-
-    def _probe_render_tools(self, messages: list[Message], tools: list[dict[str, Any]]) -> str:
-        text: str = self._template.render(
-            messages,
-            tools=tools,
-            add_generation_prompt=True,
-            bos_token=self._tokenizer.bos_token,
-            eos_token=self._tokenizer.eos_token,
-        )
-        return text
 
     def normalize(self, messages: Sequence[Message]) -> list[Message]:
         return normalize_messages(
