@@ -28,6 +28,7 @@ class ServeOptions:
     strict_model_names: bool = False
     max_output_tokens: int | None = None
     max_request_bytes: int = 32 * 1024 * 1024
+    default_temperature: float | None = None
 
 
 def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> ServerState:
@@ -38,6 +39,8 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         raise ValueError("--max-output-tokens must be at least 1")
     if options.max_request_bytes < 1024:
         raise ValueError("--max-request-bytes must be at least 1024")
+    if options.default_temperature is not None and not 0 <= options.default_temperature <= 2:
+        raise ValueError("--default-temperature must be between 0 and 2")
     if options.max_queue < 1:
         raise ValueError("--max-queue must be at least 1")
     # Cheap checks first: a typo must not wait for a multi-second model load.
@@ -88,4 +91,5 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         inline_system_policy=traits.inline_system,
         max_request_bytes=options.max_request_bytes,
         max_output_tokens=options.max_output_tokens,
+        default_temperature=options.default_temperature,
     )

@@ -75,6 +75,12 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "context is full). Agents ask for 32k+ tokens, which a slow CPU cannot deliver",
     )
     p.add_argument(
+        "--default-temperature",
+        type=float,
+        help="temperature for requests that set none (default 1.0, as both APIs specify); "
+        "0 makes agents that never send one, like Claude Code, deterministic",
+    )
+    p.add_argument(
         "--max-request-bytes",
         type=int,
         default=32 * 1024 * 1024,
@@ -163,6 +169,7 @@ def _serve(ns: argparse.Namespace) -> int:
                 strict_model_names=ns.strict_model_names,
                 max_output_tokens=ns.max_output_tokens,
                 max_request_bytes=ns.max_request_bytes,
+                default_temperature=ns.default_temperature,
             )
         )
     except (FileNotFoundError, ValueError, RuntimeError) as exc:

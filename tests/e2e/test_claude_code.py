@@ -2,6 +2,9 @@
 
 Server and client run inside a loopback-only network namespace (`unshare -n`), so the
 client can reach nothing but our server. Print mode only, per shared/claude_code/README.md.
+Claude Code sends no temperature, so the server runs with `--default-temperature 0`:
+sampled replies sometimes ramble to the output cap and the CLI then gives up, which
+would make this test depend on luck.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ PORT = 8123
 SCRIPT = """
 set -u
 ip link set lo up
-"$SERVE" --port {port} --max-output-tokens 256 > "$WORK/server.log" 2>&1 &
+"$SERVE" --port {port} --max-output-tokens 256 --default-temperature 0 > "$WORK/server.log" 2>&1 &
 server=$!
 for _ in $(seq 1 120); do
   "$PYTHON" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:{port}/health')" \

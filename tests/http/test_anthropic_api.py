@@ -8,7 +8,12 @@ import anthropic
 import httpx
 import pytest
 
+from tests.conftest import start_server
+
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from compat_serve.models.types import LoadedModel
     from tests.conftest import RunningServer
 
 QUESTION: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]
@@ -138,3 +143,31 @@ class _Usage:
 def test_models_list_for_anthropic_clients(client: anthropic.Anthropic) -> None:
     page = client.models.list()
     assert [m.id for m in page.data] == ["SmolLM2-135M-Instruct"]
+
+
+@pytest.fixture(scope="module")
+def greedy_default_server(embedded_model: LoadedModel) -> Iterator[RunningServer]:
+    running = start_server(embedded_model, default_temperature=0.0)
+    yield running
+    running.stop()
+
+
+def test_default_temperature_applies_only_when_unset(
+    greedy_default_server: RunningServer, client: anthropic.Anthropic
+) -> None:
+    local = anthropic.Anthropic(
+        base_url=greedy_default_server.base_url, api_key="unused", max_retries=0
+    )
+    greedy = client.messages.create(model="m", max_tokens=16, extra_body=GREEDY, messages=QUESTION)
+    unset = [local.messages.create(model="m", max_tokens=16, messages=QUESTION) for _ in range(2)]
+    assert [m.content for m in unset] == [greedy.content, greedy.content]
+    # A temperature the client does send still wins over the server default.
+    hot = {"temperature": 1.0}
+    story: list[Any] = [{"role": "user", "content": "Tell me a story about a dragon."}]
+    sampled = {
+        local.messages.create(model="m", max_tokens=16, messages=story, extra_body=hot)
+        .content[0]
+        .text  # type: ignore[union-attr]
+        for _ in range(4)
+    }
+    assert len(sampled) > 1

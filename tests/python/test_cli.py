@@ -25,6 +25,7 @@ SERVE_FLAGS = [
     "--strict-model-names",
     "--max-output-tokens",
     "--max-request-bytes",
+    "--default-temperature",
     "--log-level",
 ]
 
@@ -69,6 +70,7 @@ def test_convert_gguf_command_writes_a_loadable_directory(tmp_path: Path) -> Non
         (["--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf"),
         (["--chat-template", "/nonexistent/template.jinja"], "template.jinja"),
         (["--prefill-chunk", "0"], "--prefill-chunk"),
+        (["--default-temperature", "3"], "--default-temperature"),
     ],
 )
 def test_startup_errors_are_clear(args: list[str], needle: str) -> None:

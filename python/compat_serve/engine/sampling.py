@@ -49,4 +49,4 @@ class RequestSampler:
         logprobs = _mask_top_k(logprobs, p.top_k)
         logprobs = _mask_top_p(logprobs, p.top_p)
         self._key, step_key = mx.random.split(self._key)
-        return mx.random.categorical(logprobs * (1.0 / p.temperature), key=step_key)
+        return mx.random.categorical(logprobs * (1.0 / p.effective_temperature), key=step_key)

@@ -25,7 +25,8 @@ class SamplingParams:
     """Per-request sampling settings (never shared across a batch)."""
 
     max_tokens: int
-    temperature: float = 1.0
+    # None: not set by the client; the server's --default-temperature or else 1.0 applies.
+    temperature: float | None = None
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
@@ -35,8 +36,12 @@ class SamplingParams:
     stop_at_eos: bool = True
 
     @property
+    def effective_temperature(self) -> float:
+        return 1.0 if self.temperature is None else self.temperature
+
+    @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0 or self.top_k == 1
+        return self.effective_temperature <= 0.0 or self.top_k == 1
 
 
 @dataclass(frozen=True)

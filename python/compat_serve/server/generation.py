@@ -57,6 +57,8 @@ def submit(
     cap = state.max_output_tokens
     if cap is not None and sampling.max_tokens > cap:
         sampling = dataclasses.replace(sampling, max_tokens=cap)
+    if sampling.temperature is None and state.default_temperature is not None:
+        sampling = dataclasses.replace(sampling, temperature=state.default_temperature)
     try:
         return state.engine.submit(EngineRequest(request_id, prompt_ids, sampling))
     except PromptTooLong as exc:

@@ -26,3 +26,5 @@ class ServerState:
     # Seconds between Anthropic `ping` events while a stream waits for tokens: Claude
     # Code abandons a request after ~300 s without a byte.
     ping_interval_s: float = 10.0
+    # Temperature for requests that set none (Claude Code never does); None: 1.0.
+    default_temperature: float | None = None

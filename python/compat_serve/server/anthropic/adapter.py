@@ -295,7 +295,7 @@ def _sampling(
         return SamplingParams(max_tokens=default_max_tokens)
     return SamplingParams(
         max_tokens=body.max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
+        temperature=body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0,
         stop_strings=tuple(s for s in body.stop_sequences or () if s),

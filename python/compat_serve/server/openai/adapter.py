@@ -32,10 +32,9 @@ def sampling_params(
     if body.n != 1:
         raise ApiError(400, "n: only n=1 is supported", param="n")
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    temperature = 1.0 if body.temperature is None else body.temperature
     return SamplingParams(
         max_tokens=default_max_tokens if max_tokens is None else max_tokens,
-        temperature=temperature,
+        temperature=body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=max(0, body.top_k or 0),
         seed=body.seed,
