@@ -55,6 +55,22 @@ def test_detokenizer_never_splits_characters(embedded_model: LoadedModel, text: 
     assert all("\ufffd" not in d for d in deltas)
 
 
+def test_detokenizer_shows_only_visible_special_tokens(embedded_model: LoadedModel) -> None:
+    tokenizer = embedded_model.tokenizer
+    specials = frozenset(tokenizer.special_token_ids)
+    start, end = tokenizer.encode("<|im_start|>"), tokenizer.encode("<|im_end|>")
+    assert len(start) == len(end) == 1 and start[0] in specials and end[0] in specials
+    ids = [*tokenizer.encode("héllo "), start[0], *tokenizer.encode("wörld"), end[0]]
+
+    def render(visible: frozenset[int]) -> str:
+        detok = IncrementalDetokenizer(tokenizer, specials, visible)
+        return "".join(detok.add(t) for t in ids) + detok.flush()
+
+    assert render(frozenset()) == "héllo wörld"
+    assert render(frozenset(start)) == "héllo <|im_start|>wörld"
+    assert render(frozenset(start + end)) == "héllo <|im_start|>wörld<|im_end|>"
+
+
 def test_greedy_tokens_match_mlx_lm_generate_step(
     engine: Engine, embedded_model: LoadedModel
 ) -> None:

@@ -24,9 +24,17 @@ class IncrementalDetokenizer:
     # (SentencePiece's leading-space rule) need context to render the next token.
     _CONTEXT_TOKENS = 4
 
-    def __init__(self, decoder: Decoder, special_ids: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        decoder: Decoder,
+        special_ids: frozenset[int] = frozenset(),
+        visible_special_ids: frozenset[int] = frozenset(),
+    ) -> None:
+        """`special_ids` are never shown, except those also in `visible_special_ids`,
+        which are emitted as their literal text (markup an output parser reads)."""
         self._decoder = decoder
         self._special = special_ids
+        self._visible = visible_special_ids
         self._ids: list[int] = []
         self._prefix_offset = 0  # start of the context window
         self._read_offset = 0  # tokens up to here have been emitted
@@ -37,11 +45,15 @@ class IncrementalDetokenizer:
 
     def add(self, token_id: int) -> str:
         """Append one token; return the newly completed text (maybe empty)."""
-        self._ids.append(token_id)
         if token_id in self._special:
-            # Never shown; it also ends any pending partial character context.
+            # It ends any pending partial character context; shown only if visible.
+            held = self.flush()
+            self._ids.append(token_id)
             self._prefix_offset = self._read_offset = len(self._ids)
-            return ""
+            if token_id in self._visible:
+                return held + self._decoder.decode([token_id], skip_special_tokens=False)
+            return held
+        self._ids.append(token_id)
         window = self._ids[self._prefix_offset :]
         emitted = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full = self._decode(window)

@@ -108,7 +108,9 @@ class Engine:
         seq = Sequence(
             request=request,
             stream=stream,
-            detokenizer=IncrementalDetokenizer(self.model.tokenizer, self._special_ids),
+            detokenizer=IncrementalDetokenizer(
+                self.model.tokenizer, self._special_ids, request.visible_special_ids
+            ),
             stops=StopStringMatcher(request.sampling.stop_strings),
             stop_ids=frozenset(request.sampling.stop_token_ids)
             | (self._eos_ids if request.sampling.stop_at_eos else frozenset()),

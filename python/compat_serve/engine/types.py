@@ -51,6 +51,9 @@ class EngineRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams
+    # Special token ids whose text is emitted instead of dropped: the markup an output
+    # parser needs (tool-call / thinking delimiters that are control tokens).
+    visible_special_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
