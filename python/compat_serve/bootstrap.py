@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from compat_serve.chat.prompt import PromptBuilder
 from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.memory import parse_memory_size
 from compat_serve.models.loader import load_model, read_chat_template_file, replace_chat_template
 from compat_serve.models.types import LoadedModel
 from compat_serve.server.state import ServerState
@@ -24,11 +25,29 @@ class ServeOptions:
     inline_system: str = "auto"
     context_length: int | None = None
     prefill_chunk: int = 512
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int | None = None
+    kv_memory: str = "30%"
     max_queue: int = 256
     strict_model_names: bool = False
     max_output_tokens: int | None = None
     max_request_bytes: int = 32 * 1024 * 1024
     default_temperature: float | None = None
+
+
+def _engine_config(options: ServeOptions) -> EngineConfig:
+    if options.max_num_seqs < 1:
+        raise ValueError("--max-num-seqs must be at least 1")
+    config = EngineConfig(
+        prefill_chunk=options.prefill_chunk,
+        max_queue=options.max_queue,
+        max_num_seqs=options.max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens,
+        kv_memory_bytes=parse_memory_size(options.kv_memory),
+    )
+    if config.batched_tokens < config.max_num_seqs:
+        raise ValueError("--max-num-batched-tokens must be at least --max-num-seqs")
+    return config
 
 
 def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> ServerState:
@@ -43,6 +62,7 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         raise ValueError("--default-temperature must be between 0 and 2")
     if options.max_queue < 1:
         raise ValueError("--max-queue must be at least 1")
+    engine_config = _engine_config(options)
     # Cheap checks first: a typo must not wait for a multi-second model load.
     template = read_chat_template_file(options.chat_template) if options.chat_template else None
     if options.context_length is not None and options.context_length < 2:
@@ -65,10 +85,7 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
             "tool-aware template to change that"
         )
     traits = builder.traits
-    engine = Engine(
-        loaded,
-        EngineConfig(prefill_chunk=options.prefill_chunk, max_queue=options.max_queue),
-    )
+    engine = Engine(loaded, engine_config)
     name = options.served_model_name or loaded.name
     log.info(
         "model %s (%s, %s, %s): context %d tokens, inline-system policy %s (%s)%s",

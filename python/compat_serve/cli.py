@@ -63,6 +63,25 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "larger = slightly faster prefill",
     )
     p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=16,
+        help="most requests decoding together in one batched forward pass (default 16)",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="most tokens one engine step computes, prefill and decode together (default: "
+        "--prefill-chunk + --max-num-seqs, so running streams wait at most one chunk)",
+    )
+    p.add_argument(
+        "--kv-memory",
+        default="30%",
+        help="memory for the running requests' KV cache: bytes (4GiB, 512MB) or a share of "
+        "RAM (default 30%%); when it is full the newest request is preempted and recomputed "
+        "later",
+    )
+    p.add_argument(
         "--max-queue",
         type=int,
         default=256,
@@ -165,6 +184,9 @@ def _serve(ns: argparse.Namespace) -> int:
                 inline_system=ns.inline_system,
                 context_length=ns.context_length,
                 prefill_chunk=ns.prefill_chunk,
+                max_num_seqs=ns.max_num_seqs,
+                max_num_batched_tokens=ns.max_num_batched_tokens,
+                kv_memory=ns.kv_memory,
                 max_queue=ns.max_queue,
                 strict_model_names=ns.strict_model_names,
                 max_output_tokens=ns.max_output_tokens,

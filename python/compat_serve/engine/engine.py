@@ -1,45 +1,61 @@
 """The engine: one dedicated thread runs every MLX forward pass.
 
-HTTP handlers call `submit()` from the event loop and read a `RequestStream`; the
-engine thread takes commands from a thread-safe inbox, and runs one step at a time:
-a prefill chunk or one decode token. Aborts take effect at the next step boundary, so
-at most one prefill chunk later. Today one sequence runs at a time in FIFO order; the
-Rust scheduler replaces `_pick_next` and batches decode without changing this shape.
+HTTP handlers call `submit()` from the event loop and read a `RequestStream`; the engine
+thread takes commands from a thread-safe inbox and, between commands, runs steps. Each
+step asks the Rust scheduler for a plan (`schedule()`), executes it with MLX
+(`StepExecutor`: one batched decode forward for every running request, then chunked
+prefills) and reports back (`update()`), which ends requests on stop tokens, max tokens
+or a full context. Aborts are applied between steps, so a request leaves at most one step
+(one prefill chunk) after its client goes away.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import queue
 import threading
-import time
 from dataclasses import dataclass
 
-import mlx.core as mx
-
+from compat_serve._native import Scheduler
 from compat_serve.engine.detokenizer import IncrementalDetokenizer
 from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTooLong
+from compat_serve.engine.executor import StepExecutor
 from compat_serve.engine.metrics import EngineMetrics
 from compat_serve.engine.runner import ModelRunner
-from compat_serve.engine.sampling import RequestSampler
-from compat_serve.engine.sequence import Phase, Sequence
+from compat_serve.engine.sequence import Sequence
 from compat_serve.engine.status import RequestStatus, StatusBoard
 from compat_serve.engine.stop_strings import StopStringMatcher
 from compat_serve.engine.stream import RequestStream
-from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, Usage
+from compat_serve.engine.types import EngineRequest
 from compat_serve.models.types import LoadedModel
 
 log = logging.getLogger("compat_serve.engine")
+
+# Share of physical RAM the running requests' KV may take when --kv-memory is not given.
+DEFAULT_KV_MEMORY_SHARE = 0.3
+_STALL_WAIT_S = 0.01
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     prefill_chunk: int = 512
     max_queue: int = 256
+    # Most requests decoding together (one batched forward per step).
+    max_num_seqs: int = 16
+    # Most tokens one step computes; None = one prefill chunk plus a token per sequence,
+    # so a step never computes more than one chunk of prompt.
+    max_num_batched_tokens: int | None = None
+    # KV memory of running requests, in bytes; None = a share of physical RAM.
+    kv_memory_bytes: int | None = None
     # Log prefill progress at most this often for long prompts.
     progress_interval_s: float = 5.0
+
+    @property
+    def batched_tokens(self) -> int:
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return self.prefill_chunk + self.max_num_seqs
 
 
 @dataclass(frozen=True)
@@ -64,19 +80,48 @@ class Engine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
         self.model = loaded
         self.config = config or EngineConfig()
+        if self.config.batched_tokens < self.config.max_num_seqs:
+            raise ValueError("--max-num-batched-tokens must be at least --max-num-seqs")
         self.status = StatusBoard()
         self.metrics = EngineMetrics(loaded.name)
         self._runner = ModelRunner(loaded)
         tokenizer = loaded.tokenizer
         self._eos_ids = frozenset(tokenizer.eos_token_ids)
         self._special_ids = frozenset(tokenizer.special_token_ids)
+        self.kv_capacity_tokens = self._kv_capacity_tokens()
+        # Longest prompt that leaves room for one generated token.
+        self.max_prompt_tokens = min(loaded.context_length, self.kv_capacity_tokens + 1) - 1
+        self._scheduler = Scheduler(
+            self.config.max_num_seqs,
+            self.config.batched_tokens,
+            self.config.prefill_chunk,
+            self.kv_capacity_tokens,
+            loaded.context_length,
+        )
+        self._executor = StepExecutor(
+            self._runner,
+            self._scheduler,
+            self.status,
+            self.metrics,
+            self.config.progress_interval_s,
+            on_finished=self._release_slot,
+        )
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
-        self._waiting: collections.deque[Sequence] = collections.deque()
-        self._active: Sequence | None = None
         self._queued = 0  # submitted but not yet finished; read by submit() for backpressure
         self._queued_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+
+    def _kv_capacity_tokens(self) -> int:
+        from compat_serve.engine.memory import physical_memory_bytes
+
+        per_token = self._runner.measure_kv_bytes_per_token()
+        budget = self.config.kv_memory_bytes
+        if budget is None:
+            budget = int(physical_memory_bytes() * DEFAULT_KV_MEMORY_SHARE)
+        if per_token <= 0:  # no attention KV at all (pure recurrent model)
+            return max(budget, 1)
+        return max(budget // per_token, 2)
 
     # ---- called from other threads -------------------------------------------------
 
@@ -84,6 +129,14 @@ class Engine:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="compat-engine", daemon=True)
             self._thread.start()
+            log.info(
+                "engine: up to %d sequences per batch, %d tokens per step, prefill chunk %d, "
+                "KV room for %d tokens",
+                self.config.max_num_seqs,
+                self.config.batched_tokens,
+                self.config.prefill_chunk,
+                self.kv_capacity_tokens,
+            )
 
     @property
     def running(self) -> bool:
@@ -95,7 +148,7 @@ class Engine:
         """Queue a request; returns its event stream. Raises on overload or oversize."""
         if self._stopping.is_set() or not self.running:
             raise EngineStopped("the engine is not running")
-        max_prompt = self.model.context_length - (1 if request.sampling.max_tokens > 0 else 0)
+        max_prompt = self.max_prompt_tokens + (1 if request.sampling.max_tokens == 0 else 0)
         if len(request.prompt_ids) > max_prompt:
             raise PromptTooLong(len(request.prompt_ids), max_prompt)
         if not request.prompt_ids:
@@ -118,7 +171,7 @@ class Engine:
         self.status.put(
             RequestStatus(
                 request.request_id,
-                Phase.QUEUED.value,
+                "queued",
                 len(request.prompt_ids),
                 submitted_at=seq.timings.submitted,
             )
@@ -139,21 +192,26 @@ class Engine:
 
     @property
     def queue_depth(self) -> int:
-        return len(self._waiting)
+        return self._scheduler.num_waiting
+
+    def _release_slot(self) -> None:
+        with self._queued_lock:
+            self._queued -= 1
 
     # ---- the engine thread ---------------------------------------------------------
 
     def _run(self) -> None:
-        log.info("engine thread started (prefill chunk %d)", self.config.prefill_chunk)
-        while True:
-            idle = self._active is None and not self._waiting
-            if not self._drain_inbox(block=idle):
-                break
-            if self._active is None and self._waiting:
-                self._active = self._waiting.popleft()
-            if self._active is not None:
-                self._step(self._active)
-        leftover = [*self._waiting, *([self._active] if self._active else [])]
+        executor = self._executor
+        wait: float | None = None  # idle: sleep until a command arrives
+        try:
+            while self._drain_inbox(wait):
+                wait = None
+                if executor.has_work:
+                    # A plan with nothing to compute (everyone waits for KV) must not spin.
+                    wait = 0.0 if executor.step() else _STALL_WAIT_S
+        except Exception:  # a scheduler bug: fail every request loudly, never hang them
+            log.exception("the engine loop failed; aborting every request")
+        leftover = []
         while True:  # submissions that raced with the stop command
             try:
                 command = self._inbox.get_nowait()
@@ -161,189 +219,21 @@ class Engine:
                 break
             if isinstance(command, _Submit):
                 leftover.append(command.sequence)
-        for seq in leftover:
-            self._finish(seq, FinishReason.ABORTED)
-        self._waiting.clear()
-        self._active = None
+        executor.abort_all(leftover)
         log.info("engine thread stopped")
 
-    def _drain_inbox(self, *, block: bool) -> bool:
-        """Apply queued commands; False once asked to stop."""
+    def _drain_inbox(self, wait: float | None) -> bool:
+        """Apply queued commands, waiting up to `wait` seconds (None: forever) for the
+        first; False once asked to stop."""
         while True:
             try:
-                command = self._inbox.get(block=block)
+                command = self._inbox.get(block=wait != 0.0, timeout=wait or None)
             except queue.Empty:
                 return True
-            block = False
+            wait = 0.0
             if isinstance(command, _Stop):
                 return False
             if isinstance(command, _Submit):
-                self._waiting.append(command.sequence)
+                self._executor.admit(command.sequence)
             else:
-                self._apply_abort(command.request_id)
-
-    def _apply_abort(self, request_id: str) -> None:
-        if self._active is not None and self._active.request_id == request_id:
-            self._finish(self._active, FinishReason.ABORTED)
-            return
-        for seq in self._waiting:
-            if seq.request_id == request_id:
-                self._waiting.remove(seq)
-                self._finish(seq, FinishReason.ABORTED)
-                return
-
-    def _step(self, seq: Sequence) -> None:
-        try:
-            if seq.phase in (Phase.QUEUED, Phase.PREFILL):
-                self._prefill_step(seq)
-            else:
-                self._decode_step(seq)
-        except Exception as exc:  # one bad request must never take the engine down
-            log.exception("request %s failed in the engine", seq.request_id)
-            self._finish(seq, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
-
-    def _prefill_step(self, seq: Sequence) -> None:
-        if seq.phase is Phase.QUEUED:
-            seq.phase = Phase.PREFILL
-            seq.cache = self._runner.new_cache()
-            seq.sampler = RequestSampler(seq.request.sampling)
-            seq.timings.extra["prefill_started"] = time.monotonic()
-            self.status.update(seq.request_id, phase=Phase.PREFILL.value)
-            self.metrics.on_start(seq.request_id)
-        assert seq.cache is not None and seq.sampler is not None
-        prompt = seq.request.prompt_ids
-        end = min(seq.computed + self.config.prefill_chunk, len(prompt))
-        chunk = list(prompt[seq.computed : end])
-        if end < len(prompt):
-            self._runner.prefill(seq.cache, chunk)
-            seq.computed = end
-            self.metrics.on_prefill(seq.request_id, end, seq.cache)
-            self.status.update(seq.request_id, computed_tokens=end)
-            self._log_progress(seq)
-            return
-        logits = self._runner.last_logits(seq.cache, chunk)
-        seq.computed = end
-        self.metrics.on_prefill(seq.request_id, end, seq.cache)
-        seq.timings.prompt_done = time.monotonic()
-        self.status.update(seq.request_id, computed_tokens=end, phase=Phase.DECODE.value)
-        if seq.request.sampling.max_tokens == 0:
-            mx.eval(logits)
-            self._finish(seq, FinishReason.LENGTH)
-            return
-        seq.pending = seq.sampler(logits)
-        mx.async_eval(seq.pending)  # type: ignore[no-untyped-call]
-        seq.phase = Phase.DECODE
-
-    def _decode_step(self, seq: Sequence) -> None:
-        assert seq.cache is not None and seq.sampler is not None and seq.pending is not None
-        current = seq.pending
-        produced = len(seq.generated) + 1
-        room = seq.prompt_len + produced < self.model.context_length
-        if produced < seq.request.sampling.max_tokens and room:
-            # Queue the next forward pass before reading this token: the CPU stays busy
-            # while Python handles detokenization and streaming.
-            seq.pending = seq.sampler(self._runner.decode_logits(seq.cache, current))
-            mx.async_eval(seq.pending)  # type: ignore[no-untyped-call]
-        else:
-            seq.pending = None
-        self._accept_token(seq, _token_value(current))
-
-    def _accept_token(self, seq: Sequence, token: int) -> None:
-        now = time.monotonic()
-        if not seq.generated:
-            seq.timings.first_token = now
-            self.status.update(seq.request_id, ttft_s=round(now - seq.timings.submitted, 4))
-        seq.generated.append(token)
-        self.metrics.on_token(seq.request_id, now)
-        n = len(seq.generated)
-        if token in seq.stop_ids:
-            self._finish(seq, FinishReason.STOP_TOKEN, stop_token_id=token)
-            return
-        match = seq.stops.feed(seq.detokenizer.add(token))
-        # One event per token, even when its text is still held back (partial character,
-        # possible stop-string prefix): consumers see every id the model produced.
-        seq.stream.push(EngineEvent(seq.request_id, text=match.emit, token_ids=(token,)))
-        if match.matched is not None:
-            self._finish(seq, FinishReason.STOP_STRING, matched_stop=match.matched)
-        elif n >= seq.request.sampling.max_tokens:
-            self._finish(seq, FinishReason.LENGTH)
-        elif seq.prompt_len + n >= self.model.context_length:
-            self._finish(seq, FinishReason.CONTEXT)
-
-    def _finish(
-        self,
-        seq: Sequence,
-        reason: FinishReason,
-        *,
-        matched_stop: str | None = None,
-        stop_token_id: int | None = None,
-        error: str | None = None,
-    ) -> None:
-        if seq.phase is Phase.FINISHED:
-            return
-        tail = ""
-        if reason is not FinishReason.STOP_STRING:
-            tail = seq.stops.feed(seq.detokenizer.flush()).emit + seq.stops.flush()
-        seq.phase = Phase.FINISHED
-        seq.timings.finished = time.monotonic()
-        seq.cache = None
-        seq.pending = None
-        if self._active is seq:
-            self._active = None
-        with self._queued_lock:
-            self._queued -= 1
-        usage = Usage(prompt_tokens=seq.prompt_len, completion_tokens=len(seq.generated))
-        # Clear the status row before the final event: a client that sees its request
-        # finished must not still find it in /v1/status.
-        self.status.remove(seq.request_id)
-        self.metrics.on_finish(seq.request_id, reason, seq.timings.finished)
-        seq.stream.push(
-            EngineEvent(
-                seq.request_id,
-                text=tail,
-                finish_reason=reason,
-                matched_stop=matched_stop,
-                stop_token_id=stop_token_id,
-                usage=usage,
-                error=error,
-            )
-        )
-        self._log_finished(seq, reason)
-
-    def _log_progress(self, seq: Sequence) -> None:
-        last = seq.timings.extra.get("progress_logged", seq.timings.submitted)
-        now = time.monotonic()
-        if now - last >= self.config.progress_interval_s:
-            seq.timings.extra["progress_logged"] = now
-            started = seq.timings.extra.get("prefill_started", seq.timings.submitted)
-            rate = seq.computed / max(now - started, 1e-9)
-            log.info(
-                "%s: prefill %d/%d tokens (%.0f tok/s)",
-                seq.request_id,
-                seq.computed,
-                seq.prompt_len,
-                rate,
-            )
-
-    def _log_finished(self, seq: Sequence, reason: FinishReason) -> None:
-        t = seq.timings
-        end = t.finished or time.monotonic()
-        ttft = (t.first_token - t.submitted) if t.first_token else None
-        decode_s = (end - t.first_token) if t.first_token else 0.0
-        rate = (len(seq.generated) - 1) / decode_s if decode_s > 0 else 0.0
-        log.info(
-            "%s: %s — prompt %d tok, generated %d tok, ttft %s, decode %.1f tok/s, total %.2fs",
-            seq.request_id,
-            reason.value,
-            seq.prompt_len,
-            len(seq.generated),
-            f"{ttft:.2f}s" if ttft is not None else "-",
-            rate,
-            end - t.submitted,
-        )
-
-
-def _token_value(token: mx.array) -> int:
-    value = token.item()
-    assert isinstance(value, int)
-    return value
+                self._executor.abort(command.request_id)

@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from compat_serve.engine.metrics import kv_bytes_per_token
 from compat_serve.models.types import LoadedModel
 
 
 class ModelRunner:
-    """Prefill and decode for one sequence at a time (batching arrives with the scheduler)."""
+    """Chunked prefill on one request's own cache; batched decode over the running batch."""
 
     def __init__(self, loaded: LoadedModel) -> None:
         self._model = loaded.model
 
     def new_cache(self) -> list[Any]:
         return make_prompt_cache(self._model)
+
+    def measure_kv_bytes_per_token(self) -> int:
+        """K/V bytes one position takes across all layers, measured on a 1-token forward."""
+        cache = self.new_cache()
+        self.prefill(cache, [0])
+        return kv_bytes_per_token(cache)
 
     def prefill(self, cache: list[Any], token_ids: list[int]) -> None:
         """Feed tokens whose logits we do not need; materialise the cache."""
@@ -37,7 +45,8 @@ class ModelRunner:
         logits: mx.array = self._model(mx.array(token_ids[-1:], dtype=mx.uint32)[None], cache=cache)
         return logits[:, -1, :]
 
-    def decode_logits(self, cache: list[Any], token: mx.array) -> mx.array:
-        """One decode step from a (possibly still lazy) sampled token array of shape [1]."""
-        logits: mx.array = self._model(token.reshape(1, 1), cache=cache)
+    def decode_logits(self, batch_cache: list[Any], tokens: Sequence[int]) -> mx.array:
+        """One decode step for every row of the batch: logits of shape [rows, vocab]."""
+        inputs = mx.array(list(tokens), dtype=mx.uint32)[:, None]
+        logits: mx.array = self._model(inputs, cache=batch_cache)
         return logits[:, -1, :]

@@ -41,6 +41,10 @@ class RequestSampler:
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
         self._key = mx.random.key(seed)
 
+    @property
+    def greedy(self) -> bool:
+        return self._params.greedy
+
     def __call__(self, logits: mx.array) -> mx.array:
         p = self._params
         if p.greedy:
@@ -50,3 +54,10 @@ class RequestSampler:
         logprobs = _mask_top_p(logprobs, p.top_p)
         self._key, step_key = mx.random.split(self._key)
         return mx.random.categorical(logprobs * (1.0 / p.effective_temperature), key=step_key)
+
+
+def sample_rows(logits: mx.array, samplers: list[RequestSampler]) -> mx.array:
+    """Sample one token per row of `[rows, vocab]` logits, each row with its own sampler."""
+    if all(s.greedy for s in samplers):
+        return mx.argmax(logits, axis=-1)
+    return mx.concatenate([s(logits[i : i + 1]) for i, s in enumerate(samplers)])

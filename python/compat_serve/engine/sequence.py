@@ -7,8 +7,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import mlx.core as mx
-
 from compat_serve.engine.detokenizer import IncrementalDetokenizer
 from compat_serve.engine.sampling import RequestSampler
 from compat_serve.engine.stop_strings import StopStringMatcher
@@ -34,9 +32,9 @@ class Sequence:
     phase: Phase = Phase.QUEUED
     computed: int = 0  # prompt tokens already run through the model
     generated: list[int] = field(default_factory=list)
+    # The request's own cache while it prefills; None once it joined the decode batch.
     cache: list[Any] | None = None
     sampler: RequestSampler | None = None
-    pending: mx.array | None = None  # sampled token still being evaluated asynchronously
 
     @property
     def request_id(self) -> str:
@@ -45,3 +43,12 @@ class Sequence:
     @property
     def prompt_len(self) -> int:
         return len(self.request.prompt_ids)
+
+    def known_tokens(self, start: int, end: int) -> list[int]:
+        """Tokens `[start, end)` of prompt + generated (a preempted request recomputes
+        both)."""
+        prompt = self.request.prompt_ids
+        head = list(prompt[start:end])
+        if end > len(prompt):
+            head.extend(self.generated[max(start - len(prompt), 0) : end - len(prompt)])
+        return head

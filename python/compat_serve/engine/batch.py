@@ -1,0 +1,86 @@
+"""The running batch: one batched cache holding every decoding request's KV and state.
+
+A request prefills on its own batch-1 cache (mlx-lm's per-layer caches); when its prompt
+is done the cache joins the batch. Each layer's cache type knows how to `merge` batch-1
+caches into its batched form (`KVCache` → `BatchKVCache`, `RotatingKVCache` →
+`BatchRotatingKVCache`, `ArraysCache` stays `ArraysCache` for recurrent state), how to
+`extend` a batch with more rows (left-padding shorter rows) and how to `filter` rows
+out. That is what lets hybrid models (attention interleaved with SSM / linear-attention
+state) batch like plain transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+LayerCaches = list[Any]
+
+
+class UnbatchableCacheError(TypeError):
+    """A layer's cache type cannot be merged into a batch."""
+
+
+def merge_caches(caches: Sequence[LayerCaches]) -> LayerCaches:
+    """Per layer, merge the batch-1 caches of several requests into one batched cache."""
+    merged: LayerCaches = []
+    for layer in zip(*caches, strict=True):
+        merge = getattr(type(layer[0]), "merge", None)
+        if merge is None:
+            raise UnbatchableCacheError(f"{type(layer[0]).__name__} does not support batching")
+        merged.append(merge(list(layer)))
+    return merged
+
+
+class DecodeBatch:
+    """Rows of the batched cache, in the order their tokens are fed."""
+
+    def __init__(self) -> None:
+        self._ids: list[str] = []
+        self._cache: LayerCaches | None = None
+
+    @property
+    def ids(self) -> list[str]:
+        return list(self._ids)
+
+    @property
+    def cache(self) -> LayerCaches:
+        if self._cache is None:
+            raise RuntimeError("the batch is empty")
+        return self._cache
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._ids
+
+    def add(self, joining: Sequence[tuple[str, LayerCaches]]) -> None:
+        """Append requests (each with its batch-1 cache) as new rows."""
+        if not joining:
+            return
+        merged = merge_caches([cache for _, cache in joining])
+        if self._cache is None:
+            self._cache = merged
+        else:
+            for batched, extra in zip(self._cache, merged, strict=True):
+                batched.extend(extra)
+        self._ids.extend(request_id for request_id, _ in joining)
+
+    def retain(self, keep: Iterable[str]) -> list[str]:
+        """Drop every row not in `keep`, releasing its memory; returns the dropped ids."""
+        wanted = set(keep)
+        rows = [i for i, request_id in enumerate(self._ids) if request_id in wanted]
+        if len(rows) == len(self._ids):
+            return []
+        dropped = [request_id for request_id in self._ids if request_id not in wanted]
+        if not rows:
+            self._ids, self._cache = [], None
+            return dropped
+        for layer in self.cache:
+            layer.filter(rows)
+        self._ids = [self._ids[i] for i in rows]
+        return dropped
+
+    def clear(self) -> None:
+        self._ids, self._cache = [], None

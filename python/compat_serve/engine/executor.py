@@ -1,0 +1,333 @@
+"""Executes the scheduler's plans with MLX, one step at a time, on the engine thread.
+
+A step is: `schedule()` → drop the KV of preempted requests → one batched decode forward
+for every running request (each row sampled with its own settings) → the planned
+prefill chunks, each on its request's own cache, sampling the first token after a last
+chunk → `update()`, which ends requests on stop tokens, max tokens or a full context →
+requests whose prompt is done join the decode batch. Text, stop strings and stream
+events are handled here per token; a stop string ends the request through
+`Scheduler.finish`. A failing forward pass fails only the requests it computed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import mlx.core as mx
+
+from compat_serve._native import Scheduler, SchedulerError
+from compat_serve.engine.batch import DecodeBatch
+from compat_serve.engine.metrics import EngineMetrics
+from compat_serve.engine.runner import ModelRunner
+from compat_serve.engine.sampling import RequestSampler, sample_rows
+from compat_serve.engine.sequence import Phase, Sequence
+from compat_serve.engine.status import StatusBoard
+from compat_serve.engine.types import EngineEvent, FinishReason, Usage
+
+log = logging.getLogger("compat_serve.engine")
+
+_SCHEDULER_REASONS = {
+    "stop_token": FinishReason.STOP_TOKEN,
+    "max_tokens": FinishReason.LENGTH,
+    "context_full": FinishReason.CONTEXT,
+    "aborted": FinishReason.ABORTED,
+}
+
+
+class StepExecutor:
+    """Owns the live requests and the decode batch; only the engine thread calls it."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        status: StatusBoard,
+        metrics: EngineMetrics,
+        progress_interval_s: float,
+        on_finished: Callable[[], None],
+    ) -> None:
+        self._runner = runner
+        self._scheduler = scheduler
+        self._status = status
+        self._metrics = metrics
+        self._progress_interval_s = progress_interval_s
+        self._on_finished = on_finished
+        self._seqs: dict[str, Sequence] = {}
+        self._batch = DecodeBatch()
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._seqs)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self._batch)
+
+    # ---- commands ------------------------------------------------------------------------
+
+    def admit(self, seq: Sequence) -> None:
+        sampling = seq.request.sampling
+        try:
+            self._scheduler.add_request(
+                seq.request_id, seq.prompt_len, sampling.max_tokens, sorted(seq.stop_ids)
+            )
+        except SchedulerError as exc:
+            self._end(seq, FinishReason.ERROR, error=str(exc))
+            return
+        self._seqs[seq.request_id] = seq
+
+    def abort(self, request_id: str) -> None:
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            return
+        self._scheduler.abort(request_id)
+        self._end(seq, FinishReason.ABORTED)
+        self._batch.retain(self._decoding_ids())
+
+    def abort_all(self, never_admitted: Iterable[Sequence] = ()) -> None:
+        for seq in [*self._seqs.values(), *never_admitted]:
+            self._scheduler.abort(seq.request_id)
+            self._end(seq, FinishReason.ABORTED)
+        self._batch.clear()
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Runs one planned step; False when the plan had nothing to compute."""
+        plan = self._scheduler.schedule()
+        self._preempt(plan.preempted)
+        prefilled: list[tuple[str, int]] = []
+        sampled: list[tuple[str, int]] = []
+        if plan.decode:
+            self._decode(plan.decode, sampled)
+        joining: list[Sequence] = []
+        for request_id, start, length, is_last in plan.prefill:
+            seq = self._seqs.get(request_id)
+            if seq is None:
+                continue
+            self._prefill(seq, start, length, is_last, prefilled, sampled)
+            if seq.phase is Phase.DECODE:
+                joining.append(seq)
+        for request_id, reason in self._scheduler.update(prefilled, sampled):
+            seq = self._seqs.get(request_id)
+            if seq is not None:
+                stop_token = seq.generated[-1] if reason == "stop_token" else None
+                self._end(seq, _SCHEDULER_REASONS[reason], stop_token_id=stop_token)
+        self._join([seq for seq in joining if seq.request_id in self._seqs])
+        self._batch.retain(self._decoding_ids())
+        return bool(plan.decode or plan.prefill)
+
+    def _decoding_ids(self) -> list[str]:
+        return [rid for rid, seq in self._seqs.items() if seq.phase is Phase.DECODE]
+
+    def _preempt(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            seq = self._seqs[request_id]
+            log.info(
+                "%s: preempted (KV memory full); it will recompute %d tokens",
+                request_id,
+                seq.prompt_len + len(seq.generated),
+            )
+            seq.phase = Phase.QUEUED
+            seq.cache = None
+            seq.computed = 0
+            self._status.update(request_id, phase=Phase.QUEUED.value, computed_tokens=0)
+        if request_ids:
+            self._batch.retain(self._decoding_ids())
+
+    def _join(self, seqs: list[Sequence]) -> None:
+        joining = []
+        for seq in seqs:
+            assert seq.cache is not None
+            joining.append((seq.request_id, seq.cache))
+            seq.cache = None  # the batch owns it now
+        try:
+            self._batch.add(joining)
+        except Exception as exc:
+            log.exception("could not batch %d requests", len(seqs))
+            for seq in [*seqs, *(self._seqs[r] for r in self._batch.ids)]:
+                self._fail(seq, exc)
+            self._batch.clear()
+
+    def _decode(self, planned: list[str], sampled: list[tuple[str, int]]) -> None:
+        rows = self._batch.ids
+        if sorted(rows) != sorted(planned):
+            raise SchedulerError(f"decode plan {planned} does not match the batch {rows}")
+        seqs = [self._seqs[request_id] for request_id in rows]
+        try:
+            logits = self._runner.decode_logits(self._batch.cache, [s.generated[-1] for s in seqs])
+            tokens = sample_rows(logits, [_sampler(s) for s in seqs])
+            mx.eval(tokens)
+            values: list[int] = tokens.tolist()  # type: ignore[assignment]
+        except Exception as exc:  # the batch is lost with the forward that failed
+            log.exception("a decode step of %d requests failed", len(seqs))
+            for seq in seqs:
+                self._fail(seq, exc)
+            self._batch.clear()
+            return
+        for seq, token in zip(seqs, values, strict=True):
+            sampled.append((seq.request_id, token))
+            self._accept_token(seq, token)
+
+    def _prefill(
+        self,
+        seq: Sequence,
+        start: int,
+        length: int,
+        is_last: bool,
+        prefilled: list[tuple[str, int]],
+        sampled: list[tuple[str, int]],
+    ) -> None:
+        if seq.cache is None:
+            if start != 0:
+                raise SchedulerError(f"{seq.request_id}: prefill from {start} without a cache")
+            self._start_prefill(seq)
+        assert seq.cache is not None
+        if start != seq.computed:
+            raise SchedulerError(f"{seq.request_id}: prefill from {start}, at {seq.computed}")
+        tokens = seq.known_tokens(start, start + length)
+        token: int | None = None
+        try:
+            if not is_last:
+                self._runner.prefill(seq.cache, tokens)
+            else:
+                logits = self._runner.last_logits(seq.cache, tokens)
+                if seq.request.sampling.max_tokens == 0:
+                    mx.eval(logits)
+                else:
+                    token = _token_value(_sampler(seq)(logits))
+        except Exception as exc:  # one bad request must never take the engine down
+            log.exception("request %s failed in prefill", seq.request_id)
+            self._fail(seq, exc)
+            return
+        seq.computed = start + length
+        prefilled.append((seq.request_id, length))
+        prompt_done = min(seq.computed, seq.prompt_len)
+        self._metrics.on_prefill(seq.request_id, prompt_done, seq.cache)
+        self._status.update(seq.request_id, computed_tokens=prompt_done)
+        if not is_last:
+            self._log_progress(seq)
+            return
+        seq.timings.prompt_done = time.monotonic()
+        seq.phase = Phase.DECODE
+        self._status.update(seq.request_id, phase=Phase.DECODE.value)
+        if token is not None:
+            sampled.append((seq.request_id, token))
+            self._accept_token(seq, token)
+
+    def _start_prefill(self, seq: Sequence) -> None:
+        seq.cache = self._runner.new_cache()
+        seq.phase = Phase.PREFILL
+        if seq.sampler is None:
+            seq.sampler = RequestSampler(seq.request.sampling)
+        seq.timings.extra.setdefault("prefill_started", time.monotonic())
+        self._status.update(seq.request_id, phase=Phase.PREFILL.value)
+        self._metrics.on_start(seq.request_id)
+
+    def _accept_token(self, seq: Sequence, token: int) -> None:
+        now = time.monotonic()
+        if not seq.generated:
+            seq.timings.first_token = now
+            self._status.update(seq.request_id, ttft_s=round(now - seq.timings.submitted, 4))
+        seq.generated.append(token)
+        self._metrics.on_token(seq.request_id, now)
+        if token in seq.stop_ids:
+            return  # the scheduler ends it in update(); the token is never shown
+        match = seq.stops.feed(seq.detokenizer.add(token))
+        # One event per token, even when its text is still held back (partial character,
+        # possible stop-string prefix): consumers see every id the model produced.
+        seq.stream.push(EngineEvent(seq.request_id, text=match.emit, token_ids=(token,)))
+        if match.matched is not None:
+            self._scheduler.finish(seq.request_id, "external")
+            self._end(seq, FinishReason.STOP_STRING, matched_stop=match.matched)
+
+    # ---- endings -------------------------------------------------------------------------
+
+    def _fail(self, seq: Sequence, exc: BaseException) -> None:
+        self._scheduler.finish(seq.request_id, "external")
+        self._end(seq, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
+
+    def _end(
+        self,
+        seq: Sequence,
+        reason: FinishReason,
+        *,
+        matched_stop: str | None = None,
+        stop_token_id: int | None = None,
+        error: str | None = None,
+    ) -> None:
+        if seq.phase is Phase.FINISHED:
+            return
+        tail = ""
+        if reason is not FinishReason.STOP_STRING:
+            tail = seq.stops.feed(seq.detokenizer.flush()).emit + seq.stops.flush()
+        seq.phase = Phase.FINISHED
+        seq.timings.finished = time.monotonic()
+        seq.cache = None
+        self._seqs.pop(seq.request_id, None)
+        self._on_finished()
+        usage = Usage(prompt_tokens=seq.prompt_len, completion_tokens=len(seq.generated))
+        # Clear the status row before the final event: a client that sees its request
+        # finished must not still find it in /v1/status.
+        self._status.remove(seq.request_id)
+        self._metrics.on_finish(seq.request_id, reason, seq.timings.finished)
+        seq.stream.push(
+            EngineEvent(
+                seq.request_id,
+                text=tail,
+                finish_reason=reason,
+                matched_stop=matched_stop,
+                stop_token_id=stop_token_id,
+                usage=usage,
+                error=error,
+            )
+        )
+        _log_finished(seq, reason)
+
+    def _log_progress(self, seq: Sequence) -> None:
+        last = seq.timings.extra.get("progress_logged", seq.timings.submitted)
+        now = time.monotonic()
+        if now - last >= self._progress_interval_s:
+            seq.timings.extra["progress_logged"] = now
+            started = seq.timings.extra.get("prefill_started", seq.timings.submitted)
+            rate = seq.computed / max(now - started, 1e-9)
+            log.info(
+                "%s: prefill %d/%d tokens (%.0f tok/s, %d requests decoding)",
+                seq.request_id,
+                seq.computed,
+                seq.prompt_len + len(seq.generated),
+                rate,
+                len(self._batch),
+            )
+
+
+def _sampler(seq: Sequence) -> RequestSampler:
+    if seq.sampler is None:
+        seq.sampler = RequestSampler(seq.request.sampling)
+    return seq.sampler
+
+
+def _token_value(token: mx.array) -> int:
+    value = token.item()
+    assert isinstance(value, int)
+    return value
+
+
+def _log_finished(seq: Sequence, reason: FinishReason) -> None:
+    t = seq.timings
+    end = t.finished or time.monotonic()
+    ttft = (t.first_token - t.submitted) if t.first_token else None
+    decode_s = (end - t.first_token) if t.first_token else 0.0
+    rate = (len(seq.generated) - 1) / decode_s if decode_s > 0 else 0.0
+    log.info(
+        "%s: %s — prompt %d tok, generated %d tok, ttft %s, decode %.1f tok/s, total %.2fs",
+        seq.request_id,
+        reason.value,
+        seq.prompt_len,
+        len(seq.generated),
+        f"{ttft:.2f}s" if ttft is not None else "-",
+        rate,
+        end - t.submitted,
+    )
