@@ -1,0 +1,45 @@
+"""GLM-4.5 / 4.6 calls: the name, then `<arg_key>`/`<arg_value>` pairs.
+
+<tool_call>NAME
+<arg_key>K</arg_key>
+<arg_value>V</arg_value>
+</tool_call>
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+from compat_serve.parsers.arguments import ArgumentsWriter
+from compat_serve.parsers.region import Outcome, Region
+
+KEY_OPEN, KEY_CLOSE = "<arg_key>", "</arg_key>"
+VALUE_OPEN, VALUE_CLOSE = "<arg_value>", "</arg_value>"
+CLOSE = "</tool_call>"
+
+
+class GlmToolCallRegion(Region):
+    def body(self) -> Generator[None, None, Outcome]:
+        name = yield from self.read_name(("\n", KEY_OPEN, CLOSE))
+        if name is None:
+            return Outcome.REJECT
+        self.sink.open_call(name)
+        writer = ArgumentsWriter(self)
+        while True:
+            yield from self.skip_ws()
+            if not (yield from self.accept(KEY_OPEN)):
+                break
+            key, delim = yield from self.read_until((KEY_CLOSE,))
+            if delim is None:
+                break
+            self.pos += len(KEY_CLOSE)
+            yield from self.skip_ws()
+            if not (yield from self.accept(VALUE_OPEN)):
+                break
+            writer.key(key.strip())
+            ends = (VALUE_CLOSE, KEY_OPEN, CLOSE)
+            yield from writer.value(key.strip(), ends, VALUE_CLOSE, trim_newlines=False)
+        yield from self.accept(CLOSE)
+        writer.close()
+        self.sink.close_call()
+        return Outcome.DONE

@@ -1,0 +1,57 @@
+"""One assistant turn's output parser: reasoning splitter → tool-call parser → filter."""
+
+from __future__ import annotations
+
+from compat_serve.parsers.events import OutputEvent, TextDelta
+from compat_serve.parsers.hidden import HiddenTextFilter
+from compat_serve.parsers.reasoning import ReasoningSplitter
+from compat_serve.parsers.tool_calls import ToolCallParser
+
+
+class OutputParser:
+    """feed(text delta) → events as soon as they are certain; finish() → the rest."""
+
+    def __init__(
+        self,
+        *,
+        reasoning: ReasoningSplitter | None = None,
+        tools: ToolCallParser | None = None,
+        hidden: frozenset[str] = frozenset(),
+    ) -> None:
+        self._reasoning = reasoning
+        self._tools = tools
+        self._filter = HiddenTextFilter(hidden)
+
+    @property
+    def satisfied(self) -> bool:
+        """The most tool calls allowed were made: the rest of the output is not wanted."""
+        return self._tools is not None and self._tools.satisfied
+
+    @property
+    def tool_calls(self) -> int:
+        return self._tools.calls if self._tools is not None else 0
+
+    def feed(self, text: str) -> list[OutputEvent]:
+        if not text:
+            return []
+        split: list[OutputEvent] = (
+            self._reasoning.feed(text) if self._reasoning else [TextDelta(text)]
+        )
+        return self._filter.apply(self._route(split))
+
+    def finish(self) -> list[OutputEvent]:
+        events = self._route(self._reasoning.finish()) if self._reasoning else []
+        if self._tools is not None:
+            events += self._tools.finish()
+        return self._filter.apply(events) + self._filter.finish()
+
+    def _route(self, events: list[OutputEvent]) -> list[OutputEvent]:
+        if self._tools is None:
+            return events
+        out: list[OutputEvent] = []
+        for event in events:
+            if isinstance(event, TextDelta):
+                out += self._tools.feed(event.text)
+            elif not self._tools.satisfied:
+                out.append(event)
+        return out

@@ -1,0 +1,126 @@
+"""The tool-call formats by name, and which one a chat template speaks."""
+
+from __future__ import annotations
+
+from compat_serve.parsers.formats import glm, llama3, mistral, sections, xml_function
+from compat_serve.parsers.tool_calls import ToolFormat
+
+_TAG = {"<tool_call>": xml_function.ToolCallTagRegion}
+_TAG_MARKUP = ("<tool_call>", "</tool_call>")
+_XML_MARKUP = (*_TAG_MARKUP, "<function=", "</function>", "<parameter=", "</parameter>")
+
+TOOL_FORMATS: dict[str, ToolFormat] = {
+    f.name: f
+    for f in (
+        ToolFormat("hermes", _TAG, _TAG_MARKUP),
+        ToolFormat("qwen3_coder", {**_TAG, "<function=": xml_function.FunctionRegion}, _XML_MARKUP),
+        ToolFormat(
+            "seed_oss",
+            {"<seed:tool_call>": xml_function.SeedToolCallRegion},
+            ("<seed:tool_call>", "</seed:tool_call>", *_XML_MARKUP[2:]),
+        ),
+        ToolFormat(
+            "llama3",
+            {llama3.PYTHON_TAG: llama3.PythonTagRegion, llama3.BARE_JSON: llama3.JsonCallRegion},
+            (llama3.PYTHON_TAG,),
+        ),
+        ToolFormat(
+            "mistral",
+            {mistral.TOOL_CALLS: mistral.MistralRegion},
+            (mistral.TOOL_CALLS, mistral.ARGS, mistral.CALL_ID),
+        ),
+        ToolFormat(
+            "glm45",
+            {"<tool_call>": glm.GlmToolCallRegion},
+            (*_TAG_MARKUP, glm.KEY_OPEN, glm.KEY_CLOSE, glm.VALUE_OPEN, glm.VALUE_CLOSE),
+        ),
+        ToolFormat(
+            "deepseek_v3",
+            {sections.DS_CALLS_BEGIN: sections.DeepSeekRegion},
+            (
+                sections.DS_CALLS_BEGIN,
+                sections.DS_CALLS_END,
+                sections.DS_CALL_BEGIN,
+                sections.DS_CALL_END,
+                sections.DS_SEP,
+            ),
+        ),
+        ToolFormat(
+            "kimi_k2",
+            {sections.KIMI_SECTION_BEGIN: sections.KimiRegion},
+            (
+                sections.KIMI_SECTION_BEGIN,
+                sections.KIMI_SECTION_END,
+                sections.KIMI_CALL_BEGIN,
+                sections.KIMI_ARGS_BEGIN,
+                sections.KIMI_CALL_END,
+            ),
+        ),
+        # Unknown templates: the common JSON and XML styles.
+        ToolFormat(
+            "generic",
+            {
+                **_TAG,
+                "<function=": xml_function.FunctionRegion,
+                llama3.BARE_JSON: llama3.JsonCallRegion,
+            },
+            _XML_MARKUP,
+        ),
+    )
+}
+
+# (substring of the chat template, format), most specific first: GLM and Qwen3-Coder
+# templates also mention <tool_call>.
+_DETECTION: tuple[tuple[str, str], ...] = (
+    (sections.DS_CALLS_BEGIN, "deepseek_v3"),
+    (sections.KIMI_SECTION_BEGIN, "kimi_k2"),
+    (mistral.TOOL_CALLS, "mistral"),
+    ("<arg_key>", "glm45"),
+    ("<seed:tool_call>", "seed_oss"),
+    ("<function=", "qwen3_coder"),
+    ("<tool_call>", "hermes"),
+    (llama3.PYTHON_TAG, "llama3"),
+    ('"parameters": ', "llama3"),
+)
+
+REASONING_CHOICES = ("auto", "think", "none")
+
+
+def tool_format_names() -> list[str]:
+    return ["auto", *TOOL_FORMATS, "none"]
+
+
+def detect_tool_format(template: str | None) -> ToolFormat:
+    """The format a chat template teaches its model (generic when it names none)."""
+    for needle, name in _DETECTION:
+        if template and needle in template:
+            return TOOL_FORMATS[name]
+    return TOOL_FORMATS["generic"]
+
+
+def template_uses_think_tags(template: str | None) -> bool:
+    return bool(template) and "</think>" in (template or "")
+
+
+def resolve_tool_format(choice: str, template: str | None) -> ToolFormat | None:
+    """`--tool-parser`: auto (detect), a format name, or none (calls stay text)."""
+    if choice == "auto":
+        return detect_tool_format(template)
+    if choice == "none":
+        return None
+    if choice not in TOOL_FORMATS:
+        raise ValueError(
+            f"--tool-parser must be one of {', '.join(tool_format_names())}, not {choice!r}"
+        )
+    return TOOL_FORMATS[choice]
+
+
+def resolve_reasoning(choice: str, template: str | None) -> bool:
+    """`--reasoning-parser`: auto (when the template knows <think>), think, or none."""
+    if choice not in REASONING_CHOICES:
+        raise ValueError(
+            f"--reasoning-parser must be one of {', '.join(REASONING_CHOICES)}, not {choice!r}"
+        )
+    if choice == "auto":
+        return template_uses_think_tags(template)
+    return choice == "think"

@@ -1,0 +1,179 @@
+"""The streaming tool-call parser: ordinary text until a format's start marker, then a
+region (see region.py) that turns the call into ToolCall* events as it is generated.
+
+Only as much text is held back as could be the start of a marker. Whitespace that only
+separates text from a call (or calls from each other) is layout and is dropped; all
+other text is kept, in order. Calls to tools the request did not define stay text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from compat_serve.parsers.events import (
+    OutputEvent,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
+from compat_serve.parsers.region import Outcome, Region
+from compat_serve.parsers.scan import WHITESPACE, find_first, partial_marker_length
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    # Start marker → the region class that parses from it.
+    regions: Mapping[str, type[Region]]
+    # Every markup string of the format; those that are special tokens in a tokenizer
+    # must be made visible to the parser (see OutputParser.markup).
+    markup: tuple[str, ...]
+
+
+class ToolCallParser:
+    """feed(text) → events; finish() → the rest. One instance per generation."""
+
+    def __init__(
+        self,
+        fmt: ToolFormat,
+        tools: Mapping[str, Mapping[str, Any]],
+        *,
+        new_id: Callable[[], str],
+        max_calls: int | None = None,
+    ) -> None:
+        """`tools`: name → JSON schema of its parameters, for the tools calls may use."""
+        self.format = fmt
+        self._tools = tools
+        self._new_id = new_id
+        self._max_calls = max_calls
+        self._markers = tuple(fmt.regions)
+        self._pending = ""  # held back: a possible partial marker, or trailing whitespace
+        self._region: Region | None = None
+        self._ws_before_region = ""
+        self._region_opened = False
+        self._after_call = False  # drop whitespace right after a call
+        self._calls = 0
+        self._open: tuple[int, str] | None = None  # (index, name) of the open call
+        self._events: list[OutputEvent] = []
+        self.satisfied = False  # max_calls reached: everything after is dropped
+
+    @property
+    def calls(self) -> int:
+        return self._calls
+
+    def feed(self, text: str) -> list[OutputEvent]:
+        self._consume(text)
+        return self._take()
+
+    def finish(self) -> list[OutputEvent]:
+        while self._region is not None and not self.satisfied:
+            region = self._region
+            self._consume(self._settle(region, region.finish()))
+        if not self.satisfied:
+            self._emit_text(self._pending.lstrip(WHITESPACE) if self._after_call else self._pending)
+        self._pending = ""
+        return self._take()
+
+    # ---- driving ---------------------------------------------------------------------
+
+    def _take(self) -> list[OutputEvent]:
+        out, self._events = self._events, []
+        return out
+
+    def _consume(self, text: str) -> None:
+        while text and not self.satisfied:
+            if self._region is not None:
+                region = self._region
+                text = self._settle(region, region.feed(text))
+            else:
+                text = self._scan(text)
+        if self.satisfied:
+            self._region = None
+
+    def _scan(self, text: str) -> str:
+        """Emit ordinary text; on a marker, start its region and return what follows it."""
+        buf, self._pending = self._pending + text, ""
+        if self._after_call:
+            buf = buf.lstrip(WHITESPACE)
+        hit = find_first(buf, self._markers)
+        if hit is None:
+            hold = partial_marker_length(buf, self._markers)
+            safe = buf[: len(buf) - hold]
+            core = safe.rstrip(WHITESPACE)
+            self._emit_text(core)
+            self._pending = safe[len(core) :] + buf[len(safe) :]
+            return ""
+        at, marker = hit
+        before = buf[:at]
+        core = before.rstrip(WHITESPACE)
+        self._emit_text(core)
+        self._ws_before_region = before[len(core) :]
+        self._region = self.format.regions[marker](marker, self)
+        self._region_opened = False
+        return buf[at + len(marker) :]
+
+    def _settle(self, region: Region, outcome: Outcome) -> str:
+        """Act on a region's outcome; returns the text to scan as ordinary output."""
+        if outcome is Outcome.MORE:
+            return ""
+        self._region = None
+        if outcome is Outcome.DONE and self._region_opened:
+            self._after_call = True
+            return region.rest
+        # Not a call: the marker (and the whitespace before it) is text after all.
+        self._emit_text(self._ws_before_region + region.marker)
+        self._ws_before_region = ""
+        return region.buf[len(region.marker) :]
+
+    def _emit_text(self, text: str) -> None:
+        if text:
+            self._after_call = False
+            self._events.append(TextDelta(text))
+
+    # ---- CallSink (called by regions) --------------------------------------------------
+
+    def known(self, name: str) -> bool:
+        return name in self._tools
+
+    def could_be_name(self, prefix: str) -> bool:
+        prefix = prefix.lstrip(WHITESPACE)
+        return any(name.startswith(prefix) for name in self._tools)
+
+    def param_is_string(self, param: str) -> bool:
+        if self._open is None:
+            return False
+        schema = self._tools.get(self._open[1]) or {}
+        properties = schema.get("properties")
+        if not isinstance(properties, Mapping):
+            return False
+        prop = properties.get(param)
+        return isinstance(prop, Mapping) and prop.get("type") == "string"
+
+    def open_call(self, name: str) -> None:
+        self._region_opened = True
+        self._ws_before_region = ""
+        if self.satisfied:
+            return
+        index = self._calls
+        self._calls += 1
+        self._open = (index, name)
+        self._events.append(ToolCallStart(index, self._new_id(), name))
+
+    def args(self, fragment: str) -> None:
+        if fragment and self._open is not None and not self.satisfied:
+            self._events.append(ToolCallArgsDelta(self._open[0], fragment))
+
+    def close_call(self) -> None:
+        if self._open is None or self.satisfied:
+            return
+        self._events.append(ToolCallEnd(self._open[0]))
+        self._open = None
+        if self._max_calls is not None and self._calls >= self._max_calls:
+            self.satisfied = True
+
+    def text(self, text: str) -> None:
+        if not self.satisfied:
+            self._emit_text(text)
