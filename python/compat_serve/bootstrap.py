@@ -11,6 +11,12 @@ from compat_serve.engine.engine import Engine, EngineConfig
 from compat_serve.engine.memory import parse_memory_size
 from compat_serve.models.loader import load_model, read_chat_template_file, replace_chat_template
 from compat_serve.models.types import LoadedModel
+from compat_serve.parsers import OutputParsing
+from compat_serve.parsers.registry import (
+    check_parser_choices,
+    resolve_reasoning,
+    resolve_tool_format,
+)
 from compat_serve.server.state import ServerState
 
 log = logging.getLogger("compat_serve")
@@ -33,6 +39,8 @@ class ServeOptions:
     max_output_tokens: int | None = None
     max_request_bytes: int = 32 * 1024 * 1024
     default_temperature: float | None = None
+    tool_parser: str = "auto"
+    reasoning_parser: str = "auto"
 
 
 def _engine_config(options: ServeOptions) -> EngineConfig:
@@ -67,6 +75,7 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
     template = read_chat_template_file(options.chat_template) if options.chat_template else None
     if options.context_length is not None and options.context_length < 2:
         raise ValueError("--context-length must be at least 2")
+    check_parser_choices(options.tool_parser, options.reasoning_parser)
     if loaded is None:
         loaded = load_model(options.model)
     if template is not None and options.chat_template is not None:
@@ -85,6 +94,7 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
             "tool-aware template to change that"
         )
     traits = builder.traits
+    output_parsing = _output_parsing(options, loaded)
     engine = Engine(loaded, engine_config)
     name = options.served_model_name or loaded.name
     log.info(
@@ -109,4 +119,15 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         max_request_bytes=options.max_request_bytes,
         max_output_tokens=options.max_output_tokens,
         default_temperature=options.default_temperature,
+        output_parsing=output_parsing,
     )
+
+
+def _output_parsing(options: ServeOptions, loaded: LoadedModel) -> OutputParsing:
+    parsing = OutputParsing(
+        resolve_tool_format(options.tool_parser, loaded.chat_template),
+        resolve_reasoning(options.reasoning_parser, loaded.chat_template),
+        loaded.tokenizer,
+    )
+    log.info("output parsing: %s", parsing.describe())
+    return parsing

@@ -9,6 +9,7 @@ import sys
 import time
 
 from compat_serve import __version__
+from compat_serve.parsers.registry import REASONING_CHOICES, tool_format_names
 
 log = logging.getLogger("compat_serve")
 
@@ -112,6 +113,20 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "any name is served by the loaded model, as agent clients send claude-*/gpt-* names)",
     )
     p.add_argument(
+        "--tool-parser",
+        default="auto",
+        choices=tool_format_names(),
+        help="how the model writes tool calls: auto detects it from the chat template "
+        "(default); none leaves calls as text",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        choices=REASONING_CHOICES,
+        help="split <think>...</think> reasoning from the answer: auto when the chat "
+        "template uses it (default), think always, none never",
+    )
+    p.add_argument(
         "--log-level",
         default="info",
         choices=("debug", "info", "warning", "error"),
@@ -192,6 +207,8 @@ def _serve(ns: argparse.Namespace) -> int:
                 max_output_tokens=ns.max_output_tokens,
                 max_request_bytes=ns.max_request_bytes,
                 default_temperature=ns.default_temperature,
+                tool_parser=ns.tool_parser,
+                reasoning_parser=ns.reasoning_parser,
             )
         )
     except (FileNotFoundError, ValueError, RuntimeError) as exc:

@@ -102,25 +102,30 @@ def template_uses_think_tags(template: str | None) -> bool:
     return bool(template) and "</think>" in (template or "")
 
 
+def check_parser_choices(tool_parser: str, reasoning_parser: str) -> None:
+    """Raise ValueError for an unknown --tool-parser / --reasoning-parser name."""
+    if tool_parser not in tool_format_names():
+        raise ValueError(
+            f"--tool-parser must be one of {', '.join(tool_format_names())}, not {tool_parser!r}"
+        )
+    if reasoning_parser not in REASONING_CHOICES:
+        raise ValueError(
+            f"--reasoning-parser must be one of {', '.join(REASONING_CHOICES)}, "
+            f"not {reasoning_parser!r}"
+        )
+
+
 def resolve_tool_format(choice: str, template: str | None) -> ToolFormat | None:
     """`--tool-parser`: auto (detect), a format name, or none (calls stay text)."""
     if choice == "auto":
         return detect_tool_format(template)
-    if choice == "none":
-        return None
-    if choice not in TOOL_FORMATS:
-        raise ValueError(
-            f"--tool-parser must be one of {', '.join(tool_format_names())}, not {choice!r}"
-        )
-    return TOOL_FORMATS[choice]
+    check_parser_choices(choice, "auto")
+    return None if choice == "none" else TOOL_FORMATS[choice]
 
 
 def resolve_reasoning(choice: str, template: str | None) -> bool:
     """`--reasoning-parser`: auto (when the template knows <think>), think, or none."""
-    if choice not in REASONING_CHOICES:
-        raise ValueError(
-            f"--reasoning-parser must be one of {', '.join(REASONING_CHOICES)}, not {choice!r}"
-        )
+    check_parser_choices("auto", choice)
     if choice == "auto":
         return template_uses_think_tags(template)
     return choice == "think"

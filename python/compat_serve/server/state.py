@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from compat_serve.chat.prompt import PromptBuilder
     from compat_serve.engine.engine import Engine
+    from compat_serve.parsers import OutputParsing
 
 
 @dataclass
@@ -28,3 +29,5 @@ class ServerState:
     ping_interval_s: float = 10.0
     # Temperature for requests that set none (Claude Code never does); None: 1.0.
     default_temperature: float | None = None
+    # How this model writes tool calls and reasoning (None: all output is text).
+    output_parsing: OutputParsing | None = None
