@@ -5,7 +5,11 @@ from datetime import datetime
 from typing import Any, final
 
 __all__ = [
+    "Admission",
     "ChatTemplate",
+    "NewBlock",
+    "PrefixCache",
+    "PrefixCacheStats",
     "Scheduler",
     "SchedulerError",
     "StepPlan",
@@ -107,6 +111,130 @@ class Scheduler:
     def kv_tokens_used(self) -> int: ...
     def snapshot(self) -> list[tuple[str, str, int, int]]:
         """`(id, status, computed, generated)` per live request, running first."""
+
+    def check_invariants(self) -> None:
+        """Raises `SchedulerError` if an internal invariant is broken (for tests)."""
+
+# --- prefix cache -------------------------------------------------------------------
+
+@final
+class Admission:
+    """What `admit` found: the first `cached_tokens` prompt tokens are served by the K/V of
+    `block_ids`, in order, `block_size` tokens each."""
+
+    @property
+    def cached_tokens(self) -> int: ...
+    @property
+    def block_ids(self) -> list[int]: ...
+
+@final
+class NewBlock:
+    """A block `append` filled: the request's tokens `[start_token, start_token +
+    block_size)`, block number `index` of its table. Store its K/V under `block_id` if
+    `is_new`; otherwise the same content is cached there already."""
+
+    @property
+    def block_id(self) -> int: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def start_token(self) -> int: ...
+    @property
+    def is_new(self) -> bool: ...
+
+@final
+class PrefixCacheStats:
+    """Counters and gauges of a `PrefixCache`."""
+
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks holding cached K/V, in use or free."""
+
+    @property
+    def in_use_blocks(self) -> int:
+        """Blocks some request holds."""
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks nobody holds (cached or empty)."""
+
+    @property
+    def num_requests(self) -> int:
+        """Open request tables."""
+
+    @property
+    def query_tokens(self) -> int:
+        """Prompt tokens passed to `admit`, and how many of them hit."""
+
+    @property
+    def hit_tokens(self) -> int: ...
+    @property
+    def stored_blocks(self) -> int:
+        """Blocks `append` stored, found already cached, or could not cache (all in use)."""
+
+    @property
+    def deduplicated_blocks(self) -> int: ...
+    @property
+    def uncached_blocks(self) -> int: ...
+    @property
+    def evictions(self) -> int:
+        """Cached blocks whose content was dropped (reallocation or `clear`)."""
+
+    @property
+    def hit_rate(self) -> float:
+        """The share of admitted prompt tokens served from cache (0.0 before any)."""
+
+@final
+class PrefixCache:
+    """Prefix-cache bookkeeping over `num_blocks` blocks of `block_size` tokens: chained
+    block hashes, refcounts, an LRU of free blocks, lazy eviction."""
+
+    def __new__(cls, block_size: int, num_blocks: int, hash_kind: str = "xxh3") -> PrefixCache:
+        """`hash_kind`: `"xxh3"` (xxh3-128, fixed seed) or `"sha256"`."""
+
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def hash_kind(self) -> str: ...
+    def lookup(self, tokens: Sequence[int], extra: bytes | None = None) -> int:
+        """Prompt tokens `admit` would serve from cache now (capped the same way);
+        acquires nothing."""
+
+    def admit(self, id: str, tokens: Sequence[int], extra: bytes | None = None) -> Admission:
+        """Opens request `id`'s table with the longest cached prefix of `tokens` (capped to
+        leave at least one token to compute) and holds its blocks. `extra` (image
+        hashes, a per-key cache salt) separates chains."""
+
+    def append(self, id: str, tokens: Sequence[int]) -> list[NewBlock]:
+        """Records request `id`'s next computed tokens (after those admitted or appended
+        before) and returns each block they fill. Drain `take_evicted()` before storing
+        the new blocks: one may reuse an id this call evicted."""
+
+    def release(self, id: str) -> bool:
+        """Closes request `id`'s table; its blocks stay cached until evicted. `False` if
+        no such table is open."""
+
+    def take_evicted(self) -> list[int]:
+        """Block ids whose cached content was evicted since the last call, oldest first:
+        drop their K/V."""
+
+    def clear(self) -> None:
+        """Evicts every cached block no request holds (listed by `take_evicted`)."""
+
+    def num_tokens(self, id: str) -> int | None:
+        """Tokens request `id` has (admitted from cache plus appended), `None` if its
+        table is not open."""
+
+    def stats(self) -> PrefixCacheStats: ...
+    def block_hashes(self, tokens: Sequence[int], extra: bytes | None = None) -> list[bytes]:
+        """The chained hash of every full block of `tokens` (16 bytes for xxh3, 32 for
+        sha256), as `admit` computes them."""
 
     def check_invariants(self) -> None:
         """Raises `SchedulerError` if an internal invariant is broken (for tests)."""

@@ -3,6 +3,7 @@ use pyo3::prelude::*;
 
 mod convert;
 mod error;
+mod prefix_cache;
 mod scheduler;
 mod template;
 
@@ -13,5 +14,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<template::ChatTemplate>()?;
     m.add_class::<scheduler::Scheduler>()?;
     m.add_class::<scheduler::StepPlan>()?;
+    m.add_class::<prefix_cache::PrefixCache>()?;
+    m.add_class::<prefix_cache::Admission>()?;
+    m.add_class::<prefix_cache::NewBlock>()?;
+    m.add_class::<prefix_cache::PrefixCacheStats>()?;
     Ok(())
 }
