@@ -24,3 +24,7 @@ class ChatRequest:
     continue_final_message: bool = False
     # Extra variables for the template (e.g. enable_thinking).
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Which generated calls count (tools=None: none): only `forced_tool` when the client
+    # named one; at most one call when parallel calls are disabled.
+    forced_tool: str | None = None
+    parallel_tool_calls: bool = True

@@ -18,6 +18,8 @@ from compat_serve.chat.types import ChatRequest
 from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTooLong
 from compat_serve.engine.stream import RequestStream
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
+from compat_serve.parsers import OutputParser, RequestTools
+from compat_serve.parsers.setup import RequestParsing
 from compat_serve.server.errors import ApiError
 from compat_serve.server.state import ServerState
 
@@ -52,7 +54,11 @@ async def build_chat_prompt(state: ServerState, chat: ChatRequest) -> Prompt:
 
 
 def submit(
-    state: ServerState, request_id: str, prompt_ids: tuple[int, ...], sampling: SamplingParams
+    state: ServerState,
+    request_id: str,
+    prompt_ids: tuple[int, ...],
+    sampling: SamplingParams,
+    visible_special_ids: frozenset[int] = frozenset(),
 ) -> RequestStream:
     cap = state.max_output_tokens
     if cap is not None and sampling.max_tokens > cap:
@@ -60,7 +66,9 @@ def submit(
     if sampling.temperature is None and state.default_temperature is not None:
         sampling = dataclasses.replace(sampling, temperature=state.default_temperature)
     try:
-        return state.engine.submit(EngineRequest(request_id, prompt_ids, sampling))
+        return state.engine.submit(
+            EngineRequest(request_id, prompt_ids, sampling, visible_special_ids)
+        )
     except PromptTooLong as exc:
         raise ApiError(
             400,
@@ -90,16 +98,29 @@ class Admitted:
     request_id: str
     prompt: Prompt
     stream: RequestStream
+    # Turns the generated text into text, reasoning and tool-call events.
+    parser: OutputParser
 
 
-async def admit_chat(request: Request, model: str, chat: ChatRequest, id_prefix: str) -> Admitted:
+async def admit_chat(
+    request: Request, model: str, chat: ChatRequest, id_prefix: str, call_id_prefix: str
+) -> Admitted:
     """The common start of every chat endpoint: model check, prompt, engine submission."""
     state = server_state(request)
     check_model_name(state, model)
     prompt = await build_chat_prompt(state, chat)
     request_id = new_id(id_prefix)
-    stream = submit(state, request_id, prompt.token_ids, chat.sampling)
-    return Admitted(state, request_id, prompt, stream)
+    if state.output_parsing is None:
+        parsing = RequestParsing(OutputParser(), frozenset())
+    else:
+        tools = RequestTools.from_chat_tools(
+            chat.tools, only=chat.forced_tool, parallel=chat.parallel_tool_calls
+        )
+        parsing = state.output_parsing.for_request(
+            tools, prompt.text, call_id_prefix=call_id_prefix
+        )
+    stream = submit(state, request_id, prompt.token_ids, chat.sampling, parsing.visible_special_ids)
+    return Admitted(state, request_id, prompt, stream, parsing.parser)
 
 
 @dataclass

@@ -23,8 +23,13 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from compat_serve.chat.types import ChatRequest, Message
-from compat_serve.engine.types import EngineEvent, FinishReason, SamplingParams
-from compat_serve.server.anthropic.errors import error_payload
+from compat_serve.engine.types import SamplingParams
+from compat_serve.server.anthropic.encoder import (
+    STOP_REASONS,
+    MessageStreamEncoder,
+    message_response,
+    stop_fields,
+)
 from compat_serve.server.anthropic.protocol import (
     ASSISTANT_BLOCKS,
     IGNORED_BLOCKS,
@@ -46,7 +51,6 @@ from compat_serve.server.anthropic.protocol import (
     ToolUseBlock,
 )
 from compat_serve.server.errors import ApiError
-from compat_serve.server.sse import event
 
 __all__ = [
     "STOP_REASONS",
@@ -79,12 +83,15 @@ def to_chat_request(
     prefill = bool(messages) and _prefill(messages)
     if not messages:
         raise ApiError(400, "messages: all messages are empty", param="messages")
+    choice = body.tool_choice
     return ChatRequest(
         messages=messages,
         sampling=_sampling(body, default_max_tokens),
         tools=tools,
         continue_final_message=prefill,
         template_kwargs=template_kwargs,
+        forced_tool=choice.name if choice is not None and choice.type == "tool" else None,
+        parallel_tool_calls=not (choice is not None and choice.disable_parallel_tool_use),
     )
 
 
@@ -300,131 +307,3 @@ def _sampling(
         top_k=body.top_k or 0,
         stop_strings=tuple(s for s in body.stop_sequences or () if s),
     )
-
-
-# ---------------------------------------------------------------- response side
-
-STOP_REASONS = {
-    FinishReason.STOP_TOKEN: "end_turn",
-    FinishReason.STOP_STRING: "stop_sequence",
-    FinishReason.LENGTH: "max_tokens",
-    FinishReason.CONTEXT: "model_context_window_exceeded",
-}
-
-
-def stop_fields(final: EngineEvent) -> tuple[str | None, str | None]:
-    """`(stop_reason, stop_sequence)` for a request's final event."""
-    reason = STOP_REASONS.get(final.finish_reason) if final.finish_reason else None
-    sequence = final.matched_stop if final.finish_reason is FinishReason.STOP_STRING else None
-    return reason, sequence
-
-
-def _message(
-    message_id: str, model: str, content: list[dict[str, Any]], usage: AnthropicUsage
-) -> dict[str, Any]:
-    return {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "content": content,
-        "model": model,
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": usage.to_json(),
-    }
-
-
-def message_response(
-    message_id: str, model: str, text: str, final_event: EngineEvent, usage: AnthropicUsage
-) -> dict[str, Any]:
-    content = [{"type": "text", "text": text}] if text else []
-    body = _message(message_id, model, content, usage)
-    body["stop_reason"], body["stop_sequence"] = stop_fields(final_event)
-    return body
-
-
-class MessageStreamEncoder:
-    """Turns engine events into Anthropic SSE frames (`event: <type>\\ndata: <json>\\n\\n`).
-
-    Blocks are numbered in the order they start; starting a block closes the open one,
-    so thinking and tool_use blocks can be added next to text with the same bookkeeping.
-    """
-
-    def __init__(self, message_id: str, model: str) -> None:
-        self.message_id = message_id
-        self.model = model
-        self.finished = False
-        self._usage: AnthropicUsage | None = None
-        self._block_types: list[str] = []
-        self._open: int | None = None
-        self._output_tokens = 0
-
-    def start(self, prompt_tokens: int, cache_read: int = 0, cache_creation: int = 0) -> str:
-        uncached = max(0, prompt_tokens - cache_read - cache_creation)
-        self._usage = AnthropicUsage(uncached, 0, cache_read, cache_creation)
-        message = _message(self.message_id, self.model, [], self._usage)
-        return event("message_start", {"type": "message_start", "message": message})
-
-    def ping(self) -> str:
-        return event("ping", {"type": "ping"})
-
-    def feed(self, engine_event: EngineEvent) -> str:
-        if self._usage is None:
-            raise RuntimeError("MessageStreamEncoder.start() must come before feed()")
-        if self.finished:
-            return ""
-        self._output_tokens += len(engine_event.token_ids)
-        reason = engine_event.finish_reason
-        if reason in (FinishReason.ERROR, FinishReason.ABORTED):
-            aborted = reason is FinishReason.ABORTED
-            detail = engine_event.error or ("request aborted" if aborted else "unknown error")
-            return self.error("api_error", f"generation failed: {detail}")
-        frames = self._text(engine_event.text) if engine_event.text else ""
-        if reason is not None:
-            frames += self._finish(engine_event, self._usage)
-        return frames
-
-    def error(self, kind: str, message: str) -> str:
-        self.finished = True
-        return event("error", error_payload(kind, message))
-
-    # -- blocks
-
-    def _text(self, text: str) -> str:
-        frames = ""
-        if self._open is None or self._block_types[self._open] != "text":
-            frames = self._start_block({"type": "text", "text": ""})
-        return frames + self._delta({"type": "text_delta", "text": text})
-
-    def _start_block(self, content_block: dict[str, Any]) -> str:
-        frames = self._stop_block()
-        index = len(self._block_types)
-        self._block_types.append(str(content_block["type"]))
-        self._open = index
-        payload = {"type": "content_block_start", "index": index, "content_block": content_block}
-        return frames + event("content_block_start", payload)
-
-    def _delta(self, delta: dict[str, Any]) -> str:
-        payload = {"type": "content_block_delta", "index": self._open, "delta": delta}
-        return event("content_block_delta", payload)
-
-    def _stop_block(self) -> str:
-        if self._open is None:
-            return ""
-        index, self._open = self._open, None
-        return event("content_block_stop", {"type": "content_block_stop", "index": index})
-
-    def _finish(self, final: EngineEvent, usage: AnthropicUsage) -> str:
-        self.finished = True
-        output = final.usage.completion_tokens if final.usage else self._output_tokens
-        stop_reason, stop_sequence = stop_fields(final)
-        delta = {
-            "type": "message_delta",
-            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-            "usage": {**usage.to_json(), "output_tokens": output},
-        }
-        return (
-            self._stop_block()
-            + event("message_delta", delta)
-            + event("message_stop", {"type": "message_stop"})
-        )

@@ -8,7 +8,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from compat_serve.engine.stream import RequestStream
 from compat_serve.engine.types import FinishReason
 from compat_serve.server import sse
 from compat_serve.server.anthropic import adapter
@@ -22,9 +21,9 @@ from compat_serve.server.generation import (
     admit_chat,
     build_chat_prompt,
     check_model_name,
-    collect,
     server_state,
 )
+from compat_serve.server.turn import TurnOutput, collect_turn
 
 router = APIRouter()
 
@@ -33,27 +32,36 @@ router = APIRouter()
 async def create_message(body: MessagesRequest, request: Request) -> Any:
     context = server_state(request).context_length
     chat = adapter.to_chat_request(body, default_max_tokens=context)
-    admitted = await admit_chat(request, body.model, chat, "msg_")
+    admitted = await admit_chat(request, body.model, chat, "msg_", "toolu_")
     message_id, stream = admitted.request_id, admitted.stream
     if body.stream:
         encoder = adapter.MessageStreamEncoder(message_id, body.model)
         prompt_tokens = len(admitted.prompt.token_ids)
         return StreamingResponse(
-            _message_events(stream, encoder, prompt_tokens, admitted.state.ping_interval_s),
+            _message_events(
+                TurnOutput(stream, admitted.parser),
+                encoder,
+                prompt_tokens,
+                admitted.state.ping_interval_s,
+            ),
             media_type="text/event-stream",
             headers=sse.SSE_HEADERS,
         )
-    done = await collect(stream, request)
+    done = await collect_turn(stream, admitted.parser, request)
     final = done.final
-    if final.finish_reason is FinishReason.ABORTED:
+    if final.finish_reason is FinishReason.ABORTED and not done.ended_in_tool_calls:
         raise ApiError(500, "the request was aborted (server shutting down)")
     assert final.usage is not None
     usage = AnthropicUsage.from_usage(final.usage)
-    return JSONResponse(adapter.message_response(message_id, body.model, done.text, final, usage))
+    return JSONResponse(
+        adapter.message_response(
+            message_id, body.model, done.turn, final, usage, tool_use=done.ended_in_tool_calls
+        )
+    )
 
 
 async def _message_events(
-    stream: RequestStream,
+    output: TurnOutput,
     encoder: adapter.MessageStreamEncoder,
     prompt_tokens: int,
     ping_interval_s: float,
@@ -61,11 +69,14 @@ async def _message_events(
     # message_start goes out at admission, before the prompt is processed.
     yield encoder.start(prompt_tokens)
     try:
-        while not stream.finished:
-            event = await stream.next(timeout=ping_interval_s)
-            yield encoder.ping() if event is None else encoder.feed(event)
+        while not output.finished:
+            step = await output.next(timeout=ping_interval_s)
+            if step is None:
+                yield encoder.ping()
+            else:
+                yield encoder.feed(step.engine, step.output, tool_use=step.ended_in_tool_calls)
     finally:
-        stream.abort()  # no-op when finished; a client that left stops generation
+        output.stream.abort()  # no-op when finished; a client that left stops generation
 
 
 @router.post("/v1/messages/count_tokens")

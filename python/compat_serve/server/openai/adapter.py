@@ -8,6 +8,14 @@ from typing import Any
 
 from compat_serve.chat.types import ChatRequest, Message
 from compat_serve.engine.types import FinishReason, SamplingParams, Usage
+from compat_serve.parsers import (
+    OutputEvent,
+    ParsedTurn,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallStart,
+)
 from compat_serve.server.errors import ApiError
 from compat_serve.server.openai.protocol import (
     ChatCompletionRequest,
@@ -118,14 +126,46 @@ def chat_request(body: ChatCompletionRequest, *, default_max_tokens: int) -> Cha
     if max_tokens is None:
         max_tokens = body.max_tokens
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-    if body.tool_choice == "none":
+    choice = _tool_choice(body.tool_choice, tools)
+    if choice == "none":
         tools = None
     return ChatRequest(
         messages=chat_messages(body.messages),
         sampling=sampling_params(body, max_tokens, default_max_tokens=default_max_tokens),
         tools=tools,
         template_kwargs=dict(body.chat_template_kwargs or {}),
+        forced_tool=choice if choice not in ("auto", "none", "required") else None,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
     )
+
+
+def _tool_choice(choice: str | dict[str, Any] | None, tools: list[dict[str, Any]] | None) -> str:
+    """ "auto", "none", "required", or the name of the one tool the client forces."""
+    if choice is None:
+        return "auto"
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise ApiError(
+                400,
+                f"tool_choice: must be 'none', 'auto', 'required' or a function, not {choice!r}",
+                param="tool_choice",
+            )
+        if choice == "required" and not tools:
+            raise ApiError(400, "tool_choice: 'required' needs tools", param="tool_choice")
+        return choice
+    function = choice.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    if choice.get("type") != "function" or not isinstance(name, str):
+        raise ApiError(
+            400,
+            'tool_choice: expected {"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
+        )
+    if name not in {t["function"]["name"] for t in tools or []}:
+        raise ApiError(
+            400, f"tool_choice: function {name!r} is not defined in tools", param="tool_choice"
+        )
+    return name
 
 
 def completion_prompt(body: CompletionRequest) -> str | list[int]:
@@ -149,8 +189,40 @@ def usage_json(usage: Usage) -> dict[str, Any]:
     }
 
 
+def finish_reason(finish: FinishReason, *, tool_calls: bool = False) -> str:
+    return "tool_calls" if tool_calls else FINISH_REASONS[finish]
+
+
+def chat_message(output: str | ParsedTurn) -> dict[str, Any]:
+    """The assistant message: content (null when only tools were called), reasoning
+    as `reasoning_content`, calls as `tool_calls` with JSON-string arguments."""
+    if isinstance(output, str):
+        return {"role": "assistant", "content": output}
+    calls = output.tool_calls
+    text = output.text
+    message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+    if output.reasoning:
+        message["reasoning_content"] = output.reasoning
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in calls
+        ]
+    return message
+
+
 def chat_completion(
-    response_id: str, model: str, text: str, finish: FinishReason, usage: Usage
+    response_id: str,
+    model: str,
+    output: str | ParsedTurn,
+    finish: FinishReason,
+    usage: Usage,
+    *,
+    tool_calls: bool = False,
 ) -> dict[str, Any]:
     return {
         "id": response_id,
@@ -160,13 +232,28 @@ def chat_completion(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": chat_message(output),
                 "logprobs": None,
-                "finish_reason": FINISH_REASONS[finish],
+                "finish_reason": finish_reason(finish, tool_calls=tool_calls),
             }
         ],
         "usage": usage_json(usage),
     }
+
+
+def output_delta(event: OutputEvent) -> dict[str, Any] | None:
+    """The `delta` of a stream chunk for one parsed piece (None: nothing to send)."""
+    if isinstance(event, TextDelta):
+        return {"content": event.text}
+    if isinstance(event, ReasoningDelta):
+        return {"reasoning_content": event.text}
+    if isinstance(event, ToolCallStart):
+        function = {"name": event.name, "arguments": ""}
+        call = {"index": event.index, "id": event.id, "type": "function", "function": function}
+        return {"tool_calls": [call]}
+    if isinstance(event, ToolCallArgsDelta):
+        return {"tool_calls": [{"index": event.index, "function": {"arguments": event.fragment}}]}
+    return None
 
 
 def chat_chunk(
@@ -175,6 +262,8 @@ def chat_chunk(
     created: int,
     delta: dict[str, Any],
     finish: FinishReason | None = None,
+    *,
+    tool_calls: bool = False,
 ) -> dict[str, Any]:
     return {
         "id": response_id,
@@ -186,7 +275,7 @@ def chat_chunk(
                 "index": 0,
                 "delta": delta,
                 "logprobs": None,
-                "finish_reason": FINISH_REASONS[finish] if finish else None,
+                "finish_reason": finish_reason(finish, tool_calls=tool_calls) if finish else None,
             }
         ],
     }

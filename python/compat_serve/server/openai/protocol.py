@@ -73,6 +73,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=0)
     tools: list[ToolDef] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     # vLLM-style extension: extra variables for the chat template (e.g. enable_thinking).
     chat_template_kwargs: dict[str, Any] | None = None
 

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from compat_serve.engine.stream import RequestStream
-from compat_serve.engine.types import EngineEvent, FinishReason
+from compat_serve.engine.types import FinishReason
 from compat_serve.server import sse
 from compat_serve.server.errors import ApiError, openai_error_body
 from compat_serve.server.generation import (
@@ -25,6 +25,7 @@ from compat_serve.server.generation import (
 from compat_serve.server.openai import adapter
 from compat_serve.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from compat_serve.server.state import ServerState
+from compat_serve.server.turn import TurnOutput, TurnStep, collect_turn
 
 router = APIRouter()
 
@@ -33,48 +34,63 @@ router = APIRouter()
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     context = server_state(request).context_length
     chat = adapter.chat_request(body, default_max_tokens=context)
-    admitted = await admit_chat(request, body.model, chat, "chatcmpl-")
+    admitted = await admit_chat(request, body.model, chat, "chatcmpl-", "call_")
     response_id, stream = admitted.request_id, admitted.stream
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
-            _chat_sse(stream, response_id, body.model, include_usage),
+            _chat_sse(TurnOutput(stream, admitted.parser), response_id, body.model, include_usage),
             media_type="text/event-stream",
             headers=sse.SSE_HEADERS,
         )
-    done = await collect(stream, request)
+    done = await collect_turn(stream, admitted.parser, request)
     assert done.final.finish_reason is not None and done.final.usage is not None
     return JSONResponse(
         adapter.chat_completion(
-            response_id, body.model, done.text, done.final.finish_reason, done.final.usage
+            response_id,
+            body.model,
+            done.turn,
+            done.final.finish_reason,
+            done.final.usage,
+            tool_calls=done.ended_in_tool_calls,
         )
     )
 
 
 async def _chat_sse(
-    stream: RequestStream, response_id: str, model: str, include_usage: bool
+    output: TurnOutput, response_id: str, model: str, include_usage: bool
 ) -> AsyncIterator[str]:
     created = int(time.time())
     yield sse.data_line(
         adapter.chat_chunk(response_id, model, created, {"role": "assistant", "content": ""})
     )
-    async for event in stream:
-        if event.text:
-            yield sse.data_line(
-                adapter.chat_chunk(response_id, model, created, {"content": event.text})
-            )
-        if event.finished:
-            yield _final_chunks(event, response_id, model, created, include_usage)
+    try:
+        while not output.finished:
+            step = await output.next()
+            if step is None:
+                continue
+            for item in step.output:
+                delta = adapter.output_delta(item)
+                if delta is not None:
+                    yield sse.data_line(adapter.chat_chunk(response_id, model, created, delta))
+            if step.finished:
+                yield _final_chunks(step, response_id, model, created, include_usage)
+    finally:
+        output.stream.abort()  # no-op when finished; a client that left stops generation
     yield sse.data_line("[DONE]")
 
 
 def _final_chunks(
-    event: EngineEvent, response_id: str, model: str, created: int, include_usage: bool
+    step: TurnStep, response_id: str, model: str, created: int, include_usage: bool
 ) -> str:
+    event = step.engine
     assert event.finish_reason is not None and event.usage is not None
     if event.finish_reason is FinishReason.ERROR:
         return sse.data_line(openai_error_body(ApiError(500, f"generation failed: {event.error}")))
-    out = sse.data_line(adapter.chat_chunk(response_id, model, created, {}, event.finish_reason))
+    chunk = adapter.chat_chunk(
+        response_id, model, created, {}, event.finish_reason, tool_calls=step.ended_in_tool_calls
+    )
+    out = sse.data_line(chunk)
     if include_usage:
         out += sse.data_line(adapter.usage_chunk(response_id, model, created, event.usage))
     return out

@@ -1,0 +1,108 @@
+"""Engine events through a request's output parser: what both chat APIs encode.
+
+When the parser has all the tool calls the request allows (parallel tool use disabled),
+generation is cut short: the request is aborted in the engine and its final event (with
+the usage so far) closes the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from compat_serve.engine.stream import RequestStream
+from compat_serve.engine.types import EngineEvent, FinishReason
+from compat_serve.parsers import OutputEvent, OutputParser, ParsedTurn
+from compat_serve.server.errors import ApiError
+
+
+@dataclass(frozen=True)
+class TurnStep:
+    output: list[OutputEvent]
+    engine: EngineEvent  # the engine event behind it (the final one on the last step)
+    # Set on the last step: the turn ended in tool calls (whatever stopped the engine).
+    ended_in_tool_calls: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.engine.finished
+
+
+class TurnOutput:
+    def __init__(self, stream: RequestStream, parser: OutputParser) -> None:
+        self.stream = stream
+        self.parser = parser
+        self.finished = False
+
+    async def next(self, timeout: float | None = None) -> TurnStep | None:
+        """The next step, or None if `timeout` seconds pass first."""
+        event = await self.stream.next(timeout)
+        if event is None:
+            return None
+        output = self.parser.feed(event.text)
+        if not event.finished and self.parser.satisfied:
+            self.stream.abort()
+            event = await self._final_event()
+        if event.finished:
+            self.finished = True
+            output += self.parser.finish()
+            return TurnStep(output, event, self._ended_in_tool_calls(event))
+        return TurnStep(output, event)
+
+    async def _final_event(self) -> EngineEvent:
+        while True:
+            event = await self.stream.next()
+            if event is not None and event.finished:
+                return event
+
+    def _ended_in_tool_calls(self, final: EngineEvent) -> bool:
+        if self.parser.tool_calls == 0:
+            return False
+        if self.parser.satisfied:
+            return True
+        return final.finish_reason in (FinishReason.STOP_TOKEN, FinishReason.STOP_STRING)
+
+
+@dataclass
+class CollectedTurn:
+    turn: ParsedTurn
+    final: EngineEvent
+    ended_in_tool_calls: bool
+
+
+async def collect_turn(
+    stream: RequestStream, parser: OutputParser, request: Request
+) -> CollectedTurn:
+    """A whole parsed response; aborts the request if the client disconnects meanwhile."""
+    watcher = asyncio.create_task(_abort_on_disconnect(stream, request))
+    turn = ParsedTurn()
+    output = TurnOutput(stream, parser)
+    try:
+        while not output.finished:
+            step = await output.next()
+            if step is None:
+                continue
+            for event in step.output:
+                turn.add(event)
+            if not step.finished and stream.finished:
+                break  # aborted: the client went away
+            if step.finished:
+                if step.engine.finish_reason is FinishReason.ERROR:
+                    raise ApiError(500, f"generation failed: {step.engine.error}")
+                return CollectedTurn(turn, step.engine, step.ended_in_tool_calls)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    raise ApiError(499, "client closed the request")
+
+
+async def _abort_on_disconnect(stream: RequestStream, request: Request) -> None:
+    while not stream.finished:
+        if await request.is_disconnected():
+            stream.abort()
+            return
+        await asyncio.sleep(0.25)
