@@ -98,6 +98,7 @@ class Engine:
             self.kv_capacity_tokens,
             loaded.context_length,
         )
+        self.metrics.kv_tokens_capacity.set(self.kv_capacity_tokens)
         self._executor = StepExecutor(
             self._runner,
             self._scheduler,

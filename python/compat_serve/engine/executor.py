@@ -85,12 +85,14 @@ class StepExecutor:
         self._scheduler.abort(request_id)
         self._end(seq, FinishReason.ABORTED)
         self._batch.retain(self._decoding_ids())
+        self._metrics.on_step(len(self._batch), self._scheduler.kv_tokens_used)
 
     def abort_all(self, never_admitted: Iterable[Sequence] = ()) -> None:
         for seq in [*self._seqs.values(), *never_admitted]:
             self._scheduler.abort(seq.request_id)
             self._end(seq, FinishReason.ABORTED)
         self._batch.clear()
+        self._metrics.on_step(0, self._scheduler.kv_tokens_used)
 
     # ---- one step ------------------------------------------------------------------------
 
@@ -117,6 +119,7 @@ class StepExecutor:
                 self._end(seq, _SCHEDULER_REASONS[reason], stop_token_id=stop_token)
         self._join([seq for seq in joining if seq.request_id in self._seqs])
         self._batch.retain(self._decoding_ids())
+        self._metrics.on_step(len(self._batch), self._scheduler.kv_tokens_used)
         return bool(plan.decode or plan.prefill)
 
     def _decoding_ids(self) -> list[str]:
@@ -133,6 +136,7 @@ class StepExecutor:
             seq.phase = Phase.QUEUED
             seq.cache = None
             seq.computed = 0
+            self._metrics.on_preempt(request_id)
             self._status.update(request_id, phase=Phase.QUEUED.value, computed_tokens=0)
         if request_ids:
             self._batch.retain(self._decoding_ids())
@@ -156,6 +160,7 @@ class StepExecutor:
         if sorted(rows) != sorted(planned):
             raise SchedulerError(f"decode plan {planned} does not match the batch {rows}")
         seqs = [self._seqs[request_id] for request_id in rows]
+        self._metrics.on_decode_step(len(seqs))
         try:
             logits = self._runner.decode_logits(self._batch.cache, [s.generated[-1] for s in seqs])
             tokens = sample_rows(logits, [_sampler(s) for s in seqs])

@@ -31,6 +31,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds. A slow CPU takes minutes to prefill a long agent prompt; a GPU takes ms.
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 DURATION_BUCKETS = (
     0.25,
     0.5,
@@ -295,6 +296,24 @@ class EngineMetrics:
             "Estimated KV cache memory of live requests: "
             "(computed + generated tokens) x measured bytes per token.",
         )
+        self.batch_size = Gauge(
+            "compat_decode_batch_size", "Requests in the running decode batch after the last step."
+        )
+        self.decode_step_batch = Histogram(
+            "compat_decode_step_batch_size",
+            "Rows of each batched decode forward pass.",
+            BATCH_BUCKETS,
+        )
+        self.preemptions = Counter(
+            "compat_preemptions_total",
+            "Running requests preempted because KV memory was full (recomputed later).",
+        )
+        self.kv_tokens_reserved = Gauge(
+            "compat_kv_tokens_reserved", "KV tokens the scheduler holds for running requests."
+        )
+        self.kv_tokens_capacity = Gauge(
+            "compat_kv_tokens_capacity", "KV tokens the scheduler may hand out (--kv-memory)."
+        )
         self.info = Gauge(
             "compat_info",
             "The served model and compat-serve version.",
@@ -352,6 +371,20 @@ class EngineMetrics:
             self.ttft.observe(now - submitted)
         else:
             self.inter_token.observe(now - previous)
+
+    def on_decode_step(self, rows: int) -> None:
+        self.decode_step_batch.observe(rows)
+
+    def on_step(self, batch_size: int, kv_tokens_reserved: int) -> None:
+        self.batch_size.set(batch_size)
+        self.kv_tokens_reserved.set(kv_tokens_reserved)
+
+    def on_preempt(self, request_id: str) -> None:
+        self.preemptions.inc()
+        with self._lock:
+            live = self._live.get(request_id)
+            if live is not None:
+                live.computed = 0
 
     def on_finish(self, request_id: str, reason: FinishReason, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -411,6 +444,11 @@ class EngineMetrics:
             self.duration,
             self.queue_depth,
             self.running,
+            self.batch_size,
+            self.decode_step_batch,
+            self.preemptions,
             self.kv_cache_bytes,
+            self.kv_tokens_reserved,
+            self.kv_tokens_capacity,
         ]
         return "\n".join(line for metric in metrics for line in metric.render()) + "\n"

@@ -30,6 +30,9 @@ async def status(request: Request) -> dict[str, Any]:
         "uptime_s": round(time.monotonic() - engine.metrics.started_at, 3),
         "queue_depth": queued,
         "running": running,
+        "decode_batch_size": int(engine.metrics.batch_size.value()),
+        "kv_tokens_reserved": int(engine.metrics.kv_tokens_reserved.value()),
+        "kv_tokens_capacity": engine.kv_capacity_tokens,
         "requests": rows,
     }
 

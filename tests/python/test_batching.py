@@ -1,0 +1,232 @@
+"""Continuous batching on real models: many requests decode in one forward pass and each
+still gets exactly what it would get alone, with its own sampling settings."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
+from tests.tiny_models import HYBRID_CONFIGS, tiny_model
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
+
+PROMPTS = [
+    "Name three colours.",
+    "What is 2+2?",
+    "Write a haiku about rain.",
+    "Who wrote Hamlet?",
+    "List five fruits.",
+    "Explain gravity briefly.",
+    "Say hello in French.",
+    "Count to ten.",
+]
+# Greedy outputs may differ where the top two logits are closer than this: batched
+# matmuls sum in another order (floating-point reordering, not a mixed-up batch).
+NEAR_TIE = 1e-3
+
+
+def chat_ids(model: LoadedModel, text: str) -> tuple[int, ...]:
+    prompt = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+    return tuple(model.tokenizer.encode(prompt))
+
+
+def greedy(max_tokens: int, **extra: Any) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0, **extra)
+
+
+class DecodeSpy:
+    """Wraps the engine's real batched decode to record how many rows each step had."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.rows: list[int] = []
+        runner = engine._runner  # observed, not replaced
+        real = runner.decode_logits
+
+        def spy(cache: Any, tokens: Any) -> Any:
+            self.rows.append(len(tokens))
+            return real(cache, tokens)
+
+        runner.decode_logits = spy  # type: ignore[method-assign]
+
+
+def started(loaded: LoadedModel, **config: Any) -> Engine:
+    engine = Engine(loaded, EngineConfig(**config))
+    engine.start()
+    return engine
+
+
+@pytest.fixture
+def engine(embedded_model: LoadedModel) -> Iterator[Engine]:
+    eng = started(embedded_model, prefill_chunk=64, max_num_seqs=8)
+    yield eng
+    eng.shutdown()
+
+
+async def tokens_of(engine: Engine, request: EngineRequest) -> list[int]:
+    events = [event async for event in engine.submit(request)]
+    final = events[-1]
+    assert final.finish_reason is not FinishReason.ERROR, final.error
+    produced = [t for e in events for t in e.token_ids]
+    if final.stop_token_id is not None:
+        produced.append(final.stop_token_id)
+    return produced
+
+
+def top2_gap(loaded: LoadedModel, ids: list[int]) -> float:
+    """Gap between the two largest next-token logits, computed alone (batch of one)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model: Any = loaded.model
+    logits = model(mx.array([ids]), cache=make_prompt_cache(model))[0, -1]
+    top = mx.sort(logits)[-2:].tolist()
+    return float(top[1] - top[0])
+
+
+def assert_same_or_near_tie(
+    loaded: LoadedModel, prompt: tuple[int, ...], alone: list[int], batched: list[int]
+) -> None:
+    for i, (a, b) in enumerate(zip(alone, batched, strict=False)):
+        if a != b:
+            gap = top2_gap(loaded, [*prompt, *alone[:i]])
+            assert gap < NEAR_TIE, f"position {i}: {a} alone, {b} batched, top-2 gap {gap}"
+            return
+    assert len(alone) == len(batched), (alone, batched)
+
+
+def run_alone_then_together(
+    engine: Engine, requests: list[EngineRequest]
+) -> tuple[list[list[int]], list[list[int]]]:
+    async def both() -> tuple[list[list[int]], list[list[int]]]:
+        alone = [await tokens_of(engine, r) for r in requests]
+        renamed = [EngineRequest(f"{r.request_id}-b", r.prompt_ids, r.sampling) for r in requests]
+        together = await asyncio.gather(*(tokens_of(engine, r) for r in renamed))
+        return alone, list(together)
+
+    return asyncio.run(both())
+
+
+def test_eight_concurrent_greedy_streams_match_each_run_alone(
+    engine: Engine, embedded_model: LoadedModel
+) -> None:
+    spy = DecodeSpy(engine)
+    requests = [
+        EngineRequest(f"g{i}", chat_ids(embedded_model, text), greedy(32))
+        for i, text in enumerate(PROMPTS)
+    ]
+    alone, together = run_alone_then_together(engine, requests)
+    batched_rows = spy.rows[sum(len(t) for t in alone) - len(alone) :]
+    assert max(batched_rows) >= 6, f"the requests were not batched: {batched_rows}"
+    for request, a, b in zip(requests, alone, together, strict=True):
+        assert_same_or_near_tie(embedded_model, request.prompt_ids, a, b)
+
+
+def test_each_request_in_a_batch_follows_its_own_sampling_settings(
+    engine: Engine, embedded_model: LoadedModel
+) -> None:
+    prompt = chat_ids(embedded_model, "Tell me a story about a dragon.")
+    hot = {"temperature": 1.0, "stop_at_eos": False}
+    settings = {
+        "greedy": greedy(24, stop_at_eos=False),
+        "seed1": SamplingParams(max_tokens=24, seed=1, **hot),  # type: ignore[arg-type]
+        "seed1-again": SamplingParams(max_tokens=24, seed=1, **hot),  # type: ignore[arg-type]
+        "seed2": SamplingParams(max_tokens=24, seed=2, **hot),  # type: ignore[arg-type]
+        "top-k-1": SamplingParams(max_tokens=24, top_k=1, seed=3, **hot),  # type: ignore[arg-type]
+    }
+    requests = [EngineRequest(name, prompt, params) for name, params in settings.items()]
+    spy = DecodeSpy(engine)
+    alone, together = run_alone_then_together(engine, requests)
+    assert max(spy.rows) == len(settings)
+    out = dict(zip(settings, together, strict=True))
+    by_itself = dict(zip(settings, alone, strict=True))
+    assert out == by_itself  # every setting reproduces its solo run inside the batch
+    assert out["seed1"] == out["seed1-again"]
+    assert out["seed1"] != out["seed2"]
+    assert out["seed1"] != out["greedy"]
+    assert out["top-k-1"] == out["greedy"]
+
+
+def test_a_request_arriving_mid_batch_starts_without_waiting(
+    engine: Engine, embedded_model: LoadedModel
+) -> None:
+    long_request = EngineRequest(
+        "long", chat_ids(embedded_model, "Write a long essay."), greedy(60, stop_at_eos=False)
+    )
+    short_request = EngineRequest(
+        "short", chat_ids(embedded_model, "Hi"), greedy(4, stop_at_eos=False)
+    )
+
+    async def scenario() -> tuple[list[EngineEvent], float, int]:
+        long_events: list[EngineEvent] = []
+        stream = engine.submit(long_request)
+        while len(long_events) < 5:
+            event = await stream.next(timeout=60)
+            assert event is not None
+            long_events.append(event)
+        short_events = [e async for e in engine.submit(short_request)]
+        short_done = time.monotonic()
+        long_tokens_then = len(long_events)
+        long_events.extend([e async for e in stream])
+        assert short_events[-1].finish_reason is FinishReason.LENGTH
+        return long_events, short_done, long_tokens_then
+
+    long_events, _, long_tokens_then = asyncio.run(scenario())
+    assert long_events[-1].finish_reason is FinishReason.LENGTH
+    # The short request came and went while the long one was still generating.
+    assert long_tokens_then < 60 - 4, long_tokens_then
+
+
+def test_preemption_under_kv_pressure_recomputes_and_keeps_outputs(
+    embedded_model: LoadedModel,
+) -> None:
+    probe = started(embedded_model)
+    per_token = probe.metrics.kv_bytes_per_token or 46_080
+    probe.shutdown()
+    # Room for ~200 tokens: three requests of ~30 prompt + 60 generated do not fit.
+    engine = started(embedded_model, prefill_chunk=32, kv_memory_bytes=200 * per_token)
+    try:
+        requests = [
+            EngineRequest(f"p{i}", chat_ids(embedded_model, text), greedy(60, stop_at_eos=False))
+            for i, text in enumerate(PROMPTS[:3])
+        ]
+        alone, together = run_alone_then_together(engine, requests)
+        assert engine.metrics.preemptions.value() > 0
+        for request, a, b in zip(requests, alone, together, strict=True):
+            assert len(b) == 60
+            assert_same_or_near_tie(embedded_model, request.prompt_ids, a, b)
+        assert engine.metrics.kv_tokens_reserved.value() == 0
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("model_type", sorted(HYBRID_CONFIGS))
+def test_hybrid_models_batch_attention_and_recurrent_state(
+    embedded_model: LoadedModel, model_type: str
+) -> None:
+    """Attention KV caches and non-trimmable state caches (convolution / gated delta-net)
+    merge, extend and filter together."""
+    tiny = tiny_model(model_type, embedded_model)
+    kinds = {type(c).__name__ for c in tiny.model.make_cache()}  # type: ignore[operator]
+    assert kinds == {"KVCache", "ArraysCache"}
+    engine = started(tiny, prefill_chunk=16)
+    try:
+        spy = DecodeSpy(engine)
+        # Different prompt lengths and output lengths: rows join with left padding and
+        # leave (filter) while others keep decoding.
+        requests = [
+            EngineRequest(f"h{i}", chat_ids(tiny, text), greedy(8 + 6 * i, stop_at_eos=False))
+            for i, text in enumerate(PROMPTS[:4])
+        ]
+        alone, together = run_alone_then_together(engine, requests)
+        assert max(spy.rows) >= 3
+        for request, a, b in zip(requests, alone, together, strict=True):
+            assert_same_or_near_tie(tiny, request.prompt_ids, a, b)
+    finally:
+        engine.shutdown()
