@@ -25,6 +25,7 @@ HISTOGRAMS = (
     "compat_time_to_first_token_seconds",
     "compat_inter_token_latency_seconds",
     "compat_request_duration_seconds",
+    "compat_decode_step_batch_size",
 )
 KEY = "observability-secret"
 
@@ -135,6 +136,13 @@ def test_metrics_count_requests_tokens_and_latencies(server: RunningServer) -> N
     assert get(after, "compat_queue_depth") == 0
     assert get(after, "compat_running_requests") == 0
     assert get(after, "compat_kv_cache_bytes") == 0
+    assert get(after, "compat_kv_tokens_reserved") == 0
+    assert get(after, "compat_decode_batch_size") == 0
+    assert get(after, "compat_kv_tokens_capacity") == server.state.engine.kv_capacity_tokens  # type: ignore[attr-defined]
+    # Each of the 2 requests decoded alone: one single-row forward per token after the first.
+    assert delta(after, before, "compat_decode_step_batch_size_count") == generated - 2
+    assert delta(after, before, "compat_decode_step_batch_size_sum") == generated - 2
+    assert delta(after, before, "compat_preemptions_total") == 0
     version = next(json.loads(labels) for n, labels in after if n == "compat_info")["version"]
     assert get(after, "compat_info", model="SmolLM2-135M-Instruct", version=version) == 1
     # Bytes per token, measured from the real cache after the first prefill:
