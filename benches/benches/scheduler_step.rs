@@ -27,6 +27,7 @@ fn decoding_scheduler() -> Scheduler {
             prompt_len: PROMPT,
             max_tokens: u32::MAX,
             stop_token_ids: vec![2],
+            cached_tokens: 0,
         })
         .expect("request fits");
     }

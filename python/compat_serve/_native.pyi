@@ -81,9 +81,16 @@ class Scheduler:
         context_length: int,
     ) -> Scheduler: ...
     def add_request(
-        self, id: str, prompt_len: int, max_tokens: int, stop_token_ids: Sequence[int] = ...
+        self,
+        id: str,
+        prompt_len: int,
+        max_tokens: int,
+        stop_token_ids: Sequence[int] = ...,
+        cached_tokens: int = 0,
     ) -> None:
-        """Queues a request (FIFO). `id` must not belong to a live request."""
+        """Queues a request (FIFO). `id` must not belong to a live request. The first
+        `cached_tokens` prompt tokens are a prefix-cache hit: prefill starts after them
+        (a preempted request recomputes from 0)."""
 
     def schedule(self) -> StepPlan:
         """Plans the next step; `update()` must follow before the next `schedule()`."""

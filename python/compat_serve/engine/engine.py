@@ -22,6 +22,8 @@ from compat_serve.engine.detokenizer import IncrementalDetokenizer
 from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTooLong
 from compat_serve.engine.executor import StepExecutor
 from compat_serve.engine.metrics import EngineMetrics
+from compat_serve.engine.prefix_cache import PrefixCaching
+from compat_serve.engine.prefix_store import is_attention_cache
 from compat_serve.engine.runner import ModelRunner
 from compat_serve.engine.sequence import Sequence
 from compat_serve.engine.status import RequestStatus, StatusBoard
@@ -34,6 +36,8 @@ log = logging.getLogger("compat_serve.engine")
 
 # Share of physical RAM the running requests' KV may take when --kv-memory is not given.
 DEFAULT_KV_MEMORY_SHARE = 0.3
+# Share of physical RAM the prefix cache may take when --cache-memory is not given.
+DEFAULT_CACHE_MEMORY_SHARE = 0.2
 _STALL_WAIT_S = 0.01
 
 
@@ -48,6 +52,12 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     # KV memory of running requests, in bytes; None = a share of physical RAM.
     kv_memory_bytes: int | None = None
+    # Prefix cache: on by default; blocks of `block_size` tokens, at most
+    # `cache_memory_bytes` of cached K/V (None = a share of physical RAM).
+    prefix_cache: bool = True
+    block_size: int = 16
+    cache_memory_bytes: int | None = None
+    cache_hash: str = "xxh3"
     # Log prefill progress at most this often for long prompts.
     progress_interval_s: float = 5.0
 
@@ -88,7 +98,9 @@ class Engine:
         tokenizer = loaded.tokenizer
         self._eos_ids = frozenset(tokenizer.eos_token_ids)
         self._special_ids = frozenset(tokenizer.special_token_ids)
+        self._kv_bytes_per_token = self._runner.measure_kv_bytes_per_token()
         self.kv_capacity_tokens = self._kv_capacity_tokens()
+        self.prefix = self._prefix_caching()
         # Longest prompt that leaves room for one generated token.
         self.max_prompt_tokens = min(loaded.context_length, self.kv_capacity_tokens + 1) - 1
         self._scheduler = Scheduler(
@@ -106,6 +118,8 @@ class Engine:
             self.metrics,
             self.config.progress_interval_s,
             on_finished=self._release_slot,
+            prefix=self.prefix,
+            prefill_chunk=self.config.prefill_chunk,
         )
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._queued = 0  # submitted but not yet finished; read by submit() for backpressure
@@ -116,13 +130,42 @@ class Engine:
     def _kv_capacity_tokens(self) -> int:
         from compat_serve.engine.memory import physical_memory_bytes
 
-        per_token = self._runner.measure_kv_bytes_per_token()
+        per_token = self._kv_bytes_per_token
         budget = self.config.kv_memory_bytes
         if budget is None:
             budget = int(physical_memory_bytes() * DEFAULT_KV_MEMORY_SHARE)
         if per_token <= 0:  # no attention KV at all (pure recurrent model)
             return max(budget, 1)
         return max(budget // per_token, 2)
+
+    def _prefix_caching(self) -> PrefixCaching | None:
+        from compat_serve.engine.memory import physical_memory_bytes
+
+        config = self.config
+        if not config.prefix_cache:
+            return None
+        if config.prefill_chunk % config.block_size:
+            raise ValueError("--prefill-chunk must be a multiple of --block-size")
+        budget = config.cache_memory_bytes
+        if budget is None:
+            budget = int(physical_memory_bytes() * DEFAULT_CACHE_MEMORY_SHARE)
+        per_block = max(self._kv_bytes_per_token, 1) * config.block_size
+        hybrid = not all(is_attention_cache(c) for c in self._runner.new_cache())
+        num_blocks = max(budget // per_block, 1)
+        log.info(
+            "prefix cache: %d blocks of %d tokens (%.0f MiB)%s",
+            num_blocks,
+            config.block_size,
+            num_blocks * per_block / 2**20,
+            ", state snapshots for hybrid layers" if hybrid else "",
+        )
+        return PrefixCaching(
+            block_size=config.block_size,
+            num_blocks=num_blocks,
+            hybrid=hybrid,
+            hash_kind=config.cache_hash,
+            snapshot_budget_bytes=budget // 4,
+        )
 
     # ---- called from other threads -------------------------------------------------
 

@@ -20,6 +20,7 @@ import mlx.core as mx
 from compat_serve._native import Scheduler, SchedulerError
 from compat_serve.engine.batch import DecodeBatch
 from compat_serve.engine.metrics import EngineMetrics
+from compat_serve.engine.prefix_cache import PrefixCaching
 from compat_serve.engine.runner import ModelRunner
 from compat_serve.engine.sampling import RequestSampler, sample_rows
 from compat_serve.engine.sequence import Phase, Sequence
@@ -47,6 +48,8 @@ class StepExecutor:
         metrics: EngineMetrics,
         progress_interval_s: float,
         on_finished: Callable[[], None],
+        prefix: PrefixCaching | None = None,
+        prefill_chunk: int = 512,
     ) -> None:
         self._runner = runner
         self._scheduler = scheduler
@@ -56,6 +59,8 @@ class StepExecutor:
         self._on_finished = on_finished
         self._seqs: dict[str, Sequence] = {}
         self._batch = DecodeBatch()
+        self.prefix = prefix
+        self._prefill_chunk = prefill_chunk
 
     @property
     def has_work(self) -> bool:
@@ -69,13 +74,23 @@ class StepExecutor:
 
     def admit(self, seq: Sequence) -> None:
         sampling = seq.request.sampling
+        cached = 0
         try:
+            if self.prefix is not None:
+                cached = self.prefix.admit(seq)
             self._scheduler.add_request(
-                seq.request_id, seq.prompt_len, sampling.max_tokens, sorted(seq.stop_ids)
+                seq.request_id,
+                seq.prompt_len,
+                sampling.max_tokens,
+                sorted(seq.stop_ids),
+                cached_tokens=cached,
             )
-        except SchedulerError as exc:
+        except (SchedulerError, ValueError) as exc:
             self._end(seq, FinishReason.ERROR, error=str(exc))
             return
+        self._status.update(
+            seq.request_id, cached_tokens=cached, cache_hit="prefix" if cached else "miss"
+        )
         self._seqs[seq.request_id] = seq
 
     def abort(self, request_id: str) -> None:
@@ -136,6 +151,8 @@ class StepExecutor:
             seq.phase = Phase.QUEUED
             seq.cache = None
             seq.computed = 0
+            if self.prefix is not None:
+                self.prefix.preempted(seq)
             self._metrics.on_preempt(request_id)
             self._status.update(request_id, phase=Phase.QUEUED.value, computed_tokens=0)
         if request_ids:
@@ -185,24 +202,18 @@ class StepExecutor:
         prefilled: list[tuple[str, int]],
         sampled: list[tuple[str, int]],
     ) -> None:
-        if seq.cache is None:
-            if start != 0:
-                raise SchedulerError(f"{seq.request_id}: prefill from {start} without a cache")
-            self._start_prefill(seq)
-        assert seq.cache is not None
-        if start != seq.computed:
-            raise SchedulerError(f"{seq.request_id}: prefill from {start}, at {seq.computed}")
-        tokens = seq.known_tokens(start, start + length)
-        token: int | None = None
         try:
-            if not is_last:
-                self._runner.prefill(seq.cache, tokens)
-            else:
-                logits = self._runner.last_logits(seq.cache, tokens)
-                if seq.request.sampling.max_tokens == 0:
-                    mx.eval(logits)
-                else:
-                    token = _token_value(_sampler(seq)(logits))
+            if seq.cache is None:
+                if start != seq.cached_tokens:
+                    raise SchedulerError(f"{seq.request_id}: prefill from {start} without a cache")
+                self._start_prefill(seq)
+            assert seq.cache is not None
+            if start != seq.computed:
+                raise SchedulerError(f"{seq.request_id}: prefill from {start}, at {seq.computed}")
+            tokens = seq.known_tokens(start, start + length)
+            token = self._compute_chunk(seq, start, tokens, is_last)
+        except SchedulerError:
+            raise
         except Exception as exc:  # one bad request must never take the engine down
             log.exception("request %s failed in prefill", seq.request_id)
             self._fail(seq, exc)
@@ -222,6 +233,42 @@ class StepExecutor:
             sampled.append((seq.request_id, token))
             self._accept_token(seq, token)
 
+    def _compute_chunk(
+        self, seq: Sequence, start: int, tokens: list[int], is_last: bool
+    ) -> int | None:
+        """Run one planned chunk; after a last chunk, sample the next token."""
+        assert seq.cache is not None
+        prefix = self.prefix
+        if is_last and prefix is not None and prefix.hybrid:
+            # End the prompt's last full block on its own forward pass, so the state at
+            # that boundary can be snapshotted for the next turn.
+            boundary = (start + len(tokens)) // prefix.block_size * prefix.block_size
+            if start < boundary < start + len(tokens):
+                head, tokens = tokens[: boundary - start], tokens[boundary - start :]
+                self._runner.prefill(seq.cache, head)
+                self._cache_computed(seq, start, head)
+                start = boundary
+        if not is_last:
+            self._runner.prefill(seq.cache, tokens)
+            self._cache_computed(seq, start, tokens)
+            return None
+        logits = self._runner.last_logits(seq.cache, tokens)
+        token: int | None = None
+        if seq.request.sampling.max_tokens == 0:
+            mx.eval(logits)
+        else:
+            token = _token_value(_sampler(seq)(logits))
+        self._cache_computed(seq, start, tokens)
+        return token
+
+    def _cache_computed(self, seq: Sequence, start: int, tokens: list[int]) -> None:
+        if self.prefix is None or seq.cache is None:
+            return
+        try:
+            self.prefix.computed(seq, seq.cache, start, tokens)
+        except Exception as exc:  # caching is an optimisation: the request goes on
+            self.prefix.fault(seq, exc)
+
     def _start_prefill(self, seq: Sequence) -> None:
         seq.cache = self._runner.new_cache()
         seq.phase = Phase.PREFILL
@@ -230,6 +277,17 @@ class StepExecutor:
         seq.timings.extra.setdefault("prefill_started", time.monotonic())
         self._status.update(seq.request_id, phase=Phase.PREFILL.value)
         self._metrics.on_start(seq.request_id)
+        seq.computed = seq.cached_tokens
+        if not seq.cached_tokens or self.prefix is None:
+            return
+        try:
+            self.prefix.restore(seq, seq.cache)
+        except Exception as exc:  # a cache fault never wedges the engine: recompute
+            self.prefix.fault(seq, exc)
+            seq.cache = self._runner.new_cache()
+            prompt = list(seq.request.prompt_ids[: seq.cached_tokens])
+            for i in range(0, len(prompt), self._prefill_chunk):
+                self._runner.prefill(seq.cache, prompt[i : i + self._prefill_chunk])
 
     def _accept_token(self, seq: Sequence, token: int) -> None:
         now = time.monotonic()
@@ -268,12 +326,21 @@ class StepExecutor:
         tail = ""
         if reason is not FinishReason.STOP_STRING:
             tail = seq.stops.feed(seq.detokenizer.flush()).emit + seq.stops.flush()
+        if self.prefix is not None and seq.request_id in self._seqs:
+            in_batch = seq.request_id in self._batch and reason is not FinishReason.ERROR
+            row = self._batch.ids.index(seq.request_id) if in_batch else 0
+            self.prefix.finished(seq, self._batch.cache if in_batch else None, row)
         seq.phase = Phase.FINISHED
         seq.timings.finished = time.monotonic()
         seq.cache = None
         self._seqs.pop(seq.request_id, None)
         self._on_finished()
-        usage = Usage(prompt_tokens=seq.prompt_len, completion_tokens=len(seq.generated))
+        usage = Usage(
+            prompt_tokens=seq.prompt_len,
+            completion_tokens=len(seq.generated),
+            cached_tokens=seq.cached_tokens,
+            cache_creation_tokens=seq.cache_written,
+        )
         # Clear the status row before the final event: a client that sees its request
         # finished must not still find it in /v1/status.
         self._status.remove(seq.request_id)

@@ -35,6 +35,12 @@ class Sequence:
     # The request's own cache while it prefills; None once it joined the decode batch.
     cache: list[Any] | None = None
     sampler: RequestSampler | None = None
+    # Prefix cache: blocks held at admission, the prompt tokens they serve, tokens
+    # recorded in the cache's table so far, prompt tokens this request newly stored.
+    cached_blocks: list[int] = field(default_factory=list)
+    cached_tokens: int = 0
+    cache_appended: int = 0
+    cache_written: int = 0
 
     @property
     def request_id(self) -> str:

@@ -16,6 +16,8 @@ class RequestStatus:
     computed_tokens: int = 0
     generated_tokens: int = 0
     cached_tokens: int = 0
+    # "miss" or "prefix" once admitted (null while waiting for the engine thread).
+    cache_hit: str | None = None
     submitted_at: float = 0.0
     ttft_s: float | None = None
     decode_tokens_per_s: float | None = None

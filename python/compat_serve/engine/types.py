@@ -54,13 +54,19 @@ class EngineRequest:
     # Special token ids whose text is emitted instead of dropped: the markup an output
     # parser needs (tool-call / thinking delimiters that are control tokens).
     visible_special_ids: frozenset[int] = frozenset()
+    # Mixed into prefix-cache block hashes: requests with different salts never share
+    # cached blocks (--cache-salt-per-key sets it per API key).
+    cache_salt: bytes | None = None
 
 
 @dataclass(frozen=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    # Prompt tokens served from the prefix cache.
     cached_tokens: int = 0
+    # Prompt tokens this request newly stored in the prefix cache.
+    cache_creation_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,13 @@ impl<K: KvBudget> Scheduler<K> {
                 new.external_id
             )));
         }
+        if new.cached_tokens >= new.prompt_len {
+            return Err(CoreError::InvalidInput(format!(
+                "request {:?}: {} cached tokens of a {}-token prompt (at least one token \
+                 must be computed)",
+                new.external_id, new.cached_tokens, new.prompt_len
+            )));
+        }
         // At least one token must fit after the prompt.
         if new.prompt_len >= self.token_limit {
             return Err(CoreError::InvalidInput(format!(
@@ -113,6 +120,7 @@ impl<K: KvBudget> Scheduler<K> {
             new.prompt_len,
             new.max_tokens,
             new.stop_token_ids.into_boxed_slice(),
+            new.cached_tokens,
         );
         let id = self.requests.insert(request);
         self.waiting.push_back(id);
@@ -253,18 +261,22 @@ impl<K: KvBudget> Scheduler<K> {
             if self.kv.headroom(0) < total {
                 break;
             }
-            let len = total.min(self.config.prefill_chunk).min(*budget);
             self.waiting.pop_front();
-            self.req_mut(id)
-                .transition(RequestStatus::Running)
+            let r = self.req_mut(id);
+            r.transition(RequestStatus::Running)
                 .expect("waiting and preempted requests can run");
+            // Cached tokens are already computed: they hold KV but cost no budget.
+            let start = r.num_cached;
+            r.num_computed = start;
+            self.kv.grow(0, start);
+            let len = (total - start).min(self.config.prefill_chunk).min(*budget);
             self.running.push(id);
             self.reserve(id, len);
             plan.prefill.push(PrefillWork {
                 id,
-                start: 0,
+                start,
                 len,
-                is_last_chunk: len == total,
+                is_last_chunk: start + len == total,
             });
             *budget -= len;
         }
@@ -316,6 +328,7 @@ impl<K: KvBudget> Scheduler<K> {
             .expect("running requests can be preempted");
         self.kv.shrink(r.num_computed, r.num_computed);
         r.num_computed = 0;
+        r.num_cached = 0; // its assembled cache is dropped with the rest
         self.waiting.push_front(id);
         plan.preempted.push(id);
     }

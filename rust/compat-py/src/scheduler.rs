@@ -95,19 +95,21 @@ impl Scheduler {
     }
 
     /// Queues a request (FIFO). `id` must not belong to a live request.
-    #[pyo3(signature = (id, prompt_len, max_tokens, stop_token_ids = Vec::new()))]
+    #[pyo3(signature = (id, prompt_len, max_tokens, stop_token_ids = Vec::new(), cached_tokens = 0))]
     fn add_request(
         &mut self,
         id: String,
         prompt_len: u32,
         max_tokens: u32,
         stop_token_ids: Vec<u32>,
+        cached_tokens: u32,
     ) -> PyResult<()> {
         let new = NewRequest {
             external_id: id,
             prompt_len,
             max_tokens,
             stop_token_ids,
+            cached_tokens,
         };
         self.inner.add_request(new).map_err(PyCoreError)?;
         Ok(())

@@ -89,7 +89,7 @@ mod tests {
     use super::*;
 
     fn request(name: &str) -> Request {
-        Request::new(name.into(), 1, 1, Box::new([]))
+        Request::new(name.into(), 1, 1, Box::new([]), 0)
     }
 
     #[test]

@@ -58,6 +58,10 @@ pub struct NewRequest {
     pub prompt_len: u32,
     pub max_tokens: u32,
     pub stop_token_ids: Vec<u32>,
+    /// Leading prompt tokens whose KV the engine already has (a prefix-cache hit):
+    /// prefill starts after them. Must be below `prompt_len`. A preempted request
+    /// recomputes from 0 (its assembled cache is gone).
+    pub cached_tokens: u32,
 }
 
 /// Prompt (or recompute) tokens `[start, start + len)` of one request.

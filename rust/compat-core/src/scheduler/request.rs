@@ -145,6 +145,8 @@ pub struct Request {
     pub(super) prompt_len: u32,
     pub(super) max_tokens: u32,
     pub(super) stop_token_ids: Box<[u32]>,
+    /// Prompt tokens served from the prefix cache at (first) admission.
+    pub(super) num_cached: u32,
     status: RequestStatus,
     /// Tokens sampled so far.
     pub(super) num_output: u32,
@@ -169,12 +171,14 @@ impl Request {
         prompt_len: u32,
         max_tokens: u32,
         stop_token_ids: Box<[u32]>,
+        num_cached: u32,
     ) -> Self {
         Self {
             external_id,
             prompt_len,
             max_tokens,
             stop_token_ids,
+            num_cached,
             status: RequestStatus::Waiting,
             num_output: 0,
             num_computed: 0,
@@ -218,6 +222,11 @@ impl Request {
     }
 
     /// Tokens whose KV is committed.
+    /// Prompt tokens served from the prefix cache at admission (0 after a preemption).
+    pub fn num_cached(&self) -> u32 {
+        self.num_cached
+    }
+
     pub fn num_computed(&self) -> u32 {
         self.num_computed
     }
@@ -256,7 +265,7 @@ mod tests {
     ];
 
     fn request_in(status: RequestStatus) -> Request {
-        let mut r = Request::new("r".into(), 4, 4, Box::new([]));
+        let mut r = Request::new("r".into(), 4, 4, Box::new([]), 0);
         r.status = status;
         r
     }

@@ -25,6 +25,7 @@ fn add(s: &mut Scheduler, name: &str, prompt_len: u32, max_tokens: u32) -> Reque
         prompt_len,
         max_tokens,
         stop_token_ids: vec![EOS],
+        cached_tokens: 0,
     })
     .unwrap()
 }
@@ -69,6 +70,7 @@ fn add_request_rejects_duplicates_empty_and_oversized_prompts() {
             prompt_len: 1,
             max_tokens: 1,
             stop_token_ids: vec![],
+            cached_tokens: 0,
         })
         .unwrap_err();
     assert!(
@@ -82,6 +84,7 @@ fn add_request_rejects_duplicates_empty_and_oversized_prompts() {
                 prompt_len,
                 max_tokens: 1,
                 stop_token_ids: vec![],
+                cached_tokens: 0,
             })
             .unwrap_err();
         assert!(matches!(err, CoreError::InvalidInput(_)), "{err}");
@@ -476,4 +479,121 @@ fn snapshot_lists_running_then_waiting() {
             ("b".into(), RequestStatus::Waiting, 0, 0)
         ]
     );
+}
+
+fn limits(batched: u32, chunk: u32, kv: u64) -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_batched_tokens: batched,
+        prefill_chunk: chunk,
+        kv_capacity_tokens: kv,
+        context_length: 512,
+        ..config()
+    }
+}
+
+#[test]
+fn a_prefix_cache_hit_prefills_only_the_rest_and_holds_kv_for_all() {
+    let mut s = scheduler(limits(64, 16, 1000));
+    let id = s
+        .add_request(NewRequest {
+            external_id: "hit".into(),
+            prompt_len: 40,
+            max_tokens: 3,
+            stop_token_ids: vec![EOS],
+            cached_tokens: 32,
+        })
+        .unwrap();
+    let plan = s.schedule().unwrap();
+    assert_eq!(
+        plan.prefill,
+        vec![PrefillWork {
+            id,
+            start: 32,
+            len: 8,
+            is_last_chunk: true
+        }]
+    );
+    assert_eq!(plan.num_tokens(), 8);
+    assert_eq!(s.kv_used(), 40);
+    s.update(&StepResult {
+        prefilled: vec![(id, 8)],
+        sampled: vec![(id, 7)],
+    })
+    .unwrap();
+    assert_eq!(s.request(id).unwrap().num_computed(), 40);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_cache_hit_must_leave_a_token_to_compute() {
+    let mut s = scheduler(limits(64, 16, 1000));
+    let err = s
+        .add_request(NewRequest {
+            external_id: "all".into(),
+            prompt_len: 40,
+            max_tokens: 3,
+            stop_token_ids: vec![],
+            cached_tokens: 40,
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("at least one token"), "{err}");
+}
+
+#[test]
+fn a_preempted_cache_hit_recomputes_from_zero() {
+    // KV for 50 tokens: the hit (40 + decode) and a second request cannot both grow.
+    let mut s = scheduler(limits(64, 64, 50));
+    let a = s
+        .add_request(NewRequest {
+            external_id: "a".into(),
+            prompt_len: 20,
+            max_tokens: 100,
+            stop_token_ids: vec![],
+            cached_tokens: 0,
+        })
+        .unwrap();
+    let b = s
+        .add_request(NewRequest {
+            external_id: "b".into(),
+            prompt_len: 25,
+            max_tokens: 100,
+            stop_token_ids: vec![],
+            cached_tokens: 16,
+        })
+        .unwrap();
+    let plan = s.schedule().unwrap();
+    assert_eq!(plan.prefill.len(), 2);
+    assert_eq!((plan.prefill[1].id, plan.prefill[1].start), (b, 16));
+    s.update(&StepResult {
+        prefilled: vec![(a, 20), (b, 9)],
+        sampled: vec![(a, 1), (b, 1)],
+    })
+    .unwrap();
+    let mut preempted = None;
+    for _ in 0..10 {
+        let plan = s.schedule().unwrap();
+        if !plan.preempted.is_empty() {
+            preempted = Some(plan.preempted.clone());
+            let sampled: Vec<_> = plan.decode.iter().map(|&id| (id, 1)).collect();
+            s.update(&StepResult {
+                prefilled: vec![],
+                sampled,
+            })
+            .unwrap();
+            break;
+        }
+        let sampled: Vec<_> = plan.decode.iter().map(|&id| (id, 1)).collect();
+        s.update(&StepResult {
+            prefilled: vec![],
+            sampled,
+        })
+        .unwrap();
+    }
+    assert_eq!(preempted, Some(vec![b]));
+    s.check_invariants().unwrap();
+    // Re-admitted later, it starts from 0, not from its old hit.
+    s.abort(a);
+    let plan = s.schedule().unwrap();
+    assert_eq!(plan.prefill[0].id, b);
+    assert_eq!(plan.prefill[0].start, 0);
 }

@@ -1,0 +1,164 @@
+"""Prefix caching for the engine: the Rust `PrefixCache` bookkeeping plus the MLX
+`PrefixStore`, driven at each point of a request's life (engine thread only).
+
+- **admit**: the longest cached prefix (whole blocks, at least one token left to
+  compute; on hybrid models only up to a block with a state snapshot) is held for the
+  request, and the scheduler starts its prefill after it.
+- **first prefill**: the held blocks are assembled into the request's fresh cache.
+- **each computed chunk**: the blocks it filled are registered and their K/V copied, so
+  a request aborted mid-prefill leaves its finished blocks cached; on hybrid models the
+  state is snapshotted where a chunk ends on a block boundary.
+- **finish**: blocks filled by generated tokens are stored too (a reply the client
+  echoes back next turn is already cached), then the request's references are released.
+
+Any fault in assembly falls back to recomputing the prefix: it is logged and counted,
+never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING
+
+from compat_serve._native import PrefixCache
+from compat_serve.engine.prefix_store import (
+    LayerCaches,
+    PrefixStore,
+    batch_row_kv,
+    request_kv,
+)
+
+if TYPE_CHECKING:
+    from compat_serve.engine.sequence import Sequence
+
+log = logging.getLogger("compat_serve.engine")
+
+
+class PrefixCaching:
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        num_blocks: int,
+        hybrid: bool,
+        hash_kind: str = "xxh3",
+        snapshot_budget_bytes: int,
+    ) -> None:
+        self.block_size = block_size
+        self.hybrid = hybrid
+        self.cache = PrefixCache(block_size, num_blocks, hash_kind)
+        self.store = PrefixStore(block_size, snapshot_budget_bytes)
+        self.faults = 0
+
+    # ---- admission ------------------------------------------------------------------
+
+    def admit(self, seq: Sequence) -> int:
+        """Open the request's table; returns how many prompt tokens are cached."""
+        prompt = list(seq.request.prompt_ids)
+        salt = seq.request.cache_salt
+        limit = len(prompt)
+        if self.hybrid:
+            limit = self._last_snapshot_end(prompt, salt) + 1
+        admission = self.cache.admit(seq.request_id, prompt[:limit], salt)
+        blocks = list(admission.block_ids)
+        usable = next((i for i, b in enumerate(blocks) if not self.store.has_block(b)), None)
+        if usable is not None:  # tensors missing: serve only what is really there
+            self.faults += 1
+            log.warning("%s: prefix cache block without tensors; recomputing", seq.request_id)
+            self.cache.release(seq.request_id)
+            admission = self.cache.admit(
+                seq.request_id, prompt[: usable * self.block_size + 1], salt
+            )
+            blocks = list(admission.block_ids)
+        seq.cached_blocks = blocks
+        seq.cached_tokens = admission.cached_tokens
+        seq.cache_appended = admission.cached_tokens
+        seq.cache_written = 0
+        return admission.cached_tokens
+
+    def _last_snapshot_end(self, prompt: list[int], salt: bytes | None) -> int:
+        hashes = self.cache.block_hashes(prompt, salt)
+        for i in range(len(hashes) - 1, -1, -1):
+            if self.store.has_snapshot(hashes[i]):
+                return (i + 1) * self.block_size
+        return 0
+
+    def restore(self, seq: Sequence, cache: LayerCaches) -> None:
+        """Assemble the held prefix into the request's fresh cache (may raise)."""
+        self.store.assemble(seq.cached_blocks, cache)
+        if self.hybrid and seq.cached_blocks:
+            prompt = list(seq.request.prompt_ids[: seq.cached_tokens])
+            last = self.cache.block_hashes(prompt, seq.request.cache_salt)[-1]
+            self.store.restore_snapshot(last, cache)
+
+    def fault(self, seq: Sequence, exc: BaseException) -> None:
+        """Assembly failed: the request recomputes its prefix; nothing is served."""
+        self.faults += 1
+        log.warning(
+            "%s: prefix cache fault (%s: %s); recomputing %d tokens",
+            seq.request_id,
+            type(exc).__name__,
+            exc,
+            seq.cached_tokens,
+        )
+
+    # ---- as tokens get computed ------------------------------------------------------
+
+    def computed(self, seq: Sequence, cache: LayerCaches, start: int, tokens: Seq[int]) -> None:
+        """Tokens `[start, start + len(tokens))` now have K/V in `cache` (a batch-1 cache
+        whose position 0 is token 0)."""
+        if start != seq.cache_appended:
+            raise RuntimeError(f"{seq.request_id}: caching from {start}, at {seq.cache_appended}")
+        filled = self.cache.append(seq.request_id, list(tokens))
+        seq.cache_appended += len(tokens)
+        self.store.drop_blocks(self.cache.take_evicted())
+        kv = request_kv(cache)
+        for block in filled:
+            if not block.is_new:
+                continue
+            self.store.store_block(block.block_id, kv, block.start_token)
+            if block.start_token + self.block_size <= seq.prompt_len:
+                seq.cache_written += self.block_size
+        end = start + len(tokens)
+        if self.hybrid and end % self.block_size == 0 and end > 0 and filled:
+            known = seq.known_tokens(0, end)
+            last = self.cache.block_hashes(known, seq.request.cache_salt)[-1]
+            if not self.store.has_snapshot(last):
+                self.store.store_snapshot(last, cache)
+
+    def finished(self, seq: Sequence, batch_cache: LayerCaches | None, row: int = 0) -> None:
+        """The request ends: store the blocks its generated tokens filled (from row `row`
+        of the decode batch's cache, if it was decoding), then release its references."""
+        try:
+            if batch_cache is not None and not self.hybrid:
+                self._store_generated(seq, batch_cache, row)
+        except Exception as exc:  # caching is an optimisation; never fail a request
+            self.fault(seq, exc)
+        self.release(seq)
+
+    def _store_generated(self, seq: Sequence, batch_cache: LayerCaches, row: int) -> None:
+        # K/V exists for every token but the last sampled one (never fed).
+        with_kv = seq.prompt_len + len(seq.generated) - 1
+        if with_kv <= seq.cache_appended:
+            return
+        fed = seq.known_tokens(seq.cache_appended, with_kv)
+        filled = self.cache.append(seq.request_id, fed)
+        seq.cache_appended = with_kv
+        self.store.drop_blocks(self.cache.take_evicted())
+        kv = batch_row_kv(batch_cache, row)
+        for block in filled:
+            if block.is_new:
+                self.store.store_block(block.block_id, kv, block.start_token, row)
+
+    def preempted(self, seq: Sequence) -> None:
+        """Its cache is gone and it recomputes from 0: start a fresh table."""
+        self.cache.release(seq.request_id)
+        self.cache.admit(seq.request_id, list(seq.request.prompt_ids[:1]), seq.request.cache_salt)
+        seq.cached_blocks = []
+        seq.cached_tokens = 0
+        seq.cache_appended = 0
+
+    def release(self, seq: Sequence) -> None:
+        self.cache.release(seq.request_id)
+        self.store.drop_blocks(self.cache.take_evicted())

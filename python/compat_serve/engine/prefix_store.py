@@ -1,0 +1,198 @@
+"""The MLX side of the prefix cache: K/V tensors per cached block, state snapshots.
+
+The Rust `PrefixCache` decides which blocks exist (chained hashes, refcounts, LRU
+eviction); this store holds their tensors under the same block ids:
+
+- **Attention layers** (`KVCache`): per block, a contiguous copy of its K and V slice,
+  `[1, kv_heads, block_size, head_dim]`. A hit concatenates them back into a fresh cache.
+- **State layers** (anything else: convolution / SSM / gated delta-net state, rotating
+  windows) cannot be rebuilt from per-token pieces: their whole state is snapshotted at
+  block boundaries the prefill reaches (chunk ends, and the last full block of each
+  prompt), keyed by the block's chained hash. A hit on such a model is valid only up to
+  a block with a snapshot.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+LayerCaches = list[Any]
+BlockKV = list[tuple[mx.array, mx.array] | None]  # per layer; None for state layers
+# Per layer: (keys, values) shaped [batch, kv_heads, positions, head_dim], or None.
+AttentionKV = list[tuple[mx.array, mx.array] | None]
+
+
+def is_attention_cache(layer: Any) -> bool:
+    return type(layer) is KVCache
+
+
+def request_kv(cache: LayerCaches) -> AttentionKV:
+    """A request's own cache: position 0 is token 0."""
+    return [(c.keys, c.values) if is_attention_cache(c) else None for c in cache]
+
+
+def batch_row_kv(cache: LayerCaches, row: int) -> AttentionKV:
+    """The decode batch's cache, shifted so that row `row`'s token 0 is position 0."""
+    out: AttentionKV = []
+    for layer in cache:
+        if type(layer) is not BatchKVCache:
+            out.append(None)
+            continue
+        batched: Any = layer
+        padding: Any = batched.left_padding
+        pad = padding[row].item()
+        assert isinstance(pad, int)
+        out.append((batched.keys[..., pad:, :], batched.values[..., pad:, :]))
+    return out
+
+
+class CacheFault(RuntimeError):
+    """Cached tensors could not be assembled into a request's cache."""
+
+
+class PrefixStore:
+    """Tensors of cached blocks and state snapshots, with byte accounting."""
+
+    def __init__(self, block_size: int, snapshot_budget_bytes: int) -> None:
+        self.block_size = block_size
+        self._blocks: dict[int, BlockKV] = {}
+        self._block_bytes: dict[int, int] = {}
+        self._snapshots: collections.OrderedDict[bytes, list[Any]] = collections.OrderedDict()
+        self._snapshot_bytes: dict[bytes, int] = {}
+        self._snapshot_budget = snapshot_budget_bytes
+        self.bytes_in_use = 0
+
+    # ---- blocks ---------------------------------------------------------------------
+
+    def has_block(self, block_id: int) -> bool:
+        return block_id in self._blocks
+
+    def drop_blocks(self, block_ids: Sequence[int]) -> None:
+        for block_id in block_ids:
+            if self._blocks.pop(block_id, None) is not None:
+                self.bytes_in_use -= self._block_bytes.pop(block_id)
+
+    def store_block(self, block_id: int, kv: AttentionKV, start: int, row: int = 0) -> None:
+        """Copy positions `[start, start + block_size)` of batch row `row` of `kv`."""
+        end = start + self.block_size
+        pieces: BlockKV = []
+        arrays = []
+        for layer in kv:
+            if layer is None:
+                pieces.append(None)
+                continue
+            keys = mx.contiguous(layer[0][row : row + 1, :, start:end, :])
+            values = mx.contiguous(layer[1][row : row + 1, :, start:end, :])
+            if keys.shape[2] != self.block_size:
+                raise CacheFault(f"block {block_id}: {keys.shape[2]} positions to store")
+            pieces.append((keys, values))
+            arrays += [keys, values]
+        mx.eval(arrays)
+        self.drop_blocks([block_id])
+        self._blocks[block_id] = pieces
+        size = sum(a.nbytes for a in arrays)
+        self._block_bytes[block_id] = size
+        self.bytes_in_use += size
+
+    def assemble(self, block_ids: Sequence[int], cache: LayerCaches) -> None:
+        """Fill a fresh cache with the K/V of `block_ids` (in order)."""
+        missing = [b for b in block_ids if b not in self._blocks]
+        if missing:
+            raise CacheFault(f"blocks {missing[:4]} have no tensors")
+        tokens = len(block_ids) * self.block_size
+        for i, layer in enumerate(cache):
+            if not is_attention_cache(layer):
+                continue
+            parts = [self._blocks[b][i] for b in block_ids]
+            if any(p is None for p in parts):
+                raise CacheFault(f"layer {i} is not attention in every block")
+            layer.keys = mx.concatenate([p[0] for p in parts if p is not None], axis=2)
+            layer.values = mx.concatenate([p[1] for p in parts if p is not None], axis=2)
+            if layer.keys.shape[2] != tokens:
+                raise CacheFault(f"layer {i} assembled {layer.keys.shape[2]} of {tokens}")
+            layer.offset = tokens
+
+    # ---- snapshots of state layers ----------------------------------------------------
+
+    def has_snapshot(self, block_hash: bytes) -> bool:
+        return block_hash in self._snapshots
+
+    def store_snapshot(self, block_hash: bytes, cache: LayerCaches) -> None:
+        states: list[Any] = []
+        arrays: list[mx.array] = []
+        for layer in cache:
+            if is_attention_cache(layer):
+                states.append(None)
+                continue
+            state = _copy_tree(layer.state)
+            meta = getattr(layer, "meta_state", None)
+            states.append((type(layer), state, meta))
+            arrays += _arrays(state)
+        mx.eval(arrays)
+        self.drop_snapshot(block_hash)
+        self._snapshots[block_hash] = states
+        size = sum(a.nbytes for a in arrays)
+        self._snapshot_bytes[block_hash] = size
+        self.bytes_in_use += size
+        while sum(self._snapshot_bytes.values()) > self._snapshot_budget and self._snapshots:
+            oldest = next(iter(self._snapshots))
+            self.drop_snapshot(oldest)
+
+    def drop_snapshot(self, block_hash: bytes) -> None:
+        if self._snapshots.pop(block_hash, None) is not None:
+            self.bytes_in_use -= self._snapshot_bytes.pop(block_hash)
+
+    def restore_snapshot(self, block_hash: bytes, cache: LayerCaches) -> None:
+        states = self._snapshots.get(block_hash)
+        if states is None:
+            raise CacheFault("the state snapshot was evicted")
+        self._snapshots.move_to_end(block_hash)
+        for i, (layer, saved) in enumerate(zip(cache, states, strict=True)):
+            if saved is None:
+                continue
+            kind, state, meta = saved
+            if type(layer) is not kind:
+                raise CacheFault(f"layer {i}: snapshot of {kind.__name__}")
+            layer.state = _copy_tree(state)
+            if meta is not None:
+                layer.meta_state = meta
+
+    def clear(self) -> None:
+        self._blocks.clear()
+        self._block_bytes.clear()
+        self._snapshots.clear()
+        self._snapshot_bytes.clear()
+        self.bytes_in_use = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self._blocks)
+
+    @property
+    def num_snapshots(self) -> int:
+        return len(self._snapshots)
+
+
+def _copy_tree(value: Any) -> Any:
+    """Fresh lists, tuples and array handles (MLX slice assignment rebinds a handle in
+    place, so a snapshot must never share one with a live cache)."""
+    if isinstance(value, mx.array):
+        return mx.array(value)
+    if isinstance(value, list):
+        return [_copy_tree(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_copy_tree(v) for v in value)
+    return value
+
+
+def _arrays(value: Any) -> list[mx.array]:
+    if isinstance(value, mx.array):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [a for v in value for a in _arrays(v)]
+    return []
