@@ -285,6 +285,53 @@ def test_anthropic_stream_rebuilt_by_the_sdk(claude: anthropic.Anthropic) -> Non
         ("start", "tool_use"),
     ]
     assert kinds.count(("delta", "input_json_delta")) > 6
+    assert message.usage.output_tokens > 0
+    assert (
+        message.usage.output_tokens
+        == claude.messages.create(
+            model="claude-x",
+            max_tokens=512,
+            messages=ASK,  # type: ignore[arg-type]
+            tools=anthropic_tools(WEATHER_TOOLS),  # type: ignore[arg-type]
+            extra_body=GREEDY,
+        ).usage.output_tokens
+    )
+
+
+def test_stop_sequence_across_tokens_is_never_partly_sent(server: RunningServer) -> None:
+    """`me ch` spans token boundaries of "Let me check."; no piece of it may be sent."""
+    openai_body = {"model": "m", "messages": ASK, "tools": WEATHER_TOOLS, "stop": ["me ch"]}
+    anthropic_body = {
+        "model": "m",
+        "max_tokens": 256,
+        "messages": ASK,
+        "tools": anthropic_tools(WEATHER_TOOLS),
+        "stop_sequences": ["me ch"],
+    }
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        for path, body in (
+            ("/v1/chat/completions", openai_body),
+            ("/v1/messages", anthropic_body),
+        ):
+            whole = http.post(path, json={**body, **GREEDY}).json()
+            with http.stream("POST", path, json={**body, **GREEDY, "stream": True}) as response:
+                events = [
+                    json.loads(line[6:])
+                    for line in response.iter_lines()
+                    if line.startswith("data: {")
+                ]
+            texts = [
+                e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices")
+            ] + [
+                e["delta"].get("text", "") for e in events if e.get("type") == "content_block_delta"
+            ]
+            assert "".join(texts) == "Let "
+            if path == "/v1/messages":
+                assert whole["content"] == [{"type": "text", "text": "Let "}]
+                assert (whole["stop_reason"], whole["stop_sequence"]) == ("stop_sequence", "me ch")
+            else:
+                assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Let "}
+                assert whole["choices"][0]["finish_reason"] == "stop"
 
 
 def test_anthropic_tool_block_closes_before_generation_ends(server: RunningServer) -> None:
