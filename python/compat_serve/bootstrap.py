@@ -34,6 +34,11 @@ class ServeOptions:
     max_num_seqs: int = 16
     max_num_batched_tokens: int | None = None
     kv_memory: str = "30%"
+    prefix_cache: bool = True
+    block_size: int = 16
+    cache_memory: str = "20%"
+    cache_hash: str = "xxh3"
+    cache_salt_per_key: bool = False
     max_queue: int = 256
     strict_model_names: bool = False
     max_output_tokens: int | None = None
@@ -52,7 +57,20 @@ def _engine_config(options: ServeOptions) -> EngineConfig:
         max_num_seqs=options.max_num_seqs,
         max_num_batched_tokens=options.max_num_batched_tokens,
         kv_memory_bytes=parse_memory_size(options.kv_memory),
+        prefix_cache=options.prefix_cache,
+        block_size=options.block_size,
+        cache_memory_bytes=parse_memory_size(options.cache_memory),
+        cache_hash=options.cache_hash,
     )
+    if config.block_size < 1:
+        raise ValueError("--block-size must be at least 1")
+    if config.prefix_cache and config.prefill_chunk % config.block_size:
+        raise ValueError(
+            f"--prefill-chunk ({config.prefill_chunk}) must be a multiple of --block-size "
+            f"({config.block_size})"
+        )
+    if config.cache_hash not in ("xxh3", "sha256"):
+        raise ValueError("--cache-hash must be xxh3 or sha256")
     if config.batched_tokens < config.max_num_seqs:
         raise ValueError("--max-num-batched-tokens must be at least --max-num-seqs")
     return config
@@ -120,6 +138,7 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         max_output_tokens=options.max_output_tokens,
         default_temperature=options.default_temperature,
         output_parsing=output_parsing,
+        cache_salt_per_key=options.cache_salt_per_key,
     )
 
 

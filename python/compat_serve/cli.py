@@ -83,6 +83,37 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "later",
     )
     p.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_false",
+        help="disable the prefix cache (every request computes its whole prompt)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=16,
+        help="prefix cache block, in tokens (default 16): a new turn recomputes at most "
+        "one block of what it shares with the last",
+    )
+    p.add_argument(
+        "--cache-memory",
+        default="20%",
+        help="memory for cached prompt K/V: bytes (2GiB, 512MB) or a share of RAM "
+        "(default 20%%); least recently used blocks are evicted",
+    )
+    p.add_argument(
+        "--cache-hash",
+        default="xxh3",
+        choices=("xxh3", "sha256"),
+        help="block hash (default xxh3-128 with a fixed seed; sha256 for adversarial "
+        "multi-tenant settings)",
+    )
+    p.add_argument(
+        "--cache-salt-per-key",
+        action="store_true",
+        help="requests under different API keys never share cached blocks",
+    )
+    p.add_argument(
         "--max-queue",
         type=int,
         default=256,
@@ -202,6 +233,11 @@ def _serve(ns: argparse.Namespace) -> int:
                 max_num_seqs=ns.max_num_seqs,
                 max_num_batched_tokens=ns.max_num_batched_tokens,
                 kv_memory=ns.kv_memory,
+                prefix_cache=ns.prefix_cache,
+                block_size=ns.block_size,
+                cache_memory=ns.cache_memory,
+                cache_hash=ns.cache_hash,
+                cache_salt_per_key=ns.cache_salt_per_key,
                 max_queue=ns.max_queue,
                 strict_model_names=ns.strict_model_names,
                 max_output_tokens=ns.max_output_tokens,

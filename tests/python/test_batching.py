@@ -201,6 +201,10 @@ def test_preemption_under_kv_pressure_recomputes_and_keeps_outputs(
         for request, a, b in zip(requests, alone, together, strict=True):
             assert len(b) == 60
             assert_same_or_near_tie(embedded_model, request.prompt_ids, a, b)
+        # The gauge is set at the end of the step that delivered the last event.
+        deadline = time.monotonic() + 10
+        while engine.metrics.kv_tokens_reserved.value() and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert engine.metrics.kv_tokens_reserved.value() == 0
     finally:
         engine.shutdown()

@@ -202,6 +202,8 @@ class Engine:
                 raise EngineOverloaded(self._queued, self.config.max_queue)
             self._queued += 1
         stream = RequestStream(request.request_id, loop or asyncio.get_running_loop(), self.abort)
+        if self.prefix is not None:
+            stream.cache_preview = self.prefix.preview(request.prompt_ids, request.cache_salt)
         seq = Sequence(
             request=request,
             stream=stream,

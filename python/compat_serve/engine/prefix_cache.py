@@ -77,9 +77,21 @@ class PrefixCaching:
         seq.cache_written = 0
         return admission.cached_tokens
 
+    def preview(self, prompt: Seq[int], salt: bytes | None) -> tuple[int, int]:
+        """(read, creation) tokens a request would get now; safe from any thread."""
+        tokens = list(prompt)
+        if self.hybrid:
+            read = self._last_snapshot_end(tokens, salt)
+        else:
+            read = self.cache.lookup(tokens, salt)
+        full = len(tokens) // self.block_size * self.block_size
+        return read, max(0, full - read)
+
     def _last_snapshot_end(self, prompt: list[int], salt: bytes | None) -> int:
+        """End of the last block with a state snapshot, leaving a token to compute."""
         hashes = self.cache.block_hashes(prompt, salt)
-        for i in range(len(hashes) - 1, -1, -1):
+        usable = min(len(hashes), (len(prompt) - 1) // self.block_size)
+        for i in range(usable - 1, -1, -1):
             if self.store.has_snapshot(hashes[i]):
                 return (i + 1) * self.block_size
         return 0

@@ -25,6 +25,9 @@ class RequestStream:
         self._abort = abort
         self._queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
         self._finished = False
+        # (cache read, cache creation) prompt tokens expected at submission; the final
+        # event's usage has the exact figures.
+        self.cache_preview: tuple[int, int] = (0, 0)
 
     @property
     def finished(self) -> bool:

@@ -14,26 +14,18 @@ from compat_serve.server import common_routes, observability_routes
 from compat_serve.server.anthropic import routes as anthropic_routes
 from compat_serve.server.errors import ApiError, install_error_handlers, render_error, request_id
 from compat_serve.server.generation import server_state
+from compat_serve.server.keys import presented_key
 from compat_serve.server.openai import routes as openai_routes
 from compat_serve.server.state import ServerState
 
 log = logging.getLogger("compat_serve.server")
 
 
-def _presented_key(request: Request) -> str | None:
-    key = request.headers.get("x-api-key")
-    if key:
-        return key
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
 async def require_api_key(request: Request) -> None:
     expected = server_state(request).api_key
     if expected is None:
         return
-    presented = _presented_key(request)
+    presented = presented_key(request)
     if presented is None:
         raise ApiError(401, "missing API key: send x-api-key or Authorization: Bearer")
     if not hmac.compare_digest(presented.encode(), expected.encode()):

@@ -21,6 +21,7 @@ from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, 
 from compat_serve.parsers import OutputParser, RequestTools
 from compat_serve.parsers.setup import RequestParsing
 from compat_serve.server.errors import ApiError
+from compat_serve.server.keys import cache_salt
 from compat_serve.server.state import ServerState
 
 RETRY_AFTER_S = "2"
@@ -59,6 +60,7 @@ def submit(
     prompt_ids: tuple[int, ...],
     sampling: SamplingParams,
     visible_special_ids: frozenset[int] = frozenset(),
+    cache_salt: bytes | None = None,
 ) -> RequestStream:
     cap = state.max_output_tokens
     if cap is not None and sampling.max_tokens > cap:
@@ -67,7 +69,7 @@ def submit(
         sampling = dataclasses.replace(sampling, temperature=state.default_temperature)
     try:
         return state.engine.submit(
-            EngineRequest(request_id, prompt_ids, sampling, visible_special_ids)
+            EngineRequest(request_id, prompt_ids, sampling, visible_special_ids, cache_salt)
         )
     except PromptTooLong as exc:
         raise ApiError(
@@ -119,7 +121,10 @@ async def admit_chat(
         parsing = state.output_parsing.for_request(
             tools, prompt.text, call_id_prefix=call_id_prefix
         )
-    stream = submit(state, request_id, prompt.token_ids, chat.sampling, parsing.visible_special_ids)
+    salt = cache_salt(request, per_key=state.cache_salt_per_key)
+    stream = submit(
+        state, request_id, prompt.token_ids, chat.sampling, parsing.visible_special_ids, salt
+    )
     return Admitted(state, request_id, prompt, stream, parsing.parser)
 
 

@@ -29,5 +29,7 @@ class ServerState:
     ping_interval_s: float = 10.0
     # Temperature for requests that set none (Claude Code never does); None: 1.0.
     default_temperature: float | None = None
+    # Salt prefix-cache hashes with the presented API key (--cache-salt-per-key).
+    cache_salt_per_key: bool = False
     # How this model writes tool calls and reasoning (None: all output is text).
     output_parsing: OutputParsing | None = None

@@ -201,6 +201,8 @@ class MessageStreamEncoder:
     def _finish(self, final: EngineEvent, usage: AnthropicUsage, tool_use: bool) -> str:
         self.finished = True
         output = final.usage.completion_tokens if final.usage else self._output_tokens
+        if final.usage is not None:  # exact cache figures replace the admission preview
+            usage = AnthropicUsage.from_usage(final.usage)
         stop_reason, stop_sequence = stop_fields(final, tool_use=tool_use)
         delta = {
             "type": "message_delta",

@@ -150,11 +150,14 @@ class AnthropicUsage:
     cache_creation_input_tokens: int = 0
 
     @classmethod
-    def from_usage(
-        cls, usage: Usage, *, cache_read: int = 0, cache_creation: int = 0
-    ) -> AnthropicUsage:
-        uncached = max(0, usage.prompt_tokens - cache_read - cache_creation)
-        return cls(uncached, usage.completion_tokens, cache_read, cache_creation)
+    def from_usage(cls, usage: Usage) -> AnthropicUsage:
+        """Exact figures from the engine: read = served from the prefix cache, creation =
+        prompt tokens this request newly stored, input = the rest."""
+        read, creation = usage.cached_tokens, usage.cache_creation_tokens
+        uncached = usage.prompt_tokens - read - creation
+        if uncached < 0:
+            raise ValueError(f"inconsistent usage: {usage}")
+        return cls(uncached, usage.completion_tokens, read, creation)
 
     def to_json(self) -> dict[str, int]:
         return {

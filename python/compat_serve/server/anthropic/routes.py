@@ -67,7 +67,8 @@ async def _message_events(
     ping_interval_s: float,
 ) -> AsyncIterator[str]:
     # message_start goes out at admission, before the prompt is processed.
-    yield encoder.start(prompt_tokens)
+    cache_read, cache_creation = output.stream.cache_preview
+    yield encoder.start(prompt_tokens, cache_read, cache_creation)
     try:
         while not output.finished:
             step = await output.next(timeout=ping_interval_s)

@@ -22,6 +22,7 @@ from compat_serve.server.generation import (
     server_state,
     submit,
 )
+from compat_serve.server.keys import cache_salt
 from compat_serve.server.openai import adapter
 from compat_serve.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from compat_serve.server.state import ServerState
@@ -106,7 +107,8 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     sampling = adapter.sampling_params(body, body.max_tokens, default_max_tokens=16)
     prompt_ids = await _completion_ids(state, prompt)
     response_id = new_id("cmpl-")
-    stream = submit(state, response_id, prompt_ids, sampling)
+    salt = cache_salt(request, per_key=state.cache_salt_per_key)
+    stream = submit(state, response_id, prompt_ids, sampling, cache_salt=salt)
     created = int(time.time())
     echo = prompt if (body.echo and isinstance(prompt, str)) else ""
     if body.stream:
