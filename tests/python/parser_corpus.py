@@ -24,6 +24,7 @@ TOOLS: dict[str, dict[str, Any]] = {
     },
     "search": {"type": "object", "properties": {"filters": {"type": "object"}}},
     "mcp__srv__lookup": {},
+    "any_tool": {},  # no schema: XML values are JSON when they parse as JSON
 }
 
 NESTED = {"filters": {"tags": ["a", "b"], "range": {"from": 1, "to": [2, 3]}, "ok": True}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -25,19 +26,11 @@ from compat_serve.parsers.tool_calls import ToolCallParser
 from tests.python.parser_corpus import CASES, REASONING_CASES, TOOLS, Part
 
 
-def make_parser(
-    fmt: str,
-    *,
-    inside: bool | None = None,
-    max_calls: int | None = None,
-    hidden: frozenset[str] = frozenset(),
-) -> OutputParser:
+def make_parser(fmt: str, *, inside: bool | None = None) -> OutputParser:
     ids = itertools.count()
-    tools = ToolCallParser(
-        TOOL_FORMATS[fmt], TOOLS, new_id=lambda: f"call_{next(ids)}", max_calls=max_calls
-    )
+    tools = ToolCallParser(TOOL_FORMATS[fmt], TOOLS, new_id=lambda: f"call_{next(ids)}")
     reasoning = ReasoningSplitter(inside=inside) if inside is not None else None
-    return OutputParser(reasoning=reasoning, tools=tools, hidden=hidden)
+    return OutputParser(reasoning=reasoning, tools=tools)
 
 
 def run(parser: OutputParser, chunks: list[str]) -> list[OutputEvent]:
@@ -52,7 +45,7 @@ def split(text: str, cuts: set[int]) -> list[str]:
     return [text[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-def parts(events: list[OutputEvent]) -> list[Part]:
+def parts_of(events: list[OutputEvent]) -> list[Part]:
     out: list[Part] = []
     for part in assemble(events).parts:
         if isinstance(part, ToolCall):
@@ -90,7 +83,7 @@ CASE_IDS = [f"{fmt}-{i}" for i, (fmt, _, _) in enumerate(CASES)]
 def test_whole_text_result(fmt: str, text: str, expected: list[Part]) -> None:
     events = run(make_parser(fmt), [text])
     check_well_formed(events)
-    assert parts(events) == expected
+    assert parts_of(events) == expected
 
 
 @pytest.mark.parametrize(("fmt", "text", "expected"), CASES, ids=CASE_IDS)
@@ -112,7 +105,7 @@ def test_any_chunking_gives_the_whole_text_result(
     cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=40))
     events = run(make_parser(fmt), split(text, cuts))
     check_well_formed(events)
-    assert parts(events) == expected
+    assert parts_of(events) == expected
 
 
 @pytest.mark.parametrize(("inside", "text", "expected"), REASONING_CASES)
@@ -121,6 +114,90 @@ def test_any_chunking_gives_the_whole_text_result(
 def test_reasoning_any_chunking(
     inside: bool, text: str, expected: list[Part], data: st.DataObject
 ) -> None:
-    assert parts(run(make_parser("hermes", inside=inside), [text])) == expected
+    assert parts_of(run(make_parser("hermes", inside=inside), [text])) == expected
     cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=30))
-    assert parts(run(make_parser("hermes", inside=inside), split(text, cuts))) == expected
+    assert parts_of(run(make_parser("hermes", inside=inside), split(text, cuts))) == expected
+
+
+# ---- generated outputs: random text, calls and argument values, rendered the way the
+# chat templates render them, must parse back to exactly those parts, in any chunking.
+
+_WORDS = (
+    st.text(
+        alphabet=st.characters(codec="utf-8", exclude_characters="<>\x00"), min_size=1, max_size=12
+    )
+    .map(str.strip)
+    .filter(bool)
+)
+_SCALARS = st.one_of(
+    st.integers(-(10**6), 10**6), st.booleans(), st.none(), _WORDS, st.floats(-1e3, 1e3)
+)
+_JSON = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(_WORDS, inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def _not_json(value: str) -> bool:
+    try:
+        json.loads(value)
+    except json.JSONDecodeError:
+        return True
+    return False
+
+
+# XML values: objects/arrays (written as JSON) or strings that are not JSON themselves.
+_XML_VALUES = st.one_of(
+    st.dictionaries(_WORDS, _JSON, min_size=1, max_size=3),
+    st.lists(_JSON, min_size=1, max_size=3),
+    _WORDS.filter(_not_json),
+)
+_ARGS = st.dictionaries(_WORDS.filter(lambda k: "=" not in k), _XML_VALUES, max_size=3)
+_PARTS = st.lists(
+    st.one_of(_WORDS.map(lambda w: ("text", w)), _ARGS.map(lambda a: ("call", "any_tool", a))),
+    min_size=1,
+    max_size=5,
+)
+
+
+def _hermes(name: str, args: dict[str, object]) -> str:
+    payload = json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
+    return f"\n<tool_call>\n{payload}\n</tool_call>\n"
+
+
+def _qwen3_coder(name: str, args: dict[str, object]) -> str:
+    params = "".join(
+        f"<parameter={k}>\n"
+        f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n</parameter>\n"
+        for k, v in args.items()
+    )
+    return f"\n<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>\n"
+
+
+def _merge_texts(parts: list[Part]) -> list[Part]:
+    out: list[Part] = []
+    for part in parts:
+        if part[0] == "text" and out and out[-1][0] == "text":
+            out[-1] = ("text", out[-1][1] + " " + part[1])
+        else:
+            out.append(part)
+    return out
+
+
+@pytest.mark.parametrize(("fmt", "render"), [("hermes", _hermes), ("qwen3_coder", _qwen3_coder)])
+@settings(max_examples=150, deadline=None)
+@given(parts=_PARTS, data=st.data())
+def test_generated_outputs_round_trip(
+    fmt: str, render: Any, parts: list[Part], data: st.DataObject
+) -> None:
+    expected = _merge_texts(parts)
+    text = "".join(p[1] if p[0] == "text" else render(p[1], p[2]) for p in expected)
+    text = text.replace(" \n", "\n")  # texts meet calls at newlines, as models write them
+    cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=30))
+    for chunks in ([text], split(text, cuts)):
+        events = run(make_parser(fmt), chunks)
+        check_well_formed(events)
+        assert parts_of(events) == expected
