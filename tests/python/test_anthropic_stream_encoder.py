@@ -7,6 +7,7 @@ must equal `message_response` for the same engine events.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -67,10 +68,10 @@ def names(frames: str) -> list[str]:
     return [name for name, _ in parse(frames) if name != "ping"]
 
 
-def expected(events: list[EngineEvent], cache_read: int = 0) -> dict[str, Any]:
+def expected(events: list[EngineEvent]) -> dict[str, Any]:
     last = events[-1]
     assert last.usage is not None
-    usage = AnthropicUsage.from_usage(last.usage, cache_read=cache_read)
+    usage = AnthropicUsage.from_usage(last.usage)
     return message_response(MSG_ID, MODEL, "".join(e.text for e in events), last, usage)
 
 
@@ -150,7 +151,7 @@ def test_stop_reasons(reason: FinishReason, stop_reason: str, stop_sequence: str
 
 
 def test_usage_invariant_with_cache_fields() -> None:
-    usage = AnthropicUsage.from_usage(Usage(100, 5), cache_read=60, cache_creation=10)
+    usage = AnthropicUsage.from_usage(Usage(100, 5, cached_tokens=60, cache_creation_tokens=10))
     assert usage.to_json() == {
         "input_tokens": 30,
         "output_tokens": 5,
@@ -212,7 +213,7 @@ def test_ping_frame() -> None:
 
 
 def test_message_delta_usage_is_cumulative() -> None:
-    frames = encode([piece("a"), final(prompt=100, completion=2)], 100, 60, 10)
+    frames = encode([piece("a"), cached_final(60, 10)], 100, 60, 10)
     events = dict(parse(frames))
     start_usage = events["message_start"]["message"]["usage"]
     assert start_usage == {
@@ -281,9 +282,33 @@ def test_sdk_accumulator_rebuilds_message_response(scenario: str) -> None:
     assert sdk_stream(encode(events)) == expected(events)
 
 
+def cached_final(read: int, creation: int) -> EngineEvent:
+    usage = Usage(100, 2, cached_tokens=read, cache_creation_tokens=creation)
+    return dataclasses.replace(final(prompt=100, completion=2), usage=usage)
+
+
 def test_sdk_accumulator_with_cache_fields() -> None:
-    events = [piece("cached"), final(prompt=100, completion=2)]
-    assert sdk_stream(encode(events, 100, cache_read=64)) == expected(events, cache_read=64)
+    events = [piece("cached"), cached_final(64, 32)]
+    rebuilt = sdk_stream(encode(events, 100, cache_read=64, cache_creation=32))
+    assert rebuilt == expected(events)
+    assert rebuilt["usage"]["cache_read_input_tokens"] == 64
+    assert rebuilt["usage"]["input_tokens"] == 4
+
+
+def test_exact_cache_figures_in_message_delta_replace_the_admission_preview() -> None:
+    # Another request stored the same blocks meanwhile: fewer newly written than previewed.
+    events = [piece("x"), cached_final(64, 16)]
+    frames = parse(encode(events, 100, cache_read=64, cache_creation=32))
+    start = frames[0][1]["message"]["usage"]
+    delta = next(p for n, p in frames if n == "message_delta")["usage"]
+    assert start["cache_creation_input_tokens"] == 32
+    assert delta["cache_creation_input_tokens"] == 16 and delta["input_tokens"] == 20
+    assert sdk_stream(encode(events, 100, cache_read=64, cache_creation=32)) == expected(events)
+
+
+def test_inconsistent_usage_is_refused() -> None:
+    with pytest.raises(ValueError, match="inconsistent usage"):
+        AnthropicUsage.from_usage(Usage(10, 1, cached_tokens=8, cache_creation_tokens=8))
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))

@@ -111,6 +111,8 @@ class Engine:
             loaded.context_length,
         )
         self.metrics.kv_tokens_capacity.set(self.kv_capacity_tokens)
+        if self.prefix is not None:
+            self.metrics.prefix_source = self.prefix.metrics
         self._executor = StepExecutor(
             self._runner,
             self._scheduler,

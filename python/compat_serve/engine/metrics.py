@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -314,6 +314,32 @@ class EngineMetrics:
         self.kv_tokens_capacity = Gauge(
             "compat_kv_tokens_capacity", "KV tokens the scheduler may hand out (--kv-memory)."
         )
+        self.prefix_blocks = Gauge(
+            "compat_prefix_cache_blocks", "Blocks holding cached prompt K/V (in use or free)."
+        )
+        self.prefix_bytes = Gauge(
+            "compat_prefix_cache_bytes", "Bytes of cached K/V blocks and state snapshots."
+        )
+        self.prefix_capacity = Gauge(
+            "compat_prefix_cache_capacity_blocks", "Blocks the prefix cache may hold."
+        )
+        self.prefix_query_tokens = Gauge(
+            "compat_prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache."
+        )
+        self.prefix_hit_tokens = Gauge(
+            "compat_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache."
+        )
+        self.prefix_hit_ratio = Gauge(
+            "compat_prefix_cache_hit_ratio", "hit tokens / query tokens since start."
+        )
+        self.prefix_evictions = Gauge(
+            "compat_prefix_cache_evictions", "Cached blocks evicted since start."
+        )
+        self.prefix_faults = Gauge(
+            "compat_prefix_cache_faults",
+            "Cache faults (missing or unassemblable tensors) that fell back to recompute.",
+        )
+        self.prefix_source: Callable[[], dict[str, float]] | None = None
         self.info = Gauge(
             "compat_info",
             "The served model and compat-serve version.",
@@ -434,6 +460,22 @@ class EngineMetrics:
         self.queue_depth.set(queued)
         self.running.set(running)
         self.kv_cache_bytes.set(self.kv_bytes_in_use())
+        prefix: list[Counter | Gauge | Histogram] = []
+        if self.prefix_source is not None:
+            values = self.prefix_source()
+            prefix = [
+                self.prefix_blocks,
+                self.prefix_bytes,
+                self.prefix_capacity,
+                self.prefix_query_tokens,
+                self.prefix_hit_tokens,
+                self.prefix_hit_ratio,
+                self.prefix_evictions,
+                self.prefix_faults,
+            ]
+            for gauge in prefix:
+                assert isinstance(gauge, Gauge)
+                gauge.set(values[gauge.name.removeprefix("compat_prefix_cache_")])
         metrics: list[Counter | Gauge | Histogram] = [
             self.info,
             self.requests,
@@ -450,5 +492,6 @@ class EngineMetrics:
             self.kv_cache_bytes,
             self.kv_tokens_reserved,
             self.kv_tokens_capacity,
+            *prefix,
         ]
         return "\n".join(line for metric in metrics for line in metric.render()) + "\n"

@@ -77,6 +77,19 @@ class PrefixCaching:
         seq.cache_written = 0
         return admission.cached_tokens
 
+    def metrics(self) -> dict[str, float]:
+        stats = self.cache.stats()
+        return {
+            "blocks": stats.cached_blocks,
+            "bytes": self.store.bytes_in_use,
+            "capacity_blocks": stats.num_blocks,
+            "query_tokens": stats.query_tokens,
+            "hit_tokens": stats.hit_tokens,
+            "hit_ratio": stats.hit_tokens / stats.query_tokens if stats.query_tokens else 0.0,
+            "evictions": stats.evictions,
+            "faults": self.faults,
+        }
+
     def preview(self, prompt: Seq[int], salt: bytes | None) -> tuple[int, int]:
         """(read, creation) tokens a request would get now; safe from any thread."""
         tokens = list(prompt)
