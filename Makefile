@@ -72,6 +72,8 @@ bench-python: build
 	$(PY) benches/template_render.py
 	$(PY) benches/engine_speed.py
 	$(PY) benches/replay_captures.py
+	$(PY) benches/throughput.py
+	$(PY) benches/agent_session.py
 
 clean:
 	cargo clean
