@@ -190,6 +190,11 @@ def test_engine_metrics_request_lifecycle() -> None:
         "compat_queue_depth": "gauge",
         "compat_running_requests": "gauge",
         "compat_kv_cache_bytes": "gauge",
+        "compat_decode_batch_size": "gauge",
+        "compat_decode_step_batch_size": "histogram",
+        "compat_preemptions": "counter",
+        "compat_kv_tokens_reserved": "gauge",
+        "compat_kv_tokens_capacity": "gauge",
     }
 
     m.on_submit("a", 10, now=100.0)
