@@ -21,6 +21,7 @@ from compat_serve._native import Scheduler
 from compat_serve.engine.detokenizer import IncrementalDetokenizer
 from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTooLong
 from compat_serve.engine.executor import StepExecutor
+from compat_serve.engine.memory import physical_memory_bytes
 from compat_serve.engine.metrics import EngineMetrics
 from compat_serve.engine.prefix_cache import PrefixCaching
 from compat_serve.engine.prefix_store import is_attention_cache
@@ -130,8 +131,6 @@ class Engine:
         self._stopping = threading.Event()
 
     def _kv_capacity_tokens(self) -> int:
-        from compat_serve.engine.memory import physical_memory_bytes
-
         per_token = self._kv_bytes_per_token
         budget = self.config.kv_memory_bytes
         if budget is None:
@@ -141,8 +140,6 @@ class Engine:
         return max(budget // per_token, 2)
 
     def _prefix_caching(self) -> PrefixCaching | None:
-        from compat_serve.engine.memory import physical_memory_bytes
-
         config = self.config
         if not config.prefix_cache:
             return None
@@ -237,10 +234,6 @@ class Engine:
         self._inbox.put(_Stop())
         if self._thread is not None:
             self._thread.join(timeout)
-
-    @property
-    def queue_depth(self) -> int:
-        return self._scheduler.num_waiting
 
     def _release_slot(self) -> None:
         with self._queued_lock:

@@ -66,10 +66,6 @@ class StepExecutor:
     def has_work(self) -> bool:
         return bool(self._seqs)
 
-    @property
-    def batch_size(self) -> int:
-        return len(self._batch)
-
     # ---- commands ------------------------------------------------------------------------
 
     def admit(self, seq: Sequence) -> None:

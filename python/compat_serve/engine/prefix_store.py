@@ -64,6 +64,7 @@ class PrefixStore:
         self._block_bytes: dict[int, int] = {}
         self._snapshots: collections.OrderedDict[bytes, list[Any]] = collections.OrderedDict()
         self._snapshot_bytes: dict[bytes, int] = {}
+        self._snapshot_total = 0
         self._snapshot_budget = snapshot_budget_bytes
         self.bytes_in_use = 0
 
@@ -138,14 +139,17 @@ class PrefixStore:
         self._snapshots[block_hash] = states
         size = sum(a.nbytes for a in arrays)
         self._snapshot_bytes[block_hash] = size
+        self._snapshot_total += size
         self.bytes_in_use += size
-        while sum(self._snapshot_bytes.values()) > self._snapshot_budget and self._snapshots:
+        while self._snapshot_total > self._snapshot_budget and self._snapshots:
             oldest = next(iter(self._snapshots))
             self.drop_snapshot(oldest)
 
     def drop_snapshot(self, block_hash: bytes) -> None:
         if self._snapshots.pop(block_hash, None) is not None:
-            self.bytes_in_use -= self._snapshot_bytes.pop(block_hash)
+            size = self._snapshot_bytes.pop(block_hash)
+            self._snapshot_total -= size
+            self.bytes_in_use -= size
 
     def restore_snapshot(self, block_hash: bytes, cache: LayerCaches) -> None:
         states = self._snapshots.get(block_hash)
@@ -167,6 +171,7 @@ class PrefixStore:
         self._block_bytes.clear()
         self._snapshots.clear()
         self._snapshot_bytes.clear()
+        self._snapshot_total = 0
         self.bytes_in_use = 0
 
     @property

@@ -6,7 +6,6 @@ Used by both the OpenAI and the Anthropic routes; knows nothing of either wire f
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import uuid
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from compat_serve.engine.stream import RequestStream
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
 from compat_serve.parsers import OutputParser, RequestTools
 from compat_serve.parsers.setup import RequestParsing
+from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError
 from compat_serve.server.keys import cache_salt
 from compat_serve.server.state import ServerState
@@ -136,25 +136,12 @@ class Collected:
 
 async def collect(stream: RequestStream, request: Request) -> Collected:
     """Gather a whole response; abort the request if the client disconnects meanwhile."""
-    watcher = asyncio.create_task(_abort_on_disconnect(stream, request))
     parts: list[str] = []
-    try:
+    async with aborting_on_disconnect(stream, request):
         async for event in stream:
             parts.append(event.text)
             if event.finished:
                 if event.finish_reason is FinishReason.ERROR:
                     raise ApiError(500, f"generation failed: {event.error}")
                 return Collected("".join(parts), event)
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
     raise ApiError(499, "client closed the request")
-
-
-async def _abort_on_disconnect(stream: RequestStream, request: Request) -> None:
-    while not stream.finished:
-        if await request.is_disconnected():
-            stream.abort()
-            return
-        await asyncio.sleep(0.25)

@@ -7,8 +7,6 @@ the usage so far) closes the turn.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -16,6 +14,7 @@ from fastapi import Request
 from compat_serve.engine.stream import RequestStream
 from compat_serve.engine.types import EngineEvent, FinishReason
 from compat_serve.parsers import OutputEvent, OutputParser, ParsedTurn
+from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError
 
 
@@ -77,10 +76,9 @@ async def collect_turn(
     stream: RequestStream, parser: OutputParser, request: Request
 ) -> CollectedTurn:
     """A whole parsed response; aborts the request if the client disconnects meanwhile."""
-    watcher = asyncio.create_task(_abort_on_disconnect(stream, request))
     turn = ParsedTurn()
     output = TurnOutput(stream, parser)
-    try:
+    async with aborting_on_disconnect(stream, request):
         while not output.finished:
             step = await output.next()
             if step is None:
@@ -93,16 +91,4 @@ async def collect_turn(
                 if step.engine.finish_reason is FinishReason.ERROR:
                     raise ApiError(500, f"generation failed: {step.engine.error}")
                 return CollectedTurn(turn, step.engine, step.ended_in_tool_calls)
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
     raise ApiError(499, "client closed the request")
-
-
-async def _abort_on_disconnect(stream: RequestStream, request: Request) -> None:
-    while not stream.finished:
-        if await request.is_disconnected():
-            stream.abort()
-            return
-        await asyncio.sleep(0.25)
