@@ -17,6 +17,7 @@ fn decoding_scheduler() -> Scheduler {
         max_num_seqs: RUNNING,
         max_num_batched_tokens: 8192,
         prefill_chunk: 512,
+        decode_prefill_chunk: u32::MAX,
         kv_capacity_tokens: 1 << 40,
         context_length: u32::MAX,
     })

@@ -79,6 +79,7 @@ class Scheduler:
         prefill_chunk: int,
         kv_capacity_tokens: int,
         context_length: int,
+        decode_prefill_chunk: int | None = None,
     ) -> Scheduler: ...
     def add_request(
         self,

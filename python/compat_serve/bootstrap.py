@@ -31,6 +31,7 @@ class ServeOptions:
     inline_system: str = "auto"
     context_length: int | None = None
     prefill_chunk: int = 512
+    decode_prefill_chunk: int | None = None
     max_num_seqs: int = 16
     max_num_batched_tokens: int | None = None
     kv_memory: str = "30%"
@@ -53,6 +54,7 @@ def _engine_config(options: ServeOptions) -> EngineConfig:
         raise ValueError("--max-num-seqs must be at least 1")
     config = EngineConfig(
         prefill_chunk=options.prefill_chunk,
+        decode_prefill_chunk=options.decode_prefill_chunk,
         max_queue=options.max_queue,
         max_num_seqs=options.max_num_seqs,
         max_num_batched_tokens=options.max_num_batched_tokens,
@@ -67,6 +69,14 @@ def _engine_config(options: ServeOptions) -> EngineConfig:
     if config.prefix_cache and config.prefill_chunk % config.block_size:
         raise ValueError(
             f"--prefill-chunk ({config.prefill_chunk}) must be a multiple of --block-size "
+            f"({config.block_size})"
+        )
+    decode_chunk = config.prefill_chunk_while_decoding
+    if config.decode_prefill_chunk is not None and decode_chunk < 1:
+        raise ValueError("--decode-prefill-chunk must be at least 1")
+    if config.prefix_cache and decode_chunk % config.block_size:
+        raise ValueError(
+            f"--decode-prefill-chunk ({decode_chunk}) must be a multiple of --block-size "
             f"({config.block_size})"
         )
     if config.cache_hash not in ("xxh3", "sha256"):

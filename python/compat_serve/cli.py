@@ -64,6 +64,12 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "larger = slightly faster prefill",
     )
     p.add_argument(
+        "--decode-prefill-chunk",
+        type=int,
+        help="prompt tokens per prefill step while other requests are decoding (default: "
+        "half of --prefill-chunk), so running streams wait less for their next token",
+    )
+    p.add_argument(
         "--max-num-seqs",
         type=int,
         default=16,
@@ -230,6 +236,7 @@ def _serve(ns: argparse.Namespace) -> int:
                 inline_system=ns.inline_system,
                 context_length=ns.context_length,
                 prefill_chunk=ns.prefill_chunk,
+                decode_prefill_chunk=ns.decode_prefill_chunk,
                 max_num_seqs=ns.max_num_seqs,
                 max_num_batched_tokens=ns.max_num_batched_tokens,
                 kv_memory=ns.kv_memory,

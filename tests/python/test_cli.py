@@ -21,6 +21,7 @@ SERVE_FLAGS = [
     "--inline-system",
     "--context-length",
     "--prefill-chunk",
+    "--decode-prefill-chunk",
     "--max-queue",
     "--strict-model-names",
     "--max-output-tokens",
@@ -70,6 +71,8 @@ def test_convert_gguf_command_writes_a_loadable_directory(tmp_path: Path) -> Non
         (["--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf"),
         (["--chat-template", "/nonexistent/template.jinja"], "template.jinja"),
         (["--prefill-chunk", "0"], "--prefill-chunk"),
+        (["--decode-prefill-chunk", "0"], "--decode-prefill-chunk"),
+        (["--decode-prefill-chunk", "40"], "--decode-prefill-chunk (40) must be a multiple"),
         (["--default-temperature", "3"], "--default-temperature"),
     ],
 )

@@ -45,6 +45,9 @@ _STALL_WAIT_S = 0.01
 @dataclass(frozen=True)
 class EngineConfig:
     prefill_chunk: int = 512
+    # Prompt tokens a request prefills in a step where others also decode; None = half a
+    # chunk (whole blocks), so running streams wait about half a chunk, not a whole one.
+    decode_prefill_chunk: int | None = None
     max_queue: int = 256
     # Most requests decoding together (one batched forward per step).
     max_num_seqs: int = 16
@@ -61,6 +64,15 @@ class EngineConfig:
     cache_hash: str = "xxh3"
     # Log prefill progress at most this often for long prompts.
     progress_interval_s: float = 5.0
+
+    @property
+    def prefill_chunk_while_decoding(self) -> int:
+        if self.decode_prefill_chunk is not None:
+            return self.decode_prefill_chunk
+        half = self.prefill_chunk // 2
+        if self.prefix_cache:
+            half -= half % self.block_size
+        return max(half, self.block_size if self.prefix_cache else 1, 1)
 
     @property
     def batched_tokens(self) -> int:
@@ -110,6 +122,7 @@ class Engine:
             self.config.prefill_chunk,
             self.kv_capacity_tokens,
             loaded.context_length,
+            decode_prefill_chunk=self.config.prefill_chunk_while_decoding,
         )
         self.metrics.kv_tokens_capacity.set(self.kv_capacity_tokens)
         if self.prefix is not None:
@@ -145,6 +158,8 @@ class Engine:
             return None
         if config.prefill_chunk % config.block_size:
             raise ValueError("--prefill-chunk must be a multiple of --block-size")
+        if config.prefill_chunk_while_decoding % config.block_size:
+            raise ValueError("--decode-prefill-chunk must be a multiple of --block-size")
         budget = config.cache_memory_bytes
         if budget is None:
             budget = int(physical_memory_bytes() * DEFAULT_CACHE_MEMORY_SHARE)

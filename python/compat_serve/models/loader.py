@@ -54,12 +54,16 @@ def load_model(
     `dtype`: None/"auto" (dense float32 on CPU, as stored on GPU), "float32", "float16",
     "bfloat16" or "quantized". `chat_template_path` replaces the model's own template.
     """
-    from compat_serve.models.weights import resolve_dtype
+    from compat_serve.models.cpu_layout import store_input_major
+    from compat_serve.models.weights import compute_backend, resolve_dtype
 
     # Check the cheap things first: a typo should fail before a multi-second load.
     resolve_dtype(dtype, warn=False)
     override = read_chat_template_file(chat_template_path) if chat_template_path else None
     loaded = _dispatch(spec, dtype)
+    if compute_backend() == "cpu":
+        relaid = store_input_major(loaded.model)
+        loaded.extra["weight_layout"] = f"input-major ({relaid} dense weights)"
     if override is not None and chat_template_path is not None:
         loaded = replace_chat_template(loaded, override, chat_template_path)
     return loaded

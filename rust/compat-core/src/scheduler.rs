@@ -5,7 +5,9 @@
 //! 1. **Decode first.** Every running request that is decoding gets its one token,
 //!    oldest admission first, so running streams never stall behind a long prompt.
 //! 2. **Prefill continues.** Running requests mid-prefill (or mid-recompute) get up to
-//!    `prefill_chunk` tokens each, oldest first, while the token budget lasts.
+//!    `prefill_chunk` tokens each, oldest first, while the token budget lasts — or
+//!    `decode_prefill_chunk` in a step that also decodes, so running streams get a token
+//!    at least every `decode_prefill_chunk` prompt tokens of someone else's prefill.
 //! 3. **Admission.** Waiting requests strictly FIFO (the head blocks the rest, so
 //!    nothing starves) while `max_num_seqs` and the budget allow and the free KV holds
 //!    the request's whole prompt (or recompute). Nothing is admitted in a step that
@@ -192,9 +194,14 @@ impl<K: KvBudget> Scheduler<K> {
         let mut plan = StepPlan::default();
         let mut budget = self.config.max_num_batched_tokens;
         self.plan_decodes(&mut plan, &mut budget);
-        self.plan_prefills(&mut plan, &mut budget);
+        let chunk = if plan.decode.is_empty() {
+            self.config.prefill_chunk
+        } else {
+            self.config.prefill_chunk.min(self.config.decode_prefill_chunk)
+        };
+        self.plan_prefills(&mut plan, &mut budget, chunk);
         if plan.preempted.is_empty() {
-            self.admit(&mut plan, &mut budget);
+            self.admit(&mut plan, &mut budget, chunk);
         }
         debug_assert!(plan.num_tokens() <= u64::from(self.config.max_num_batched_tokens));
         debug_assert!(self.running.len() <= self.config.max_num_seqs);
@@ -220,7 +227,7 @@ impl<K: KvBudget> Scheduler<K> {
         }
     }
 
-    fn plan_prefills(&mut self, plan: &mut StepPlan, budget: &mut u32) {
+    fn plan_prefills(&mut self, plan: &mut StepPlan, budget: &mut u32, chunk: u32) {
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let id = self.running[i];
@@ -231,7 +238,7 @@ impl<K: KvBudget> Scheduler<K> {
             }
             let (start, total) = (r.num_computed, r.num_tokens());
             debug_assert!(start < total, "running request {id} has nothing to compute");
-            let want = (total - start).min(self.config.prefill_chunk).min(*budget);
+            let want = (total - start).min(chunk).min(*budget);
             let len = self
                 .make_room(i - 1, want, false, plan)
                 .expect("a prefill never evicts itself");
@@ -249,7 +256,7 @@ impl<K: KvBudget> Scheduler<K> {
         }
     }
 
-    fn admit(&mut self, plan: &mut StepPlan, budget: &mut u32) {
+    fn admit(&mut self, plan: &mut StepPlan, budget: &mut u32, chunk: u32) {
         while self.running.len() < self.config.max_num_seqs && *budget > 0 {
             let Some(&id) = self.waiting.front() else {
                 break;
@@ -269,7 +276,7 @@ impl<K: KvBudget> Scheduler<K> {
             let start = r.num_cached;
             r.num_computed = start;
             self.kv.grow(0, start);
-            let len = (total - start).min(self.config.prefill_chunk).min(*budget);
+            let len = (total - start).min(chunk).min(*budget);
             self.running.push(id);
             self.reserve(id, len);
             plan.prefill.push(PrefillWork {

@@ -76,17 +76,27 @@ impl Scheduler {
 #[pymethods]
 impl Scheduler {
     #[new]
+    #[pyo3(signature = (
+        max_num_seqs,
+        max_num_batched_tokens,
+        prefill_chunk,
+        kv_capacity_tokens,
+        context_length,
+        decode_prefill_chunk = None,
+    ))]
     fn new(
         max_num_seqs: usize,
         max_num_batched_tokens: u32,
         prefill_chunk: u32,
         kv_capacity_tokens: u64,
         context_length: u32,
+        decode_prefill_chunk: Option<u32>,
     ) -> PyResult<Self> {
         let config = SchedulerConfig {
             max_num_seqs,
             max_num_batched_tokens,
             prefill_chunk,
+            decode_prefill_chunk: decode_prefill_chunk.unwrap_or(prefill_chunk),
             kv_capacity_tokens,
             context_length,
         };

@@ -14,6 +14,10 @@ pub struct SchedulerConfig {
     pub max_num_batched_tokens: u32,
     /// Most prompt tokens one request prefills in one step (`--prefill-chunk`).
     pub prefill_chunk: u32,
+    /// The same limit in a step that also decodes (`--decode-prefill-chunk`): smaller,
+    /// so running streams wait less for their next token while a prompt is admitted.
+    /// Values above `prefill_chunk` mean `prefill_chunk`.
+    pub decode_prefill_chunk: u32,
     /// KV memory, in tokens, shared by all running requests.
     pub kv_capacity_tokens: u64,
     /// The model's context window: prompt plus generated tokens.
@@ -28,6 +32,9 @@ impl SchedulerConfig {
         }
         if self.prefill_chunk == 0 {
             return bad("prefill_chunk must be at least 1");
+        }
+        if self.decode_prefill_chunk == 0 {
+            return bad("decode_prefill_chunk must be at least 1");
         }
         if self.kv_capacity_tokens == 0 {
             return bad("kv_capacity_tokens must be at least 1");
@@ -135,6 +142,7 @@ mod tests {
             max_num_seqs: 4,
             max_num_batched_tokens: 16,
             prefill_chunk: 8,
+            decode_prefill_chunk: 4,
             kv_capacity_tokens: 64,
             context_length: 128,
         }
@@ -150,6 +158,10 @@ mod tests {
             },
             SchedulerConfig {
                 prefill_chunk: 0,
+                ..config()
+            },
+            SchedulerConfig {
+                decode_prefill_chunk: 0,
                 ..config()
             },
             SchedulerConfig {

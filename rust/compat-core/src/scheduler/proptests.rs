@@ -52,12 +52,20 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn config() -> impl Strategy<Value = SchedulerConfig> {
-    (1..5usize, 0..12u32, 1..12u32, 4..64u64, 3..80u32).prop_map(
-        |(max_num_seqs, extra_budget, prefill_chunk, kv_capacity_tokens, context_length)| {
+    (1..5usize, 0..12u32, 1..12u32, 1..14u32, 4..64u64, 3..80u32).prop_map(
+        |(
+            max_num_seqs,
+            extra_budget,
+            prefill_chunk,
+            decode_prefill_chunk,
+            kv_capacity_tokens,
+            context_length,
+        )| {
             SchedulerConfig {
                 max_num_seqs,
                 max_num_batched_tokens: max_num_seqs as u32 + extra_budget,
                 prefill_chunk,
+                decode_prefill_chunk,
                 kv_capacity_tokens,
                 context_length,
             }
@@ -150,8 +158,13 @@ impl Harness {
         assert!(plan.num_tokens() <= u64::from(config.max_num_batched_tokens));
         assert!(self.s.num_running() <= config.max_num_seqs);
         let mut seen = Vec::new();
+        let chunk = if plan.decode.is_empty() {
+            config.prefill_chunk
+        } else {
+            config.prefill_chunk.min(config.decode_prefill_chunk)
+        };
         for w in &plan.prefill {
-            assert!(w.len > 0 && w.len <= config.prefill_chunk, "{w:?}");
+            assert!(w.len > 0 && w.len <= chunk, "{w:?}");
             let (computed, total) = before[&w.id];
             assert_eq!(w.start, computed, "{w:?}");
             assert_eq!(w.is_last_chunk, w.start + w.len == total, "{w:?}");

@@ -10,6 +10,7 @@ fn config() -> SchedulerConfig {
         max_num_seqs: 4,
         max_num_batched_tokens: 16,
         prefill_chunk: 8,
+        decode_prefill_chunk: u32::MAX,
         kv_capacity_tokens: 64,
         context_length: 100,
     }
@@ -185,6 +186,7 @@ fn max_tokens_zero_finishes_after_the_prompt_without_a_sample() {
 fn decode_goes_first_and_prefill_gets_the_rest_of_the_budget() {
     let mut s = scheduler(SchedulerConfig {
         prefill_chunk: 16,
+        decode_prefill_chunk: u32::MAX,
         ..config()
     });
     let a = add(&mut s, "a", 4, 100);
@@ -199,6 +201,32 @@ fn decode_goes_first_and_prefill_gets_the_rest_of_the_budget() {
     let (plan, _) = step(&mut s);
     assert_eq!(plan.decode, vec![a, b]);
     assert_eq!(chunks(&plan), vec![(14, 14, false)]);
+}
+
+#[test]
+fn a_step_that_decodes_prefills_at_most_the_decode_chunk() {
+    let mut s = scheduler(SchedulerConfig {
+        max_num_batched_tokens: 64,
+        prefill_chunk: 16,
+        decode_prefill_chunk: 6,
+        kv_capacity_tokens: 256,
+        ..config()
+    });
+    let c = add(&mut s, "c", 40, 100);
+    let (plan, _) = step(&mut s);
+    assert_eq!(chunks(&plan), vec![(0, 16, false)], "nobody decodes: a full chunk");
+    let (plan, _) = step(&mut s);
+    assert_eq!(chunks(&plan), vec![(16, 16, false)]);
+    let a = add(&mut s, "a", 3, 100);
+    let (plan, _) = step(&mut s);
+    assert!(plan.decode.is_empty());
+    assert_eq!(plan.prefill.iter().map(|w| w.id).collect::<Vec<_>>(), vec![c, a]);
+    assert_eq!(chunks(&plan), vec![(32, 8, true), (0, 3, true)]);
+    let b = add(&mut s, "b", 20, 100);
+    let (plan, _) = step(&mut s);
+    assert_eq!(plan.decode, vec![c, a]);
+    assert_eq!(plan.prefill[0].id, b);
+    assert_eq!(chunks(&plan), vec![(0, 6, false)], "others decode: the smaller chunk");
 }
 
 #[test]
@@ -227,6 +255,7 @@ fn admission_is_fifo_and_bounded_by_max_num_seqs() {
 fn the_head_of_the_queue_blocks_smaller_requests_behind_it() {
     let mut s = scheduler(SchedulerConfig {
         prefill_chunk: 16,
+        decode_prefill_chunk: u32::MAX,
         ..config()
     });
     add(&mut s, "big", 50, 100);
@@ -485,6 +514,7 @@ fn limits(batched: u32, chunk: u32, kv: u64) -> SchedulerConfig {
     SchedulerConfig {
         max_num_batched_tokens: batched,
         prefill_chunk: chunk,
+        decode_prefill_chunk: u32::MAX,
         kv_capacity_tokens: kv,
         context_length: 512,
         ..config()

@@ -1,0 +1,97 @@
+"""Input-major weight storage (`models/cpu_layout.py`) changes where weights live, never
+what the model computes: on real mlx-lm classes, tied and untied heads."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+import pytest
+from mlx.nn.layers.embedding import Embedding
+from mlx.nn.layers.linear import Linear
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
+
+from compat_serve.models.cpu_layout import store_input_major
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
+
+PROMPT = [[1, 17, 300, 42, 9, 1000, 5, 77]]
+
+
+def tiny_llama(tied: bool) -> Any:
+    module = importlib.import_module("mlx_lm.models.llama")
+    args = module.ModelArgs(
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=1024,
+        tie_word_embeddings=tied,
+    )
+    mx.random.seed(7)
+    model = module.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+def logits(model: Any) -> mx.array:
+    """Prefill then one decode step through a real KV cache."""
+    cache = make_prompt_cache(model)
+    first = model(mx.array(PROMPT), cache=cache)
+    second = model(mx.array([[3]]), cache=cache)
+    out = mx.concatenate([first, second], axis=1)
+    mx.eval(out)
+    return out
+
+
+def weights(model: Any) -> dict[str, mx.array]:
+    return dict(tree_flatten(model.parameters()))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_values_shapes_and_logits_are_unchanged(tied: bool) -> None:
+    model = tiny_llama(tied)
+    before_weights = weights(model)
+    before = logits(model)
+    relaid = store_input_major(model)
+    linears = sum(type(m) is Linear for _, m in model.named_modules())
+    # Each block has q/k/v/o and gate/up/down; an untied head is one more Linear, a
+    # tied head is the embedding.
+    assert linears == 2 * 7 + (0 if tied else 1)
+    assert relaid == linears + (1 if tied else 0)
+    after_weights = weights(model)
+    assert after_weights.keys() == before_weights.keys()
+    for name, value in before_weights.items():
+        assert after_weights[name].shape == value.shape, name
+        assert mx.array_equal(after_weights[name], value).item(), name
+    after = logits(model)
+    assert mx.abs(after - before).max().item() < 1e-5
+    assert mx.array_equal(mx.argmax(after, axis=-1), mx.argmax(before, axis=-1)).item()
+
+
+def test_an_untied_embedding_keeps_its_layout() -> None:
+    model = tiny_llama(tied=False)
+    embedding = model.model.embed_tokens
+    assert type(embedding) is Embedding
+    original = embedding.weight
+    store_input_major(model)
+    assert embedding.weight is original  # the head is a Linear; lookups stay row reads
+
+
+def test_relaying_twice_is_harmless() -> None:
+    model = tiny_llama(tied=True)
+    before = logits(model)
+    store_input_major(model)
+    store_input_major(model)
+    assert mx.abs(logits(model) - before).max().item() < 1e-5
+
+
+def test_the_embedded_model_is_loaded_input_major(embedded_model: LoadedModel) -> None:
+    # 30 blocks x 7 projections + the tied embedding/head.
+    assert embedded_model.extra["weight_layout"] == "input-major (211 dense weights)"
