@@ -323,9 +323,15 @@ class StepExecutor:
         if reason is not FinishReason.STOP_STRING:
             tail = seq.stops.feed(seq.detokenizer.flush()).emit + seq.stops.flush()
         if self.prefix is not None and seq.request_id in self._seqs:
-            in_batch = seq.request_id in self._batch and reason is not FinishReason.ERROR
+            healthy = reason is not FinishReason.ERROR  # a failed forward's K/V is suspect
+            in_batch = healthy and seq.request_id in self._batch
             row = self._batch.ids.index(seq.request_id) if in_batch else 0
-            self.prefix.finished(seq, self._batch.cache if in_batch else None, row)
+            self.prefix.finished(
+                seq,
+                self._batch.cache if in_batch else None,
+                row,
+                own_cache=seq.cache if healthy else None,
+            )
         seq.phase = Phase.FINISHED
         seq.timings.finished = time.monotonic()
         seq.cache = None

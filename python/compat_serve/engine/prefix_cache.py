@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING
 
 from compat_serve._native import PrefixCache
 from compat_serve.engine.prefix_store import (
+    AttentionKV,
     LayerCaches,
     PrefixStore,
     batch_row_kv,
     request_kv,
 )
+from compat_serve.engine.prefix_tails import TailStore
 
 if TYPE_CHECKING:
     from compat_serve.engine.sequence import Sequence
@@ -49,6 +51,9 @@ class PrefixCaching:
         self.hybrid = hybrid
         self.cache = PrefixCache(block_size, num_blocks, hash_kind)
         self.store = PrefixStore(block_size, snapshot_budget_bytes)
+        # Partial last blocks (attention-only models; hybrid state resumes at snapshots).
+        self.tails = None if hybrid else TailStore(snapshot_budget_bytes)
+        self.tail_hit_tokens = 0
         self.faults = 0
 
     # ---- admission ------------------------------------------------------------------
@@ -71,11 +76,28 @@ class PrefixCaching:
                 seq.request_id, prompt[: usable * self.block_size + 1], salt
             )
             blocks = list(admission.block_ids)
+        cached = admission.cached_tokens
+        seq.cache_tail = None
+        if self.tails is not None:
+            parent = self._parent_key(prompt[:cached], salt)
+            hit = self.tails.match(parent, prompt[cached:], len(prompt) - 1 - cached)
+            if hit is not None:
+                self.cache.append(seq.request_id, prompt[cached : cached + hit.length])
+                seq.cache_tail = (hit.tail.kv, hit.length)
+                self.tail_hit_tokens += hit.length
+                cached += hit.length
         seq.cached_blocks = blocks
-        seq.cached_tokens = admission.cached_tokens
-        seq.cache_appended = admission.cached_tokens
+        seq.cached_tokens = cached
+        seq.cache_appended = cached
         seq.cache_written = 0
-        return admission.cached_tokens
+        return cached
+
+    def _parent_key(self, tokens: list[int], salt: bytes | None) -> bytes:
+        """What a tail after `tokens` (whole blocks) is stored under."""
+        if not tokens:
+            return b"root:" + (salt or b"")
+        hashes: list[bytes] = self.cache.block_hashes(tokens, salt)
+        return hashes[-1]
 
     def metrics(self) -> dict[str, float]:
         stats = self.cache.stats()
@@ -84,8 +106,12 @@ class PrefixCaching:
             "bytes": self.store.bytes_in_use,
             "capacity_blocks": stats.num_blocks,
             "query_tokens": stats.query_tokens,
-            "hit_tokens": stats.hit_tokens,
-            "hit_ratio": stats.hit_tokens / stats.query_tokens if stats.query_tokens else 0.0,
+            "hit_tokens": stats.hit_tokens + self.tail_hit_tokens,
+            "hit_ratio": (
+                (stats.hit_tokens + self.tail_hit_tokens) / stats.query_tokens
+                if stats.query_tokens
+                else 0.0
+            ),
             "evictions": stats.evictions,
             "faults": self.faults,
         }
@@ -111,7 +137,8 @@ class PrefixCaching:
 
     def restore(self, seq: Sequence, cache: LayerCaches) -> None:
         """Assemble the held prefix into the request's fresh cache (may raise)."""
-        self.store.assemble(seq.cached_blocks, cache)
+        self.store.assemble(seq.cached_blocks, cache, seq.cache_tail)
+        seq.cache_tail = None
         if self.hybrid and seq.cached_blocks:
             prompt = list(seq.request.prompt_ids[: seq.cached_tokens])
             last = self.cache.block_hashes(prompt, seq.request.cache_salt)[-1]
@@ -143,8 +170,7 @@ class PrefixCaching:
             if not block.is_new:
                 continue
             self.store.store_block(block.block_id, kv, block.start_token)
-            if block.start_token + self.block_size <= seq.prompt_len:
-                seq.cache_written += self.block_size
+            _count_written(seq, block.start_token, block.start_token + self.block_size)
         end = start + len(tokens)
         if self.hybrid and end % self.block_size == 0 and end > 0 and filled:
             known = seq.known_tokens(0, end)
@@ -152,17 +178,32 @@ class PrefixCaching:
             if not self.store.has_snapshot(last):
                 self.store.store_snapshot(last, cache)
 
-    def finished(self, seq: Sequence, batch_cache: LayerCaches | None, row: int = 0) -> None:
+    def finished(
+        self,
+        seq: Sequence,
+        batch_cache: LayerCaches | None,
+        row: int = 0,
+        own_cache: LayerCaches | None = None,
+    ) -> None:
         """The request ends: store the blocks its generated tokens filled (from row `row`
-        of the decode batch's cache, if it was decoding), then release its references."""
+        of the decode batch's cache, if it was decoding) and the partial block after
+        them (from the batch, or from `own_cache` if it ended before joining the batch),
+        then release its references."""
         try:
-            if batch_cache is not None and not self.hybrid:
-                self._store_generated(seq, batch_cache, row)
+            if self.tails is not None:
+                kv: AttentionKV | None = None
+                if batch_cache is not None:
+                    kv = batch_row_kv(batch_cache, row)
+                    self._store_generated(seq, kv, row)
+                elif own_cache is not None:
+                    kv, row = request_kv(own_cache), 0
+                if kv is not None:
+                    self._store_tail(seq, kv, row)
         except Exception as exc:  # caching is an optimisation; never fail a request
             self.fault(seq, exc)
         self.release(seq)
 
-    def _store_generated(self, seq: Sequence, batch_cache: LayerCaches, row: int) -> None:
+    def _store_generated(self, seq: Sequence, kv: AttentionKV, row: int) -> None:
         # K/V exists for every token but the last sampled one (never fed).
         with_kv = seq.prompt_len + len(seq.generated) - 1
         if with_kv <= seq.cache_appended:
@@ -171,10 +212,26 @@ class PrefixCaching:
         filled = self.cache.append(seq.request_id, fed)
         seq.cache_appended = with_kv
         self.store.drop_blocks(self.cache.take_evicted())
-        kv = batch_row_kv(batch_cache, row)
         for block in filled:
             if block.is_new:
                 self.store.store_block(block.block_id, kv, block.start_token, row)
+                _count_written(seq, block.start_token, block.start_token + self.block_size)
+
+    def _store_tail(self, seq: Sequence, kv: AttentionKV, row: int) -> None:
+        """Keep the tokens after the last full block (they have K/V up to
+        `cache_appended`); prompt tokens stored anew count as cache creation."""
+        assert self.tails is not None
+        end = seq.cache_appended
+        full = end // self.block_size * self.block_size
+        if end == full:
+            return
+        tokens = seq.known_tokens(full, end)
+        parent = self._parent_key(seq.known_tokens(0, full), seq.request.cache_salt)
+        covered = self.tails.covered(parent, tokens)
+        if covered >= len(tokens):
+            return
+        self.tails.store(parent, tokens, kv, full, row)
+        _count_written(seq, full + covered, end)
 
     def preempted(self, seq: Sequence) -> None:
         """Its cache is gone and it recomputes from 0: start a fresh table."""
@@ -183,7 +240,15 @@ class PrefixCaching:
         seq.cached_blocks = []
         seq.cached_tokens = 0
         seq.cache_appended = 0
+        seq.cache_tail = None
 
     def release(self, seq: Sequence) -> None:
         self.cache.release(seq.request_id)
         self.store.drop_blocks(self.cache.take_evicted())
+
+
+def _count_written(seq: Sequence, start: int, end: int) -> None:
+    """Positions `[start, end)` were newly stored: count its prompt tokens the request did
+    not read from the cache as cache creation (so read + creation never exceeds the
+    prompt)."""
+    seq.cache_written += max(0, min(end, seq.prompt_len) - max(start, seq.cached_tokens))

@@ -51,6 +51,28 @@ def batch_row_kv(cache: LayerCaches, row: int) -> AttentionKV:
     return out
 
 
+def copy_positions(kv: AttentionKV, row: int, start: int, end: int) -> BlockKV:
+    """Contiguous, evaluated copies of positions `[start, end)` of batch row `row`."""
+    pieces: BlockKV = []
+    arrays = []
+    for layer in kv:
+        if layer is None:
+            pieces.append(None)
+            continue
+        keys = mx.contiguous(layer[0][row : row + 1, :, start:end, :])
+        values = mx.contiguous(layer[1][row : row + 1, :, start:end, :])
+        if keys.shape[2] != end - start:
+            raise CacheFault(f"{keys.shape[2]} positions to copy, not {end - start}")
+        pieces.append((keys, values))
+        arrays += [keys, values]
+    mx.eval(arrays)
+    return pieces
+
+
+def kv_nbytes(pieces: BlockKV) -> int:
+    return sum(p[0].nbytes + p[1].nbytes for p in pieces if p is not None)
+
+
 class CacheFault(RuntimeError):
     """Cached tensors could not be assembled into a request's cache."""
 
@@ -80,36 +102,32 @@ class PrefixStore:
 
     def store_block(self, block_id: int, kv: AttentionKV, start: int, row: int = 0) -> None:
         """Copy positions `[start, start + block_size)` of batch row `row` of `kv`."""
-        end = start + self.block_size
-        pieces: BlockKV = []
-        arrays = []
-        for layer in kv:
-            if layer is None:
-                pieces.append(None)
-                continue
-            keys = mx.contiguous(layer[0][row : row + 1, :, start:end, :])
-            values = mx.contiguous(layer[1][row : row + 1, :, start:end, :])
-            if keys.shape[2] != self.block_size:
-                raise CacheFault(f"block {block_id}: {keys.shape[2]} positions to store")
-            pieces.append((keys, values))
-            arrays += [keys, values]
-        mx.eval(arrays)
+        pieces = copy_positions(kv, row, start, start + self.block_size)
         self.drop_blocks([block_id])
         self._blocks[block_id] = pieces
-        size = sum(a.nbytes for a in arrays)
+        size = kv_nbytes(pieces)
         self._block_bytes[block_id] = size
         self.bytes_in_use += size
 
-    def assemble(self, block_ids: Sequence[int], cache: LayerCaches) -> None:
-        """Fill a fresh cache with the K/V of `block_ids` (in order)."""
+    def assemble(
+        self, block_ids: Sequence[int], cache: LayerCaches, tail: tuple[BlockKV, int] | None = None
+    ) -> None:
+        """Fill a fresh cache with the K/V of `block_ids` (in order), then the first
+        `tail[1]` positions of the tail pieces `tail[0]`, if given."""
         missing = [b for b in block_ids if b not in self._blocks]
         if missing:
             raise CacheFault(f"blocks {missing[:4]} have no tensors")
-        tokens = len(block_ids) * self.block_size
+        tokens = len(block_ids) * self.block_size + (tail[1] if tail else 0)
         for i, layer in enumerate(cache):
             if not is_attention_cache(layer):
                 continue
             parts = [self._blocks[b][i] for b in block_ids]
+            if tail is not None:
+                pieces, length = tail
+                piece = pieces[i]
+                parts.append(
+                    None if piece is None else (piece[0][:, :, :length], piece[1][:, :, :length])
+                )
             if any(p is None for p in parts):
                 raise CacheFault(f"layer {i} is not attention in every block")
             layer.keys = mx.concatenate([p[0] for p in parts if p is not None], axis=2)

@@ -38,6 +38,8 @@ class Sequence:
     # Prefix cache: blocks held at admission, the prompt tokens they serve, tokens
     # recorded in the cache's table so far, prompt tokens this request newly stored.
     cached_blocks: list[int] = field(default_factory=list)
+    # A partial block of a finished request this one continues: (K/V pieces, tokens used).
+    cache_tail: tuple[Any, int] | None = None
     cached_tokens: int = 0
     cache_appended: int = 0
     cache_written: int = 0

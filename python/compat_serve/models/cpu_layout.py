@@ -18,6 +18,7 @@ prefill).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import mlx.core as mx
 from mlx.nn.layers.base import Module
@@ -35,12 +36,16 @@ def _is_dense_float_matrix(weight: object) -> bool:
     )
 
 
+def _modules(model: Module) -> list[Any]:
+    untyped: Any = model
+    return [module for _, module in untyped.named_modules()]
+
+
 def _embedding_is_lm_head(model: Module, embedding: Embedding) -> bool:
     """True when no dense layer projects onto the vocabulary (the embedding is tied)."""
     vocab = embedding.weight.shape[0]
     return not any(
-        type(module) is Linear and module.weight.shape[0] == vocab
-        for _, module in model.named_modules()
+        type(module) is Linear and module.weight.shape[0] == vocab for module in _modules(model)
     )
 
 
@@ -57,7 +62,7 @@ def store_input_major(model: Module) -> int:
     weight is evaluated as it is replaced, so the peak extra memory is one matrix.
     """
     changed = 0
-    for _, module in model.named_modules():
+    for module in _modules(model):
         kind = type(module)
         if kind is Embedding:
             if not _embedding_is_lm_head(model, module):
