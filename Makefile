@@ -71,6 +71,7 @@ bench-rust:
 bench-python: build
 	$(PY) benches/template_render.py
 	$(PY) benches/engine_speed.py
+	$(PY) benches/cpu_paths.py
 	$(PY) benches/replay_captures.py
 	$(PY) benches/throughput.py
 	$(PY) benches/agent_session.py

@@ -3,8 +3,8 @@
 mlx-lm's `Linear` computes `x @ weight.T` with `weight` stored `[out, in]` row-major, so
 every product hands BLAS a transposed operand. On this class of machine OpenBLAS runs the
 skinny products of batched decode (a few rows against a large weight) 20-40% faster when
-the weight is stored `[in, out]` row-major and used untransposed (`benches/
-engine_speed.py --layout` measures both in one run).
+the weight is stored `[in, out]` row-major and used untransposed (`benches/cpu_paths.py`
+measures both in one run).
 
 `store_input_major` changes only where the numbers live: each dense `Linear` weight (and
 the embedding, when it doubles as the LM head) is copied to `[in, out]` row-major and put

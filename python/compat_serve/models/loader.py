@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 from compat_serve.models.errors import ModelLoadError
@@ -54,6 +55,7 @@ def load_model(
     `dtype`: None/"auto" (dense float32 on CPU, as stored on GPU), "float32", "float16",
     "bfloat16" or "quantized". `chat_template_path` replaces the model's own template.
     """
+    from compat_serve.models.cpu_attention import install_split_attention
     from compat_serve.models.cpu_layout import store_input_major
     from compat_serve.models.weights import compute_backend, resolve_dtype
 
@@ -64,6 +66,8 @@ def load_model(
     if compute_backend() == "cpu":
         relaid = store_input_major(loaded.model)
         loaded.extra["weight_layout"] = f"input-major ({relaid} dense weights)"
+        if (os.cpu_count() or 1) > 1 and install_split_attention(loaded.model):
+            loaded.extra["attention"] = "prefill rows split over 2 CPU streams"
     if override is not None and chat_template_path is not None:
         loaded = replace_chat_template(loaded, override, chat_template_path)
     return loaded
