@@ -110,3 +110,22 @@ def test_a_model_without_the_shared_function_is_left_alone() -> None:
 
 def test_the_embedded_model_prefills_split(embedded_model: LoadedModel) -> None:
     assert embedded_model.extra["attention"] == "prefill rows split over 2 CPU streams"
+
+
+def test_each_thread_gets_its_own_second_stream() -> None:
+    import threading
+
+    queries, keys, values = qkv(MIN_SPLIT_ROWS, 300)
+    expected = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=0.25)
+    mx.eval(queries, keys, values, expected)  # lazy arrays stay on their thread's stream
+    mx.eval(split_attention(queries, keys, values, scale=0.25))  # this thread's stream
+    results: list[Any] = []
+
+    def other_thread() -> None:
+        got = split_attention(queries, keys, values, scale=0.25)
+        results.append(mx.abs(got - expected).max().item())
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    worker.join()
+    assert results and results[0] < 1e-5

@@ -18,9 +18,9 @@ KV cache, keep the stock path. `benches/cpu_paths.py` measures both.
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -34,12 +34,15 @@ log = logging.getLogger(__name__)
 # OpenBLAS's spinning worker threads more than it saves).
 MIN_SPLIT_ROWS = 128
 _MARK = "_compat_split_attention"
+_local = threading.local()
 
 
-@functools.cache
 def _stream() -> Any:
-    """The second CPU stream (its own thread), made once on first use."""
-    return mx.new_stream(mx.cpu)
+    """This thread's second CPU stream (MLX streams belong to the thread that made them)."""
+    stream = getattr(_local, "stream", None)
+    if stream is None:
+        stream = _local.stream = mx.new_stream(mx.cpu)
+    return stream
 
 
 def _rows(mask: Any, start: int, stop: int, rows: int) -> Any:
