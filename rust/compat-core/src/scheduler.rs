@@ -197,7 +197,9 @@ impl<K: KvBudget> Scheduler<K> {
         let chunk = if plan.decode.is_empty() {
             self.config.prefill_chunk
         } else {
-            self.config.prefill_chunk.min(self.config.decode_prefill_chunk)
+            self.config
+                .prefill_chunk
+                .min(self.config.decode_prefill_chunk)
         };
         self.plan_prefills(&mut plan, &mut budget, chunk);
         if plan.preempted.is_empty() {

@@ -214,19 +214,30 @@ fn a_step_that_decodes_prefills_at_most_the_decode_chunk() {
     });
     let c = add(&mut s, "c", 40, 100);
     let (plan, _) = step(&mut s);
-    assert_eq!(chunks(&plan), vec![(0, 16, false)], "nobody decodes: a full chunk");
+    assert_eq!(
+        chunks(&plan),
+        vec![(0, 16, false)],
+        "nobody decodes: a full chunk"
+    );
     let (plan, _) = step(&mut s);
     assert_eq!(chunks(&plan), vec![(16, 16, false)]);
     let a = add(&mut s, "a", 3, 100);
     let (plan, _) = step(&mut s);
     assert!(plan.decode.is_empty());
-    assert_eq!(plan.prefill.iter().map(|w| w.id).collect::<Vec<_>>(), vec![c, a]);
+    assert_eq!(
+        plan.prefill.iter().map(|w| w.id).collect::<Vec<_>>(),
+        vec![c, a]
+    );
     assert_eq!(chunks(&plan), vec![(32, 8, true), (0, 3, true)]);
     let b = add(&mut s, "b", 20, 100);
     let (plan, _) = step(&mut s);
     assert_eq!(plan.decode, vec![c, a]);
     assert_eq!(plan.prefill[0].id, b);
-    assert_eq!(chunks(&plan), vec![(0, 6, false)], "others decode: the smaller chunk");
+    assert_eq!(
+        chunks(&plan),
+        vec![(0, 6, false)],
+        "others decode: the smaller chunk"
+    );
 }
 
 #[test]
