@@ -85,3 +85,26 @@ def tiny_model(model_type: str, like: LoadedModel, *, seed: int = 0) -> LoadedMo
         model_type=model_type,
         extra={},
     )
+
+
+def tiny_llama(*, tied: bool = True, vocab_size: int = 1024, seed: int = 0) -> Any:
+    """A bare randomly initialised mlx-lm llama module (2 blocks, hidden size 64), for
+    tests of model-level code that need no tokenizer."""
+    import mlx.core as mx
+
+    module = importlib.import_module("mlx_lm.models.llama")
+    args = module.ModelArgs(
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=vocab_size,
+        tie_word_embeddings=tied,
+    )
+    mx.random.seed(seed)
+    model = module.Model(args)
+    mx.eval(model.parameters())
+    return model

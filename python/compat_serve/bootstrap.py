@@ -64,25 +64,7 @@ def _engine_config(options: ServeOptions) -> EngineConfig:
         cache_memory_bytes=parse_memory_size(options.cache_memory),
         cache_hash=options.cache_hash,
     )
-    if config.block_size < 1:
-        raise ValueError("--block-size must be at least 1")
-    if config.prefix_cache and config.prefill_chunk % config.block_size:
-        raise ValueError(
-            f"--prefill-chunk ({config.prefill_chunk}) must be a multiple of --block-size "
-            f"({config.block_size})"
-        )
-    decode_chunk = config.prefill_chunk_while_decoding
-    if config.decode_prefill_chunk is not None and decode_chunk < 1:
-        raise ValueError("--decode-prefill-chunk must be at least 1")
-    if config.prefix_cache and decode_chunk % config.block_size:
-        raise ValueError(
-            f"--decode-prefill-chunk ({decode_chunk}) must be a multiple of --block-size "
-            f"({config.block_size})"
-        )
-    if config.cache_hash not in ("xxh3", "sha256"):
-        raise ValueError("--cache-hash must be xxh3 or sha256")
-    if config.batched_tokens < config.max_num_seqs:
-        raise ValueError("--max-num-batched-tokens must be at least --max-num-seqs")
+    config.validate()  # before the model loads: a bad flag fails fast
     return config
 
 

@@ -14,6 +14,7 @@ from compat_serve.models.cpu_attention import (
     install_split_attention,
     split_attention,
 )
+from tests.tiny_models import tiny_llama
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -55,26 +56,8 @@ def test_short_work_is_not_split() -> None:
     assert mx.array_equal(got, expected).item()
 
 
-def tiny_llama() -> Any:
-    module = importlib.import_module("mlx_lm.models.llama")
-    args = module.ModelArgs(
-        model_type="llama",
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        vocab_size=512,
-    )
-    mx.random.seed(3)
-    model = module.Model(args)
-    mx.eval(model.parameters())
-    return model
-
-
 def test_installed_attention_keeps_a_chunked_prefill_exact() -> None:
-    model = tiny_llama()
+    model = tiny_llama(vocab_size=512, seed=3)
     module = importlib.import_module("mlx_lm.models.llama")
     prompt = [(i * 37) % 500 for i in range(3 * MIN_SPLIT_ROWS)]
 

@@ -3,7 +3,6 @@ what the model computes: on real mlx-lm classes, tied and untied heads."""
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -14,30 +13,12 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from compat_serve.models.cpu_layout import store_input_major
+from tests.tiny_models import tiny_llama
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
 
 PROMPT = [[1, 17, 300, 42, 9, 1000, 5, 77]]
-
-
-def tiny_llama(tied: bool) -> Any:
-    module = importlib.import_module("mlx_lm.models.llama")
-    args = module.ModelArgs(
-        model_type="llama",
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        vocab_size=1024,
-        tie_word_embeddings=tied,
-    )
-    mx.random.seed(7)
-    model = module.Model(args)
-    mx.eval(model.parameters())
-    return model
 
 
 def logits(model: Any) -> mx.array:
@@ -56,7 +37,7 @@ def weights(model: Any) -> dict[str, mx.array]:
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_values_shapes_and_logits_are_unchanged(tied: bool) -> None:
-    model = tiny_llama(tied)
+    model = tiny_llama(tied=tied, seed=7)
     before_weights = weights(model)
     before = logits(model)
     relaid = store_input_major(model)
@@ -76,7 +57,7 @@ def test_values_shapes_and_logits_are_unchanged(tied: bool) -> None:
 
 
 def test_an_untied_embedding_keeps_its_layout() -> None:
-    model = tiny_llama(tied=False)
+    model = tiny_llama(tied=False, seed=7)
     embedding = model.model.embed_tokens
     assert type(embedding) is Embedding
     original = embedding.weight
@@ -85,7 +66,7 @@ def test_an_untied_embedding_keeps_its_layout() -> None:
 
 
 def test_relaying_twice_is_harmless() -> None:
-    model = tiny_llama(tied=True)
+    model = tiny_llama(tied=True, seed=7)
     before = logits(model)
     store_input_major(model)
     store_input_major(model)

@@ -72,13 +72,36 @@ class EngineConfig:
         half = self.prefill_chunk // 2
         if self.prefix_cache:
             half -= half % self.block_size
-        return max(half, self.block_size if self.prefix_cache else 1, 1)
+        return max(half, self.block_size if self.prefix_cache else 1)
 
     @property
     def batched_tokens(self) -> int:
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         return self.prefill_chunk + self.max_num_seqs
+
+    def validate(self) -> None:
+        """Settings that contradict each other; messages name the CLI flags. Called by
+        the CLI before the model loads and by the Engine for direct users."""
+        if self.block_size < 1:
+            raise ValueError("--block-size must be at least 1")
+        if self.prefix_cache and self.prefill_chunk % self.block_size:
+            raise ValueError(
+                f"--prefill-chunk ({self.prefill_chunk}) must be a multiple of --block-size "
+                f"({self.block_size})"
+            )
+        decode_chunk = self.prefill_chunk_while_decoding
+        if self.decode_prefill_chunk is not None and decode_chunk < 1:
+            raise ValueError("--decode-prefill-chunk must be at least 1")
+        if self.prefix_cache and decode_chunk % self.block_size:
+            raise ValueError(
+                f"--decode-prefill-chunk ({decode_chunk}) must be a multiple of --block-size "
+                f"({self.block_size})"
+            )
+        if self.cache_hash not in ("xxh3", "sha256"):
+            raise ValueError("--cache-hash must be xxh3 or sha256")
+        if self.batched_tokens < self.max_num_seqs:
+            raise ValueError("--max-num-batched-tokens must be at least --max-num-seqs")
 
 
 @dataclass(frozen=True)
@@ -103,8 +126,7 @@ class Engine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
         self.model = loaded
         self.config = config or EngineConfig()
-        if self.config.batched_tokens < self.config.max_num_seqs:
-            raise ValueError("--max-num-batched-tokens must be at least --max-num-seqs")
+        self.config.validate()
         self.status = StatusBoard()
         self.metrics = EngineMetrics(loaded.name)
         self._runner = ModelRunner(loaded)
@@ -156,10 +178,6 @@ class Engine:
         config = self.config
         if not config.prefix_cache:
             return None
-        if config.prefill_chunk % config.block_size:
-            raise ValueError("--prefill-chunk must be a multiple of --block-size")
-        if config.prefill_chunk_while_decoding % config.block_size:
-            raise ValueError("--decode-prefill-chunk must be a multiple of --block-size")
         budget = config.cache_memory_bytes
         if budget is None:
             budget = int(physical_memory_bytes() * DEFAULT_CACHE_MEMORY_SHARE)

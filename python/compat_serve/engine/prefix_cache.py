@@ -101,17 +101,14 @@ class PrefixCaching:
 
     def metrics(self) -> dict[str, float]:
         stats = self.cache.stats()
+        hits = stats.hit_tokens + self.tail_hit_tokens
         return {
             "blocks": stats.cached_blocks,
             "bytes": self.store.bytes_in_use,
             "capacity_blocks": stats.num_blocks,
             "query_tokens": stats.query_tokens,
-            "hit_tokens": stats.hit_tokens + self.tail_hit_tokens,
-            "hit_ratio": (
-                (stats.hit_tokens + self.tail_hit_tokens) / stats.query_tokens
-                if stats.query_tokens
-                else 0.0
-            ),
+            "hit_tokens": hits,
+            "hit_ratio": hits / stats.query_tokens if stats.query_tokens else 0.0,
             "evictions": stats.evictions,
             "faults": self.faults,
         }
