@@ -3,10 +3,12 @@
 Loads the dense float32 directory `compat-serve convert-gguf --dtype float32` writes (the
 weights both servers use in `throughput.py`) with `mlx_lm.utils.load`.
 
-1. Decode (`models/cpu_layout.py`): fills B batch-1 caches with distinct ~60-100-token
-   prompts, merges them into mlx-lm's `BatchKVCache` and times one decode step (forward +
-   greedy argmax, read back to Python) at batch 1, 4, 8, 16 — with the weights as mlx-lm
-   stores them (`[out, in]`, used transposed), then after `store_input_major`.
+1. Decode: fills B batch-1 caches with distinct ~60-100-token prompts, merges them into
+   mlx-lm's `BatchKVCache` and times one decode step (forward + greedy argmax, read back to
+   Python) at batch 1, 4, 8, 16 — stock mlx-lm; with the weights stored input-major
+   (`models/cpu_layout.py`, the path for CPUs without AVX-512); and on our Rust kernels
+   (`models/cpu_linear.py` skinny matmul + fused SwiGLU, `models/cpu_decode_attention.py`),
+   the path the server takes on this machine.
 2. Prefill (`models/cpu_attention.py`): one prompt chunk after C tokens of context (the
    context K/V copied from one long prefill), stock attention vs rows split over two CPU
    streams, alternating, best of `--repeats`.
@@ -35,6 +37,7 @@ from mlx_lm.utils import load  # noqa: E402
 from _servers import converted_model_dir, environment_lines  # noqa: E402
 from compat_serve.models.cpu_attention import install_split_attention  # noqa: E402
 from compat_serve.models.cpu_layout import store_input_major  # noqa: E402
+from compat_serve.models.cpu_linear import install_skinny_linears, kernel_available  # noqa: E402
 
 
 def batch_cache(model: Any, rows: int) -> list[Any]:
@@ -92,6 +95,7 @@ def compare_prefill(model: Any, cases: list[tuple[int, int]], repeats: int) -> N
     stock = module.scaled_dot_product_attention
     install_split_attention(model)
     split = module.scaled_dot_product_attention
+    stock = getattr(split, "_compat_split_attention", stock)
     context = context_cache(model, max(c for c, _ in cases) or 1)
     rows = []
     for length, new in cases:
@@ -126,24 +130,43 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     model_dir = converted_model_dir()
     model, _ = load(str(model_dir))
-    stock: dict[int, tuple[float, mx.array]] = {b: step_ms(model, b, args.steps) for b in batches}
-    relaid = store_input_major(model)
-    ours: dict[int, tuple[float, mx.array]] = {b: step_ms(model, b, args.steps) for b in batches}
+    relaid_model, _ = load(str(model_dir))
+    relaid = store_input_major(relaid_model)
+    variants: dict[str, dict[int, tuple[float, mx.array]]] = {"stock": {}, "input-major": {}}
+    for b in batches:  # stock and input-major alternate per batch size
+        variants["stock"][b] = step_ms(model, b, args.steps)
+        variants["input-major"][b] = step_ms(relaid_model, b, args.steps)
+    del relaid_model
+    if kernel_available():
+        routed = install_skinny_linears(model)
+        install_split_attention(model, decode_kernel=True)
+        variants["kernels"] = {b: step_ms(model, b, args.steps) for b in batches}
     print()
     for line in environment_lines(model_dir):
         print(line.replace(", loaded by both servers", ""))
     print(f"BLAS: {BLAS.library}; {relaid} weights re-laid input-major")
+    if "kernels" in variants:
+        print(f"Rust kernels: {routed} dense layers + SwiGLU blocks + decode attention")
+    else:
+        print("Rust kernels: no AVX-512 on this CPU, not measured")
     print(
-        f"\n== one batched decode step (median of {args.steps}), mlx-lm layout vs ours; "
-        "tok/s = batch / step time"
+        f"\n== one batched decode step (median of {args.steps}); tok/s = batch / step time; "
+        "speedup and max |dlogit| against stock"
     )
-    print(f"{'batch':>5} {'mlx-lm ms':>10} {'ours ms':>8} {'mlx-lm tok/s':>13} "
-          f"{'ours tok/s':>11} {'speedup':>8} {'max |dlogit|':>13}")  # fmt: skip
+    names = list(variants)
+    header = f"{'batch':>5} {'stock ms':>9}"
+    for name in names[1:]:
+        header += f" {name + ' ms':>15} {'speedup':>8} {'max |dlogit|':>13}"
+    print(header + f" {'best tok/s':>11}")
     for b in batches:
-        (a, la), (o, lo) = stock[b], ours[b]
-        diff = mx.abs(la - lo).max().item()
-        print(f"{b:>5} {a:>10.1f} {o:>8.1f} {b * 1000 / a:>13.1f} {b * 1000 / o:>11.1f} "
-              f"{a / o:>7.2f}x {diff:>13.2e}")  # fmt: skip
+        base_ms, base_logits = variants["stock"][b]
+        line = f"{b:>5} {base_ms:>9.1f}"
+        for name in names[1:]:
+            ms, logits = variants[name][b]
+            diff = mx.abs(base_logits - logits).max().item()
+            line += f" {ms:>15.1f} {base_ms / ms:>7.2f}x {diff:>13.2e}"
+        best = min(variants[name][b][0] for name in names)
+        print(line + f" {b * 1000 / best:>11.1f}")
     if args.prefill:
         cases = [tuple(int(n) for n in case.split("+")) for case in args.prefill.split(",")]
         compare_prefill(model, [(c, n) for c, n in cases], args.repeats)

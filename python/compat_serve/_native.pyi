@@ -2,7 +2,7 @@
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, final
+from typing import Any, TypeAlias, final
 
 __all__ = [
     "Admission",
@@ -15,6 +15,10 @@ __all__ = [
     "StepPlan",
     "TemplateError",
     "__version__",
+    "attention_decode",
+    "matmul_kernel",
+    "matmul_nt",
+    "swiglu_mlp",
 ]
 
 __version__: str
@@ -246,3 +250,34 @@ class PrefixCache:
 
     def check_invariants(self) -> None:
         """Raises `SchedulerError` if an internal invariant is broken (for tests)."""
+
+# ---- CPU decode kernels (compat-kernels) ------------------------------------------------
+
+# Any object with the buffer protocol (MLX arrays do not declare it to type checkers).
+_Buffer: TypeAlias = Any
+
+# Operands are any buffer-protocol objects (MLX or numpy arrays). Weights, keys and values
+# are read in place; inputs are copied; the result is written into `out`. Wrong dtypes,
+# shapes, strides or a read-only `out` raise ValueError.
+
+def matmul_nt(x: _Buffer, w: _Buffer, out: _Buffer) -> None:
+    """`out[m, n] = Σ_k x[m, k] · w[n, k]`: float32 `x` `[.., depth]`, C-contiguous `w`
+    `[cols, depth]`, writable float32 `out` `[.., cols]`."""
+
+def swiglu_mlp(x: _Buffer, w_gate: _Buffer, w_up: _Buffer, w_down: _Buffer, out: _Buffer) -> None:
+    """`out = (silu(x · w_gateᵀ) ⊙ (x · w_upᵀ)) · w_downᵀ` for float32 `x` `[.., hidden]`."""
+
+def attention_decode(
+    queries: _Buffer,
+    keys: _Buffer,
+    values: _Buffer,
+    mask: _Buffer | None,
+    scale: float,
+    out: _Buffer,
+) -> None:
+    """One decode step's attention: `queries` `[batch, heads, 1, dim]`, `keys`/`values`
+    `[batch, kv_heads, positions, dim]` (strided views allowed, last axis contiguous),
+    `mask` uint8 `[batch, 1, 1, positions]` (nonzero = visible) or None."""
+
+def matmul_kernel() -> str:
+    """`"avx512"` when the kernels have a SIMD path on this CPU, else `"scalar"`."""

@@ -103,7 +103,10 @@ def test_dense_dir_loads_with_equal_logits(tmp_path: Path, gguf_tokenizer: Token
     assert tok.eos_token_ids == {0, 2}
     assert tok.encode("<|im_start|>user") == gguf_tokenizer.encode("<|im_start|>user")
     x = mx.array([[1, 4093, 198, 28120, 2]])
-    assert mx.array_equal(loaded.model(x), source(x))
+    # Same weights; products of <= 16 rows run on the CPU kernel (another summation order).
+    got, expected = loaded.model(x), source(x)
+    assert mx.abs(got - expected).max().item() < 1e-4
+    assert mx.array_equal(mx.argmax(got, axis=-1), mx.argmax(expected, axis=-1)).item()
 
 
 def test_end_of_turn_token_from_template(tmp_path: Path, gguf_tokenizer: Tokenizer) -> None:

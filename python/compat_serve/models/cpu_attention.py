@@ -26,6 +26,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from compat_serve.models.cpu_decode_attention import decode_attention
+
 log = logging.getLogger(__name__)
 
 # Split only chunks of at least this many query rows: measured in the model, 512- and
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 # OpenBLAS's spinning worker threads more than it saves).
 MIN_SPLIT_ROWS = 128
 _MARK = "_compat_split_attention"
+_KERNEL_MARK = "_compat_decode_kernel"
 _local = threading.local()
 
 
@@ -92,7 +95,7 @@ def split_attention(
     return mx.concatenate([first, second], axis=2)
 
 
-def _wrap(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
+def _wrap(original: Callable[..., mx.array], decode_kernel: bool) -> Callable[..., mx.array]:
     def scaled_dot_product_attention(
         queries: mx.array,
         keys: mx.array,
@@ -104,20 +107,30 @@ def _wrap(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
     ) -> mx.array:
         if hasattr(cache, "bits"):  # quantized KV: mlx-lm's own path
             return original(queries, keys, values, cache, scale, mask, sinks)
+        if decode_kernel:
+            out = decode_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+            if out is not None:
+                return out
         return split_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
 
     setattr(scaled_dot_product_attention, _MARK, original)
+    setattr(scaled_dot_product_attention, _KERNEL_MARK, decode_kernel)
     return scaled_dot_product_attention
 
 
-def install_split_attention(model: Any) -> bool:
-    """Route the model module's attention through `split_attention`; False if it does
-    not use mlx-lm's shared function."""
+def install_split_attention(model: Any, *, decode_kernel: bool = False) -> bool:
+    """Route the model module's attention through `split_attention` (and, with
+    `decode_kernel`, decode steps through `cpu_decode_attention`); False if the model does
+    not use mlx-lm's shared function. Patches are per mlx-lm module: once one model asks
+    for the decode kernel, every model of that module uses it."""
     module = sys.modules.get(type(model).__module__)
     current = getattr(module, "scaled_dot_product_attention", None)
     if module is None or not callable(current):
         return False
-    if not hasattr(current, _MARK):
-        module.scaled_dot_product_attention = _wrap(current)  # type: ignore[attr-defined]
+    installed_kernel = getattr(current, _KERNEL_MARK, None)
+    if installed_kernel is None or (decode_kernel and not installed_kernel):
+        original = getattr(current, _MARK, current)
+        wrapped = _wrap(original, decode_kernel)
+        module.scaled_dot_product_attention = wrapped  # type: ignore[attr-defined]
         log.debug("attention of %s split across two CPU streams", module.__name__)
     return True

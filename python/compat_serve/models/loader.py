@@ -57,6 +57,7 @@ def load_model(
     """
     from compat_serve.models.cpu_attention import install_split_attention
     from compat_serve.models.cpu_layout import store_input_major
+    from compat_serve.models.cpu_linear import install_skinny_linears, kernel_available
     from compat_serve.models.weights import compute_backend, resolve_dtype
 
     # Check the cheap things first: a typo should fail before a multi-second load.
@@ -64,10 +65,19 @@ def load_model(
     override = read_chat_template_file(chat_template_path) if chat_template_path else None
     loaded = _dispatch(spec, dtype)
     if compute_backend() == "cpu":
-        relaid = store_input_major(loaded.model)
-        loaded.extra["weight_layout"] = f"input-major ({relaid} dense weights)"
-        if (os.cpu_count() or 1) > 1 and install_split_attention(loaded.model):
-            loaded.extra["attention"] = "prefill rows split over 2 CPU streams"
+        kernel = kernel_available()
+        if kernel:
+            routed = install_skinny_linears(loaded.model)
+            loaded.extra["weight_layout"] = f"row-major, decode on the skinny kernel ({routed})"
+        else:
+            relaid = store_input_major(loaded.model)
+            loaded.extra["weight_layout"] = f"input-major ({relaid} dense weights)"
+        if (os.cpu_count() or 1) > 1 and install_split_attention(
+            loaded.model, decode_kernel=kernel
+        ):
+            loaded.extra["attention"] = "prefill rows split over 2 CPU streams" + (
+                "; decode on the attention kernel" if kernel else ""
+            )
     if override is not None and chat_template_path is not None:
         loaded = replace_chat_template(loaded, override, chat_template_path)
     return loaded

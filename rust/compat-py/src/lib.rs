@@ -3,6 +3,7 @@ use pyo3::prelude::*;
 
 mod convert;
 mod error;
+mod kernels;
 mod prefix_cache;
 mod scheduler;
 mod template;
@@ -18,5 +19,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<prefix_cache::Admission>()?;
     m.add_class::<prefix_cache::NewBlock>()?;
     m.add_class::<prefix_cache::PrefixCacheStats>()?;
+    m.add_function(wrap_pyfunction!(kernels::matmul_nt, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::swiglu_mlp, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::attention_decode, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::matmul_kernel, m)?)?;
     Ok(())
 }
