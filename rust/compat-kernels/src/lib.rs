@@ -137,9 +137,16 @@ fn check_len(name: &str, len: usize, a: usize, b: usize) -> Result<(), ShapeErro
     }
 }
 
+/// Tasks per thread: with a few tasks each, an idle core steals work from a busy one (the
+/// HTTP thread or a client on the same machine) instead of the product waiting for the
+/// slower of two static halves.
+const TASKS_PER_THREAD: usize = 4;
+
 fn task_count(cols: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
-    threads.min(cols / MIN_COLUMNS_PER_TASK).max(1)
+    (threads * TASKS_PER_THREAD)
+        .min(cols / MIN_COLUMNS_PER_TASK)
+        .max(1)
 }
 
 /// Column boundaries of `tasks` near-equal ranges, each a multiple of the SIMD column block
