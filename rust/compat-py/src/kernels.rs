@@ -45,16 +45,8 @@ impl Matrix {
 
     /// The numbers in place, for as long as `self` (which holds the buffer) lives.
     fn in_place(&self) -> &[f32] {
-        let len = self.buf.item_count();
-        if len == 0 {
-            return &[];
-        }
-        // SAFETY: `self.buf` keeps the exporting object alive and its memory valid for the
-        // lifetime of `&self`; `PyBuffer::<f32>::get` checked the element type and `get`
-        // checked it is C-contiguous, so it holds `len` f32s in order. Weights are never
-        // written while we read them: MLX arrays are immutable, and the engine thread (the
-        // caller) is their only user during the call.
-        unsafe { std::slice::from_raw_parts(self.buf.buf_ptr().cast::<f32>(), len) }
+        // A C-contiguous buffer holds exactly `item_count` elements in order.
+        leading_f32s(&self.buf, self.buf.item_count())
     }
 
     /// Writes `values` into a writable buffer (the output array).
@@ -66,9 +58,29 @@ impl Matrix {
     }
 }
 
-#[allow(clippy::needless_pass_by_value)] // used as `.map_err(value_error)`
-fn value_error(err: ShapeError) -> PyErr {
-    PyValueError::new_err(err.to_string())
+/// The first `len` f32s of `buf`'s memory, read in place for as long as `buf` lives.
+/// Callers pass a `len` no larger than the extent the buffer's shape and strides reach.
+fn leading_f32s(buf: &PyBuffer<f32>, len: usize) -> &[f32] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: `buf` keeps the exporting object alive and its memory valid for the lifetime
+    // of `&buf`; `PyBuffer::<f32>::get` checked the element type, and every caller bounds
+    // `len` by the elements the buffer's shape and (non-negative) strides reach from its
+    // first one. The memory is not written while we read it: MLX arrays (weights, KV
+    // cache) are immutable, and the engine thread (their only user) is inside this call.
+    unsafe { std::slice::from_raw_parts(buf.buf_ptr().cast::<f32>(), len) }
+}
+
+/// Runs `kernel` on `inputs` with the GIL released and writes its result into `out`.
+fn compute_into<F>(py: Python<'_>, out: &Matrix, inputs: &[f32], kernel: F) -> PyResult<()>
+where
+    F: FnOnce(&[f32], &mut [f32]) -> Result<(), ShapeError> + Send,
+{
+    let mut result = vec![0.0f32; out.rows * out.cols];
+    py.detach(|| kernel(inputs, &mut result))
+        .map_err(|err| PyValueError::new_err(err.to_string()))?;
+    out.fill(py, &result)
 }
 
 /// `out[m, n] = Σ_k x[m, k] · w[n, k]` for float32 `x` `[.., depth]`, `w` `[cols, depth]`,
@@ -87,12 +99,10 @@ pub fn matmul_nt(
     );
     w.expect("w", w.rows, x.cols)?;
     out.expect("out", x.rows, w.rows)?;
-    let inputs = x.buf.to_vec(py)?;
     let weights = w.in_place();
-    let mut result = vec![0.0f32; x.rows * w.rows];
-    py.detach(|| compat_kernels::matmul_nt(&inputs, weights, &mut result, x.rows, x.cols, w.rows))
-        .map_err(value_error)?;
-    out.fill(py, &result)
+    compute_into(py, &out, &x.buf.to_vec(py)?, |inputs, result| {
+        compat_kernels::matmul_nt(inputs, weights, result, x.rows, x.cols, w.rows)
+    })
 }
 
 /// The `SwiGLU` block `(silu(x · w_gateᵀ) ⊙ (x · w_upᵀ)) · w_downᵀ` in one call, for float32
@@ -116,16 +126,14 @@ pub fn swiglu_mlp(
     up.expect("w_up", inter, hidden)?;
     down.expect("w_down", hidden, inter)?;
     out.expect("out", x.rows, hidden)?;
-    let inputs = x.buf.to_vec(py)?;
     let weights = SwigluWeights {
         gate: gate.in_place(),
         up: up.in_place(),
         down: down.in_place(),
     };
-    let mut result = vec![0.0f32; x.rows * hidden];
-    py.detach(|| compat_kernels::swiglu_mlp(&inputs, weights, &mut result, x.rows, hidden, inter))
-        .map_err(value_error)?;
-    out.fill(py, &result)
+    compute_into(py, &out, &x.buf.to_vec(py)?, |inputs, result| {
+        compat_kernels::swiglu_mlp(inputs, weights, result, x.rows, hidden, inter)
+    })
 }
 
 /// A 4-D float32 buffer `[batch, heads, positions, dim]` read in place through its
@@ -169,17 +177,10 @@ impl Strided4 {
                 .sum::<usize>()
                 + self.shape[3]
         };
-        let data: &[f32] = if extent == 0 {
-            &[]
-        } else {
-            // SAFETY: the exporter guarantees every element its shape and strides reach is
-            // valid memory while `self.buf` lives; `extent` is one past the furthest such
-            // element (strides checked non-negative, in whole f32s). The cache is not written
-            // during the call: the engine thread is its only user and is inside this call.
-            unsafe { std::slice::from_raw_parts(self.buf.buf_ptr().cast::<f32>(), extent) }
-        };
         CachedHeads {
-            data,
+            // `extent` is one past the furthest element the view reaches (strides were
+            // checked non-negative, in whole f32s).
+            data: leading_f32s(&self.buf, extent),
             batch_stride: self.strides[0],
             head_stride: self.strides[1],
             position_stride: self.strides[2],
@@ -237,14 +238,10 @@ pub fn attention_decode(
         head_dim,
         scale,
     };
-    let inputs = queries.buf.to_vec(py)?;
     let (k, v) = (keys.heads(), values.heads());
-    let mut result = vec![0.0f32; inputs.len()];
-    py.detach(|| {
-        compat_kernels::attention_decode(&shape, &inputs, k, v, visible.as_deref(), &mut result)
+    compute_into(py, &out, &queries.buf.to_vec(py)?, |inputs, result| {
+        compat_kernels::attention_decode(&shape, inputs, k, v, visible.as_deref(), result)
     })
-    .map_err(value_error)?;
-    out.fill(py, &result)
 }
 
 /// Name of the kernel `matmul_nt` uses on this CPU: `"avx512"` or `"scalar"`.
