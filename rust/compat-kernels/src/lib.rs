@@ -43,11 +43,6 @@ pub fn kernel_name() -> &'static str {
     }
 }
 
-/// True when [`matmul_nt`] has a SIMD path on this CPU (the scalar one is for tests).
-pub fn accelerated() -> bool {
-    simd::avx512_available()
-}
-
 /// `y[m, n] = Σ_k x[m, k] · w[n, k]`: `x` is `[rows, depth]`, `w` is `[cols, depth]`
 /// (the `[out, in]` layout of a linear layer), `y` is `[rows, cols]`, all row-major.
 pub fn matmul_nt(
