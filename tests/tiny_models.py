@@ -87,7 +87,9 @@ def tiny_model(model_type: str, like: LoadedModel, *, seed: int = 0) -> LoadedMo
     )
 
 
-def tiny_llama(*, tied: bool = True, vocab_size: int = 1024, seed: int = 0) -> Any:
+def tiny_llama(
+    *, tied: bool = True, vocab_size: int = 1024, seed: int = 0, mlp_bias: bool = False
+) -> Any:
     """A bare randomly initialised mlx-lm llama module (2 blocks, hidden size 64), for
     tests of model-level code that need no tokenizer."""
     import mlx.core as mx
@@ -103,6 +105,7 @@ def tiny_llama(*, tied: bool = True, vocab_size: int = 1024, seed: int = 0) -> A
         rms_norm_eps=1e-5,
         vocab_size=vocab_size,
         tie_word_embeddings=tied,
+        mlp_bias=mlp_bias,
     )
     mx.random.seed(seed)
     model = module.Model(args)

@@ -99,18 +99,7 @@ def test_fused_swiglu_matches_the_stock_block() -> None:
 def test_a_biased_swiglu_block_is_not_fused() -> None:
     from mlx_lm.models import llama
 
-    args = llama.ModelArgs(
-        model_type="llama",
-        hidden_size=32,
-        num_hidden_layers=1,
-        intermediate_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        vocab_size=100,
-        mlp_bias=True,
-    )
-    mlp = llama.MLP(args)
+    mlp = tiny_llama(mlp_bias=True).model.layers[0].mlp
     install_skinny_linears(mlp)
     assert type(mlp) is llama.MLP
     assert type(mlp.gate_proj) is SkinnyLinear  # its projections still take the kernel

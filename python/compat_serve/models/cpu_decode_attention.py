@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-import numpy as np
 
 from compat_serve._native import attention_decode
+from compat_serve.models.cpu_linear import kernel_output
 
 
 def _kernel_mask(mask: Any, batch: int, positions: int) -> tuple[bool, mx.array | None]:
@@ -53,7 +53,5 @@ def decode_attention(
     if not usable:
         return None
     queries = mx.contiguous(queries)
-    mx.eval(queries, keys, values, *([kernel_mask] if kernel_mask is not None else []))
-    out = np.empty(queries.shape, dtype=np.float32)
-    attention_decode(queries, keys, values, kernel_mask, float(scale), out)
-    return mx.array(out)
+    operands = (queries, keys, values, kernel_mask, float(scale))
+    return kernel_output(attention_decode, queries.shape, *operands)

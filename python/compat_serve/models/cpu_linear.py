@@ -51,13 +51,20 @@ def _takes_kernel(x: mx.array, weight: mx.array) -> bool:
     return 0 < rows <= MAX_KERNEL_ROWS and x.dtype == mx.float32 and weight.dtype == mx.float32
 
 
+def kernel_output(kernel: Callable[..., None], shape: tuple[int, ...], *operands: Any) -> mx.array:
+    """Runs a `compat_serve._native` kernel: evaluates the MLX operands (the kernel reads
+    their numbers), calls `kernel(*operands, out)` with a new float32 `out` of `shape` and
+    returns `out` as an MLX array."""
+    mx.eval([op for op in operands if isinstance(op, mx.array)])
+    out = np.empty(shape, dtype=np.float32)
+    kernel(*operands, out)
+    return mx.array(out)
+
+
 def skinny_product(x: mx.array, weight: mx.array) -> mx.array:
     """`x @ weight.T` on the kernel: `x` `[..., in]`, `weight` `[out, in]` row-major."""
-    x = mx.contiguous(x)
-    mx.eval(x)
-    out = np.empty((*x.shape[:-1], weight.shape[0]), dtype=np.float32)
-    matmul_nt(x, weight, out)
-    return mx.array(out)
+    out_shape = (*x.shape[:-1], weight.shape[0])
+    return kernel_output(matmul_nt, out_shape, mx.contiguous(x), weight)
 
 
 class SkinnyLinear(Linear):
@@ -108,11 +115,7 @@ def _skinny_swiglu_call(stock: Callable[[Any, mx.array], mx.array]) -> Any:
         gate, up, down = self.gate_proj["weight"], self.up_proj["weight"], self.down_proj["weight"]
         if not _takes_kernel(x, gate):
             return stock(self, x)
-        x = mx.contiguous(x)
-        mx.eval(x)
-        out = np.empty(x.shape, dtype=np.float32)
-        swiglu_mlp(x, gate, up, down, out)
-        return mx.array(out)
+        return kernel_output(swiglu_mlp, x.shape, mx.contiguous(x), gate, up, down)
 
     return fused_call
 
@@ -130,10 +133,8 @@ def _fuses_swiglu(module: Any) -> bool:
     if type(module) in _swiglu_classes.values() or not _is_plain_swiglu(type(module)):
         return False
     projections = [module.get(name) for name in ("gate_proj", "up_proj", "down_proj")]
-    return all(
-        isinstance(p, SkinnyLinear) and "bias" not in p and _row_major_float32(p.get("weight"))
-        for p in projections
-    )
+    # A SkinnyLinear was installed only over a row-major float32 weight.
+    return all(isinstance(p, SkinnyLinear) and "bias" not in p for p in projections)
 
 
 def _modules(model: Module) -> list[Any]:
