@@ -88,7 +88,13 @@ def tiny_model(model_type: str, like: LoadedModel, *, seed: int = 0) -> LoadedMo
 
 
 def tiny_llama(
-    *, tied: bool = True, vocab_size: int = 1024, seed: int = 0, mlp_bias: bool = False
+    *,
+    tied: bool = True,
+    vocab_size: int = 1024,
+    seed: int = 0,
+    mlp_bias: bool = False,
+    attention_bias: bool = False,
+    rope_traditional: bool = False,
 ) -> Any:
     """A bare randomly initialised mlx-lm llama module (2 blocks, hidden size 64), for
     tests of model-level code that need no tokenizer."""
@@ -106,6 +112,8 @@ def tiny_llama(
         vocab_size=vocab_size,
         tie_word_embeddings=tied,
         mlp_bias=mlp_bias,
+        attention_bias=attention_bias,
+        rope_traditional=rope_traditional,
     )
     mx.random.seed(seed)
     model = module.Model(args)

@@ -7,6 +7,7 @@ from typing import Any, TypeAlias, final
 __all__ = [
     "Admission",
     "ChatTemplate",
+    "DecodeBlock",
     "NewBlock",
     "PrefixCache",
     "PrefixCacheStats",
@@ -278,6 +279,40 @@ def attention_decode(
     """One decode step's attention: `queries` `[batch, heads, 1, dim]`, `keys`/`values`
     `[batch, kv_heads, positions, dim]` (strided views allowed, last axis contiguous),
     `mask` uint8 `[batch, 1, 1, positions]` (nonzero = visible) or None."""
+
+@final
+class DecodeBlock:
+    """One llama-style decoder block's decode step in two calls, around the KV cache
+    update: weights are read in place from the buffers given here (shapes checked once)."""
+
+    def __new__(
+        cls,
+        norms: tuple[_Buffer, float, _Buffer, float],
+        attention: tuple[_Buffer, _Buffer, _Buffer, _Buffer],
+        mlp: tuple[_Buffer, _Buffer, _Buffer],
+        head_dim: int,
+        rope: tuple[int, float, float, bool],
+    ) -> DecodeBlock: ...
+    def project(
+        self,
+        x: _Buffer,
+        positions: list[int],
+        outputs: tuple[_Buffer, _Buffer, _Buffer],
+    ) -> None:
+        """Input norm, q/k/v products and RoPE of one new position per row of `x`
+        `[rows, 1, hidden]`, into (queries, keys, values) `[rows, heads, 1, head_dim]`."""
+    def finish(
+        self,
+        x: _Buffer,
+        queries: _Buffer,
+        keys: _Buffer,
+        values: _Buffer,
+        mask: _Buffer | None,
+        scale: float,
+        out: _Buffer,
+    ) -> None:
+        """Attention over the cached keys/values, output product, residual, norm, SwiGLU
+        and residual, into `out` shaped like `x`."""
 
 def matmul_kernel() -> str:
     """`"avx512"` when the kernels have a SIMD path on this CPU, else `"scalar"`."""

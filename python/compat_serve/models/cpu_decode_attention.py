@@ -15,6 +15,7 @@ Everything else keeps MLX.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import mlx.core as mx
@@ -22,16 +23,27 @@ import mlx.core as mx
 from compat_serve._native import attention_decode
 from compat_serve.models.cpu_linear import kernel_output
 
+_converted = threading.local()
 
-def _kernel_mask(mask: Any, batch: int, positions: int) -> tuple[bool, mx.array | None]:
-    """(usable, mask as uint8 `[batch, positions]` or None)."""
+
+def kernel_mask(mask: Any, batch: int) -> tuple[bool, mx.array | None]:
+    """(usable, mask as uint8 `[batch, 1, 1, positions]` or None) for the attention kernel.
+
+    A step passes one mask object to every layer: the last conversion is kept, so it runs
+    once per step instead of once per layer."""
     if mask is None or (isinstance(mask, str) and mask == "causal"):
         return True, None
     if not isinstance(mask, mx.array) or mask.dtype != mx.bool_ or mask.ndim != 4:
         return False, None
-    if mask.shape[1:3] != (1, 1) or mask.shape[3] != positions or mask.shape[0] not in (1, batch):
+    if mask.shape[1:3] != (1, 1) or mask.shape[0] not in (1, batch):
         return False, None
-    return True, mx.broadcast_to(mask, (batch, 1, 1, positions)).astype(mx.uint8)
+    last = getattr(_converted, "last", None)
+    if last is not None and last[0] is mask and last[1] == batch:
+        converted: mx.array = last[2]
+        return True, converted
+    converted = mx.broadcast_to(mask, (batch, 1, 1, mask.shape[3])).astype(mx.uint8)
+    _converted.last = (mask, batch, converted)
+    return True, converted
 
 
 def decode_attention(
@@ -49,9 +61,9 @@ def decode_attention(
         return None
     if not queries.dtype == keys.dtype == values.dtype == mx.float32:
         return None
-    usable, kernel_mask = _kernel_mask(mask, batch, keys.shape[2])
-    if not usable:
+    usable, visible = kernel_mask(mask, batch)
+    if not usable or (visible is not None and visible.shape[3] != keys.shape[2]):
         return None
     queries = mx.contiguous(queries)
-    operands = (queries, keys, values, kernel_mask, float(scale))
+    operands = (queries, keys, values, visible, float(scale))
     return kernel_output(attention_decode, queries.shape, *operands)

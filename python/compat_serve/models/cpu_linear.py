@@ -120,6 +120,11 @@ def _skinny_swiglu_call(stock: Callable[[Any, mx.array], mx.array]) -> Any:
     return fused_call
 
 
+def fused_swiglu_classes() -> set[type]:
+    """The SwiGLU block classes made so far whose decode steps run fused."""
+    return set(_swiglu_classes.values())
+
+
 def _fused_swiglu_class(cls: type) -> type:
     fused = _swiglu_classes.get(cls)
     if fused is None:

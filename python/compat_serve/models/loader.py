@@ -56,6 +56,7 @@ def load_model(
     "bfloat16" or "quantized". `chat_template_path` replaces the model's own template.
     """
     from compat_serve.models.cpu_attention import install_split_attention
+    from compat_serve.models.cpu_decode_block import install_fused_decode_blocks
     from compat_serve.models.cpu_layout import store_input_major
     from compat_serve.models.cpu_linear import install_skinny_linears, kernel_available
     from compat_serve.models.weights import compute_backend, resolve_dtype
@@ -69,6 +70,9 @@ def load_model(
         if kernel:
             routed = install_skinny_linears(loaded.model)
             loaded.extra["weight_layout"] = f"row-major, decode on the skinny kernel ({routed})"
+            fused = install_fused_decode_blocks(loaded.model)
+            if fused:
+                loaded.extra["decode_blocks"] = f"{fused} blocks fused (norms, RoPE in Rust)"
         else:
             relaid = store_input_major(loaded.model)
             loaded.extra["weight_layout"] = f"input-major ({relaid} dense weights)"

@@ -10,9 +10,11 @@
 //! checked before the load.
 
 mod attention;
+mod block;
 mod simd;
 
 pub use attention::{attention_decode, CachedHeads, DecodeShape};
+pub use block::{DecoderBlock, NewPosition, RmsNorm, Rope};
 
 use rayon::prelude::*;
 
@@ -190,3 +192,5 @@ fn pass_scalar(x: &[f32], w: &[f32], out_rows: &mut [&mut [f32]], depth: usize) 
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_block;

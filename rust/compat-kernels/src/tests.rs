@@ -16,7 +16,7 @@ fn reference(x: &[f32], w: &[f32], rows: usize, depth: usize, cols: usize) -> Ve
     y
 }
 
-fn filled(len: usize, seed: u32) -> Vec<f32> {
+pub(crate) fn filled(len: usize, seed: u32) -> Vec<f32> {
     // Deterministic values in [-1, 1): enough to catch a wrong index or a dropped lane.
     (0..len)
         .map(|i| {

@@ -9,14 +9,15 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// A C-contiguous float32 buffer seen as a matrix (all leading axes are rows).
-struct Matrix {
-    buf: PyBuffer<f32>,
-    rows: usize,
-    cols: usize,
+#[derive(Debug)]
+pub(crate) struct Matrix {
+    pub(crate) buf: PyBuffer<f32>,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
 }
 
 impl Matrix {
-    fn get(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+    pub(crate) fn get(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Self> {
         let buf = PyBuffer::<f32>::get(obj)
             .map_err(|e| PyValueError::new_err(format!("{name} must be a float32 buffer: {e}")))?;
         if !buf.is_c_contiguous() {
@@ -33,7 +34,7 @@ impl Matrix {
         Ok(Self { buf, rows, cols })
     }
 
-    fn expect(&self, name: &str, rows: usize, cols: usize) -> PyResult<()> {
+    pub(crate) fn expect(&self, name: &str, rows: usize, cols: usize) -> PyResult<()> {
         if (self.rows, self.cols) == (rows, cols) {
             return Ok(());
         }
@@ -44,13 +45,13 @@ impl Matrix {
     }
 
     /// The numbers in place, for as long as `self` (which holds the buffer) lives.
-    fn in_place(&self) -> &[f32] {
+    pub(crate) fn in_place(&self) -> &[f32] {
         // A C-contiguous buffer holds exactly `item_count` elements in order.
         leading_f32s(&self.buf, self.buf.item_count())
     }
 
     /// Writes `values` into a writable buffer (the output array).
-    fn fill(&self, py: Python<'_>, values: &[f32]) -> PyResult<()> {
+    pub(crate) fn fill(&self, py: Python<'_>, values: &[f32]) -> PyResult<()> {
         if self.buf.readonly() {
             return Err(PyValueError::new_err("out must be writable"));
         }
@@ -138,14 +139,14 @@ pub fn swiglu_mlp(
 
 /// A 4-D float32 buffer `[batch, heads, positions, dim]` read in place through its
 /// strides (a view of a larger KV cache buffer); the last axis must be contiguous.
-struct Strided4 {
+pub(crate) struct Strided4 {
     buf: PyBuffer<f32>,
-    shape: [usize; 4],
+    pub(crate) shape: [usize; 4],
     strides: [usize; 3],
 }
 
 impl Strided4 {
-    fn get(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+    pub(crate) fn get(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Self> {
         let buf = PyBuffer::<f32>::get(obj)
             .map_err(|e| PyValueError::new_err(format!("{name} must be a float32 buffer: {e}")))?;
         let bad =
@@ -168,7 +169,7 @@ impl Strided4 {
     }
 
     /// The numbers from the first element to the last one the view reaches.
-    fn heads(&self) -> CachedHeads<'_> {
+    pub(crate) fn heads(&self) -> CachedHeads<'_> {
         let extent = if self.shape.contains(&0) {
             0
         } else {
@@ -216,20 +217,7 @@ pub fn attention_decode(
     let heads = queries.rows / batch.max(1);
     queries.expect("queries", batch * heads, head_dim)?;
     out.expect("out", batch * heads, head_dim)?;
-    let visible: Option<Vec<bool>> = match mask {
-        None => None,
-        Some(mask) => {
-            let buf = PyBuffer::<u8>::get(mask)
-                .map_err(|e| PyValueError::new_err(format!("mask must be a uint8 buffer: {e}")))?;
-            if !buf.is_c_contiguous() || buf.item_count() != batch * positions {
-                return Err(PyValueError::new_err(format!(
-                    "mask is {:?}, expected {batch} x 1 x 1 x {positions} contiguous",
-                    buf.shape()
-                )));
-            }
-            Some(buf.to_vec(py)?.into_iter().map(|v| v != 0).collect())
-        }
-    };
+    let visible = visible_positions(py, mask, batch, positions)?;
     let shape = DecodeShape {
         batch,
         heads,
@@ -242,6 +230,28 @@ pub fn attention_decode(
     compute_into(py, &out, &queries.buf.to_vec(py)?, |inputs, result| {
         compat_kernels::attention_decode(&shape, inputs, k, v, visible.as_deref(), result)
     })
+}
+
+/// A decode mask from Python: None (every position visible) or a contiguous uint8
+/// `[batch, 1, 1, positions]` buffer, nonzero = visible.
+pub(crate) fn visible_positions(
+    py: Python<'_>,
+    mask: Option<&Bound<'_, PyAny>>,
+    batch: usize,
+    positions: usize,
+) -> PyResult<Option<Vec<bool>>> {
+    let Some(mask) = mask else {
+        return Ok(None);
+    };
+    let buf = PyBuffer::<u8>::get(mask)
+        .map_err(|e| PyValueError::new_err(format!("mask must be a uint8 buffer: {e}")))?;
+    if !buf.is_c_contiguous() || buf.item_count() != batch * positions {
+        return Err(PyValueError::new_err(format!(
+            "mask is {:?}, expected {batch} x 1 x 1 x {positions} contiguous",
+            buf.shape()
+        )));
+    }
+    Ok(Some(buf.to_vec(py)?.into_iter().map(|v| v != 0).collect()))
 }
 
 /// Name of the kernel `matmul_nt` uses on this CPU: `"avx512"` or `"scalar"`.

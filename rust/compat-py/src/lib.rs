@@ -2,6 +2,7 @@
 use pyo3::prelude::*;
 
 mod convert;
+mod decode_block;
 mod error;
 mod kernels;
 mod prefix_cache;
@@ -19,6 +20,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<prefix_cache::Admission>()?;
     m.add_class::<prefix_cache::NewBlock>()?;
     m.add_class::<prefix_cache::PrefixCacheStats>()?;
+    m.add_class::<decode_block::DecodeBlock>()?;
     m.add_function(wrap_pyfunction!(kernels::matmul_nt, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::swiglu_mlp, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::attention_decode, m)?)?;

@@ -1,0 +1,170 @@
+"""A llama decoder block's decode step in two Rust calls (CPU), around mlx-lm's KV cache.
+
+After the skinny products (`cpu_linear`) and the decode attention kernel, a batch-8
+decode step of the embedded model still spent ~25 ms of ~120 ms evaluating MLX's small
+ops between kernel calls (RMS norms, RoPE, residual adds, the attention's reshapes), each
+dispatched and synchronised on its own. `compat_serve._native.DecodeBlock` does one
+block's step in two calls:
+
+1. `project`: input norm, q/k/v products, rotary embedding at each row's position;
+2. the new keys and values go through the block's own mlx-lm cache (`update_and_fetch`,
+   the one MLX evaluation left per block, so batching, prefix caching and trimming see an
+   ordinary cache);
+3. `finish`: attention over the cached keys and values, output product, residual,
+   post-attention norm, SwiGLU feed-forward, residual.
+
+`install_fused_decode_blocks(model)` switches the class of each mlx-lm `llama`
+`TransformerBlock` whose arithmetic is exactly the one these calls implement: the stock
+`__call__` bodies of the block and its attention (checked by source hash, so an mlx-lm
+release that changes them falls back to MLX instead of computing something else), plain
+`nn.RoPE`, `nn.RMSNorm` norms, bias-free float32 projections already on the skinny
+kernel, and the fused SwiGLU feed-forward. Only steps with one new position per row, at
+most `MAX_KERNEL_ROWS` rows, an unquantized cache and a mask the attention kernel reads
+take this path; prefill chunks and everything else run the stock block.
+
+Rows are independent in every call (a request gets the same bits batched or alone).
+RoPE angles are computed in float64: MLX computes them in float32, which drifts by up to
+~1e-3 at positions in the thousands, so keys written by this path differ from MLX's by
+that much at long context (logits at short context agree within 1e-4: tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx.nn.layers.base import Module
+from mlx.nn.layers.normalization import RMSNorm
+from mlx.nn.layers.positional_encoding import RoPE
+
+from compat_serve._native import DecodeBlock
+from compat_serve.models.cpu_decode_attention import kernel_mask
+from compat_serve.models.cpu_linear import MAX_KERNEL_ROWS, SkinnyLinear, fused_swiglu_classes
+
+log = logging.getLogger(__name__)
+
+# sha256 (first 16 hex digits) of `inspect.getsource` of the stock `__call__` methods this
+# path reimplements (mlx-lm 0.32): `TransformerBlock` is `h = x + attn(norm(x)); out = h +
+# mlp(norm(h))`; `Attention` is the q/k/v products, RoPE at `cache.offset`,
+# `cache.update_and_fetch`, `scaled_dot_product_attention` and the output product.
+_STOCK_SOURCES = {
+    "TransformerBlock": "937a607a6e7ea3c9",
+    "Attention": "3b9b8774b647f7a4",
+}
+_fused_class: list[type] = []
+
+
+def _source_hash(cls: type) -> str | None:
+    call = cls.__dict__.get("__call__")
+    try:
+        source = inspect.getsource(call) if call is not None else ""
+    except (OSError, TypeError):
+        return None
+    return hashlib.sha256(source.encode()).hexdigest()[:16] if source else None
+
+
+def _is_stock_llama_block(module: Any) -> bool:
+    from mlx_lm.models import llama
+
+    if type(module) is not llama.TransformerBlock or type(module.self_attn) is not llama.Attention:
+        return False
+    return (
+        _source_hash(llama.TransformerBlock) == _STOCK_SOURCES["TransformerBlock"]
+        and _source_hash(llama.Attention) == _STOCK_SOURCES["Attention"]
+    )
+
+
+def _kernel_ready(module: Any) -> bool:
+    attention = module.self_attn
+    projections = [attention.get(name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    if not all(isinstance(p, SkinnyLinear) and "bias" not in p for p in projections):
+        return False
+    if type(attention.rope) is not RoPE or type(module.mlp) not in fused_swiglu_classes():
+        return False
+    norms = (module.input_layernorm, module.post_attention_layernorm)
+    return all(type(n) is RMSNorm and n.weight.dtype == mx.float32 for n in norms)
+
+
+def _decode_block(module: Any) -> DecodeBlock:
+    attention, mlp, rope = module.self_attn, module.mlp, module.self_attn.rope
+    q, k, v, o = (attention[name].weight for name in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    return DecodeBlock(
+        (
+            module.input_layernorm.weight,
+            float(module.input_layernorm.eps),
+            module.post_attention_layernorm.weight,
+            float(module.post_attention_layernorm.eps),
+        ),
+        (q, k, v, o),
+        (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight),
+        int(attention.head_dim),
+        (int(rope.dims), float(rope.base), float(rope.scale), bool(rope.traditional)),
+    )
+
+
+def _positions(offset: Any, rows: int) -> list[int] | None:
+    """Each row's position from a cache's `offset` (an int, or one per row when batched)."""
+    if isinstance(offset, int):
+        return [offset] * rows
+    if isinstance(offset, mx.array) and offset.shape == (rows,):
+        values: list[int] = offset.tolist()  # type: ignore[assignment]
+        return values
+    return None
+
+
+def _fused_call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+    from mlx_lm.models import llama
+
+    rows = x.shape[0]
+    positions = None
+    one_position = x.ndim == 3 and x.shape[1] == 1 and x.dtype == mx.float32
+    plain_cache = cache is not None and not hasattr(cache, "bits")  # quantized KV: stock
+    if one_position and rows <= MAX_KERNEL_ROWS and plain_cache:
+        positions = _positions(cache.offset, rows)
+    usable, visible = kernel_mask(mask, rows) if positions is not None else (False, None)
+    if positions is None or not usable:
+        stock: mx.array = llama.TransformerBlock.__call__(self, x, mask, cache)
+        return stock
+    block: DecodeBlock = self._compat_decode_block
+    attention = self.self_attn
+    mx.eval(x)
+    queries = np.empty((rows, attention.n_heads, 1, attention.head_dim), dtype=np.float32)
+    keys = np.empty((rows, attention.n_kv_heads, 1, attention.head_dim), dtype=np.float32)
+    values = np.empty_like(keys)
+    block.project(x, positions, (queries, keys, values))
+    cached_keys, cached_values = cache.update_and_fetch(mx.array(keys), mx.array(values))
+    mx.eval(cached_keys, cached_values)
+    out = np.empty(x.shape, dtype=np.float32)
+    block.finish(x, queries, cached_keys, cached_values, visible, float(attention.scale), out)
+    return mx.array(out)
+
+
+def _fused_block_class() -> type:
+    if not _fused_class:
+        from mlx_lm.models import llama
+
+        fused = type("TransformerBlock", (llama.TransformerBlock,), {"__call__": _fused_call})
+        fused.__qualname__ = "FusedDecode[llama.TransformerBlock]"
+        _fused_class.append(fused)
+    return _fused_class[0]
+
+
+def install_fused_decode_blocks(model: Module) -> int:
+    """Run decode steps of stock llama blocks in two `DecodeBlock` calls; returns how many
+    blocks changed. Call after `install_skinny_linears` (it needs the skinny projections)
+    and after the weights are final: the block reads them in place from then on.
+    Idempotent."""
+    untyped: Any = model
+    changed = 0
+    for _, module in untyped.named_modules():
+        if not (_is_stock_llama_block(module) and _kernel_ready(module)):
+            continue
+        module._compat_decode_block = _decode_block(module)
+        module.__class__ = _fused_block_class()
+        changed += 1
+    log.debug("%d decoder blocks run decode steps fused", changed)
+    return changed
