@@ -8,7 +8,8 @@ weights both servers use in `throughput.py`) with `mlx_lm.utils.load`.
    Python) at batch 1, 4, 8, 16 — stock mlx-lm; with the weights stored input-major
    (`models/cpu_layout.py`, the path for CPUs without AVX-512); and on our Rust kernels
    (`models/cpu_linear.py` skinny matmul + fused SwiGLU, `models/cpu_decode_attention.py`),
-   the path the server takes on this machine.
+   and with whole llama blocks fused (`models/cpu_decode_block.py`), the path the server
+   takes on this machine.
 2. Prefill (`models/cpu_attention.py`): one prompt chunk after C tokens of context (the
    context K/V copied from one long prefill), stock attention vs rows split over two CPU
    streams, alternating, best of `--repeats`.
@@ -36,6 +37,7 @@ from mlx_lm.utils import load  # noqa: E402
 
 from _servers import converted_model_dir, environment_lines  # noqa: E402
 from compat_serve.models.cpu_attention import install_split_attention  # noqa: E402
+from compat_serve.models.cpu_decode_block import install_fused_decode_blocks  # noqa: E402
 from compat_serve.models.cpu_layout import store_input_major  # noqa: E402
 from compat_serve.models.cpu_linear import install_skinny_linears, kernel_available  # noqa: E402
 
@@ -141,12 +143,15 @@ def main() -> None:
         routed = install_skinny_linears(model)
         install_split_attention(model, decode_kernel=True)
         variants["kernels"] = {b: step_ms(model, b, args.steps) for b in batches}
+        fused = install_fused_decode_blocks(model)
+        variants["fused blocks"] = {b: step_ms(model, b, args.steps) for b in batches}
     print()
     for line in environment_lines(model_dir):
         print(line.replace(", loaded by both servers", ""))
     print(f"BLAS: {BLAS.library}; {relaid} weights re-laid input-major")
     if "kernels" in variants:
         print(f"Rust kernels: {routed} dense layers + SwiGLU blocks + decode attention")
+        print(f"fused blocks: the kernels, and {fused} llama blocks' decode steps in 2 calls")
     else:
         print("Rust kernels: no AVX-512 on this CPU, not measured")
     print(
