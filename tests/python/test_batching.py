@@ -56,6 +56,24 @@ class DecodeSpy:
         runner.decode_logits = spy  # type: ignore[method-assign]
 
 
+class PrefillTogetherSpy:
+    """Wraps the engine's batched prefill to record how many requests each call took;
+    `fail` makes it raise instead (the engine must then prefill each request alone)."""
+
+    def __init__(self, engine: Engine, *, fail: bool = False) -> None:
+        self.rows: list[int] = []
+        runner = engine._runner  # observed, not replaced
+        real = runner.last_logits_together
+
+        def spy(caches: Any, token_lists: Any) -> Any:
+            self.rows.append(len(token_lists))
+            if fail:
+                raise RuntimeError("injected: batched prefill failed")
+            return real(caches, token_lists)
+
+        runner.last_logits_together = spy  # type: ignore[method-assign]
+
+
 def started(loaded: LoadedModel, **config: Any) -> Engine:
     engine = Engine(loaded, EngineConfig(**config))
     engine.start()
@@ -116,7 +134,7 @@ def run_alone_then_together(
 def test_eight_concurrent_greedy_streams_match_each_run_alone(
     engine: Engine, embedded_model: LoadedModel
 ) -> None:
-    spy = DecodeSpy(engine)
+    spy, prefills = DecodeSpy(engine), PrefillTogetherSpy(engine)
     requests = [
         EngineRequest(f"g{i}", chat_ids(embedded_model, text), greedy(32))
         for i, text in enumerate(PROMPTS)
@@ -124,8 +142,66 @@ def test_eight_concurrent_greedy_streams_match_each_run_alone(
     alone, together = run_alone_then_together(engine, requests)
     batched_rows = spy.rows[sum(len(t) for t in alone) - len(alone) :]
     assert max(batched_rows) >= 6, f"the requests were not batched: {batched_rows}"
+    # Requests admitted in the same step prefill together (their prompts are cached from
+    # the runs alone, so each brings a restored prefix of its own length).
+    assert max(prefills.rows, default=0) >= 4, f"prefills together: {prefills.rows}"
     for request, a, b in zip(requests, alone, together, strict=True):
         assert_same_or_near_tie(embedded_model, request.prompt_ids, a, b)
+
+
+def test_a_failed_batched_prefill_falls_back_to_one_request_at_a_time(
+    embedded_model: LoadedModel,
+) -> None:
+    engine = started(embedded_model, prefill_chunk=64, max_num_seqs=8, prefix_cache=False)
+    try:
+        prefills = PrefillTogetherSpy(engine, fail=True)
+        requests = [
+            EngineRequest(f"f{i}", chat_ids(embedded_model, text), greedy(6))
+            for i, text in enumerate(PROMPTS[:4])
+        ]
+        alone, together = run_alone_then_together(engine, requests)
+        assert prefills.rows, "no batched prefill was attempted"
+        for request, a, b in zip(requests, alone, together, strict=True):
+            assert_same_or_near_tie(embedded_model, request.prompt_ids, a, b)
+    finally:
+        engine.shutdown()
+
+
+def test_prompts_prefilled_together_match_each_alone(embedded_model: LoadedModel) -> None:
+    """`last_logits_together` against `last_logits` per request: fresh caches and restored
+    prefixes of different lengths, then one decode step on the caches it returns."""
+    import mlx.core as mx
+
+    from compat_serve.engine.batch import merge_caches
+    from compat_serve.engine.runner import ModelRunner
+
+    runner = ModelRunner(embedded_model)
+    prompts = [list(chat_ids(embedded_model, text)) for text in PROMPTS[:4]]
+    prefixes = [[], [], prompts[2][:5], prompts[3][:9]]
+
+    def caches() -> list[Any]:
+        made = []
+        for prefix in prefixes:
+            cache = runner.new_cache()
+            if prefix:
+                runner.prefill(cache, prefix)
+            made.append(cache)
+        return made
+
+    alone_caches = caches()
+    rest = [p[len(prefix) :] for p, prefix in zip(prompts, prefixes, strict=True)]
+    alone = mx.concatenate(
+        [runner.last_logits(c, t) for c, t in zip(alone_caches, rest, strict=True)]
+    )
+    given = caches()
+    together, own = runner.last_logits_together(given, rest)
+    assert mx.abs(together - alone).max().item() < 1e-4
+    assert [c[0].offset for c in own] == [len(p) for p in prompts]
+    assert [c[0].offset for c in given] == [len(p) for p in prefixes]  # not modified
+    step = [5, 6, 7, 8]
+    after_alone = runner.decode_logits(merge_caches(alone_caches), step)
+    after_together = runner.decode_logits(merge_caches(own), step)
+    assert mx.abs(after_together - after_alone).max().item() < 1e-4
 
 
 def test_each_request_in_a_batch_follows_its_own_sampling_settings(

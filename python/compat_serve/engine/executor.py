@@ -21,13 +21,22 @@ from compat_serve._native import Scheduler, SchedulerError
 from compat_serve.engine.batch import DecodeBatch
 from compat_serve.engine.metrics import EngineMetrics
 from compat_serve.engine.prefix_cache import PrefixCaching
-from compat_serve.engine.runner import ModelRunner
+from compat_serve.engine.runner import ModelRunner, plain_kv
 from compat_serve.engine.sampling import RequestSampler, sample_rows
 from compat_serve.engine.sequence import Phase, Sequence
 from compat_serve.engine.status import StatusBoard
 from compat_serve.engine.types import EngineEvent, FinishReason, Usage
 
 log = logging.getLogger("compat_serve.engine")
+
+# Last chunks of requests that start in the same step run as one batch
+# (`StepExecutor._prefill_together`) when each has at most this many tokens to compute
+# (short prompts, where a forward's fixed cost dominates and padding wastes little) on at
+# most this many restored tokens (merging copies them).
+TOGETHER_MAX_TOKENS = 256
+TOGETHER_MAX_CACHED = 4096
+
+PlannedChunk = tuple[Sequence, int, int, bool]  # request, start, length, is_last
 
 _SCHEDULER_REASONS = {
     "stop_token": FinishReason.STOP_TOKEN,
@@ -115,14 +124,19 @@ class StepExecutor:
         sampled: list[tuple[str, int]] = []
         if plan.decode:
             self._decode(plan.decode, sampled)
-        joining: list[Sequence] = []
+        planned: list[PlannedChunk] = []
         for request_id, start, length, is_last in plan.prefill:
             seq = self._seqs.get(request_id)
-            if seq is None:
-                continue
-            self._prefill(seq, start, length, is_last, prefilled, sampled)
-            if seq.phase is Phase.DECODE:
-                joining.append(seq)
+            if seq is not None:
+                planned.append((seq, start, length, is_last))
+        together = [chunk for chunk in planned if self._whole_prompt_left(*chunk)]
+        if len(together) < 2 or not self._prefill_together(together, prefilled, sampled):
+            together = []  # none, one, or the batched forward failed: each on its own
+        done = {id(chunk[0]) for chunk in together}
+        for seq, start, length, is_last in planned:
+            if id(seq) not in done and seq.request_id in self._seqs:
+                self._prefill(seq, start, length, is_last, prefilled, sampled)
+        joining = [chunk[0] for chunk in planned if chunk[0].phase is Phase.DECODE]
         for request_id, reason in self._scheduler.update(prefilled, sampled):
             seq = self._seqs.get(request_id)
             if seq is not None:
@@ -214,6 +228,67 @@ class StepExecutor:
             log.exception("request %s failed in prefill", seq.request_id)
             self._fail(seq, exc)
             return
+        self._chunk_done(seq, start, length, is_last, token, prefilled, sampled)
+
+    def _whole_prompt_left(self, seq: Sequence, start: int, length: int, is_last: bool) -> bool:
+        """Whether this chunk can join a batched prefill (`_prefill_together`): the last
+        chunk of a request that starts now and has a token to sample, on a plain-attention
+        model, short enough that padding it to its neighbours wastes little."""
+        if self.prefix is not None and self.prefix.hybrid:
+            return False
+        fresh = seq.cache is None and start == seq.cached_tokens
+        return (
+            is_last
+            and fresh
+            and seq.request.sampling.max_tokens > 0
+            and length <= TOGETHER_MAX_TOKENS
+            and seq.cached_tokens <= TOGETHER_MAX_CACHED
+        )
+
+    def _prefill_together(
+        self,
+        chunks: list[PlannedChunk],
+        prefilled: list[tuple[str, int]],
+        sampled: list[tuple[str, int]],
+    ) -> bool:
+        """The whole (remaining) prompts of several requests in batched forwards
+        (`ModelRunner.last_logits_together`), each row sampled with its own settings. False
+        when nothing was computed (a request's restored cache is not plain K/V, or the
+        batched forward failed): the caller then prefills each request on its own."""
+        for seq, _, _, _ in chunks:
+            self._start_prefill(seq)
+        caches = [seq.cache for seq, _, _, _ in chunks if seq.cache is not None]
+        if len(caches) != len(chunks) or not all(plain_kv(cache) for cache in caches):
+            return False
+        token_lists = [seq.known_tokens(start, start + length) for seq, start, length, _ in chunks]
+        try:
+            logits, own = self._runner.last_logits_together(caches, token_lists)
+            tokens = sample_rows(logits, [_sampler(seq) for seq, _, _, _ in chunks])
+            mx.eval(tokens)
+            values: list[int] = tokens.tolist()  # type: ignore[assignment]
+        except Exception:  # the requests' own caches are untouched: run them one by one
+            log.exception("a batched prefill of %d requests failed; prefilling each", len(chunks))
+            return False
+        for (seq, start, length, is_last), cache, token, tokens_in in zip(
+            chunks, own, values, token_lists, strict=True
+        ):
+            seq.cache = cache
+            self._cache_computed(seq, start, tokens_in)
+            self._chunk_done(seq, start, length, is_last, token, prefilled, sampled)
+        return True
+
+    def _chunk_done(
+        self,
+        seq: Sequence,
+        start: int,
+        length: int,
+        is_last: bool,
+        token: int | None,
+        prefilled: list[tuple[str, int]],
+        sampled: list[tuple[str, int]],
+    ) -> None:
+        """Bookkeeping after a computed chunk: progress, status, and after a last chunk the
+        switch to decode with its first token."""
         seq.computed = start + length
         prefilled.append((seq.request_id, length))
         prompt_done = min(seq.computed, seq.prompt_len)
