@@ -137,7 +137,9 @@ def _fused_call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> 
     values = np.empty_like(keys)
     block.project(x, positions, (queries, keys, values))
     cached_keys, cached_values = cache.update_and_fetch(mx.array(keys), mx.array(values))
-    mx.eval(cached_keys, cached_values)
+    # The new offset too: the next step reads it back as positions (one sync here instead
+    # of another there).
+    mx.eval(cached_keys, cached_values, cache.offset)
     out = np.empty(x.shape, dtype=np.float32)
     block.finish(x, queries, cached_keys, cached_values, visible, float(attention.scale), out)
     return mx.array(out)
