@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from compat_serve.engine.batch import merge_caches
 from compat_serve.engine.metrics import kv_bytes_per_token
 from compat_serve.models.types import LoadedModel
 
@@ -60,7 +61,7 @@ class ModelRunner:
         longest = max(len(tokens) for tokens in token_lists)
         rows = caches
         if longest > 1:
-            merged = merge_layers(rows)
+            merged = merge_caches(rows)
             heads = [t[:-1] + [0] * (longest - len(t)) for t in token_lists]
             self._model(mx.array(heads, dtype=mx.uint32), cache=merged)
             mx.eval([c.state for c in merged])
@@ -70,7 +71,7 @@ class ModelRunner:
                 for layer in extracted:
                     layer.trim(longest - len(tokens))
                 rows.append(extracted)
-        merged = merge_layers(rows)
+        merged = merge_caches(rows)
         lasts = mx.array([t[-1:] for t in token_lists], dtype=mx.uint32)
         logits: mx.array = self._model(lasts, cache=merged)
         mx.eval([c.state for c in merged])
@@ -82,12 +83,6 @@ class ModelRunner:
         inputs = mx.array(list(tokens), dtype=mx.uint32)[:, None]
         logits: mx.array = self._model(inputs, cache=batch_cache)
         return logits[:, -1, :]
-
-
-def merge_layers(caches: list[list[Any]]) -> list[Any]:
-    """Per layer, batch-1 `KVCache`s merged into one left-padded `BatchKVCache`."""
-    merge: Any = BatchKVCache.merge  # untyped in mlx-lm
-    return [merge(list(layer)) for layer in zip(*caches, strict=True)]
 
 
 def plain_kv(cache: list[Any]) -> bool:

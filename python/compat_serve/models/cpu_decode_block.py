@@ -30,6 +30,7 @@ that much at long context (logits at short context agree within 1e-4: tests).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import logging
@@ -40,6 +41,7 @@ import numpy as np
 from mlx.nn.layers.base import Module
 from mlx.nn.layers.normalization import RMSNorm
 from mlx.nn.layers.positional_encoding import RoPE
+from mlx_lm.models import llama
 
 from compat_serve._native import DecodeBlock
 from compat_serve.models.cpu_decode_attention import kernel_mask
@@ -55,7 +57,6 @@ _STOCK_SOURCES = {
     "TransformerBlock": "937a607a6e7ea3c9",
     "Attention": "3b9b8774b647f7a4",
 }
-_fused_class: list[type] = []
 
 
 def _source_hash(cls: type) -> str | None:
@@ -67,15 +68,16 @@ def _source_hash(cls: type) -> str | None:
     return hashlib.sha256(source.encode()).hexdigest()[:16] if source else None
 
 
-def _is_stock_llama_block(module: Any) -> bool:
-    from mlx_lm.models import llama
-
-    if type(module) is not llama.TransformerBlock or type(module.self_attn) is not llama.Attention:
-        return False
+def _stock_llama_sources() -> bool:
+    """Whether the installed mlx-lm's llama block and attention are the ones reimplemented."""
     return (
         _source_hash(llama.TransformerBlock) == _STOCK_SOURCES["TransformerBlock"]
         and _source_hash(llama.Attention) == _STOCK_SOURCES["Attention"]
     )
+
+
+def _is_llama_block(module: Any) -> bool:
+    return type(module) is llama.TransformerBlock and type(module.self_attn) is llama.Attention
 
 
 def _kernel_ready(module: Any) -> bool:
@@ -117,8 +119,6 @@ def _positions(offset: Any, rows: int) -> list[int] | None:
 
 
 def _fused_call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-    from mlx_lm.models import llama
-
     rows = x.shape[0]
     positions = None
     one_position = x.ndim == 3 and x.shape[1] == 1 and x.dtype == mx.float32
@@ -145,14 +145,11 @@ def _fused_call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> 
     return mx.array(out)
 
 
+@functools.cache
 def _fused_block_class() -> type:
-    if not _fused_class:
-        from mlx_lm.models import llama
-
-        fused = type("TransformerBlock", (llama.TransformerBlock,), {"__call__": _fused_call})
-        fused.__qualname__ = "FusedDecode[llama.TransformerBlock]"
-        _fused_class.append(fused)
-    return _fused_class[0]
+    fused = type("TransformerBlock", (llama.TransformerBlock,), {"__call__": _fused_call})
+    fused.__qualname__ = "FusedDecode[llama.TransformerBlock]"
+    return fused
 
 
 def install_fused_decode_blocks(model: Module) -> int:
@@ -161,9 +158,12 @@ def install_fused_decode_blocks(model: Module) -> int:
     and after the weights are final: the block reads them in place from then on.
     Idempotent."""
     untyped: Any = model
+    blocks = [module for _, module in untyped.named_modules() if _is_llama_block(module)]
+    if not blocks or not _stock_llama_sources():
+        return 0
     changed = 0
-    for _, module in untyped.named_modules():
-        if not (_is_stock_llama_block(module) and _kernel_ready(module)):
+    for module in blocks:
+        if not _kernel_ready(module):
             continue
         module._compat_decode_block = _decode_block(module)
         module.__class__ = _fused_block_class()
