@@ -10,6 +10,9 @@ pub enum CoreError {
     /// The template itself called `raise_exception(message)`; the message is verbatim.
     #[error("{0}")]
     TemplateRaised(String),
+    /// A grammar (JSON schema, Lark, regex) failed to compile, or generation left it.
+    #[error("{0}")]
+    Grammar(String),
     /// Input given to the core was malformed.
     #[error("invalid input: {0}")]
     InvalidInput(String),
