@@ -8,6 +8,8 @@ __all__ = [
     "Admission",
     "ChatTemplate",
     "DecodeBlock",
+    "GrammarError",
+    "GrammarMatcher",
     "NewBlock",
     "PrefixCache",
     "PrefixCacheStats",
@@ -15,8 +17,10 @@ __all__ = [
     "SchedulerError",
     "StepPlan",
     "TemplateError",
+    "TokenTable",
     "__version__",
     "attention_decode",
+    "fill_masks",
     "matmul_kernel",
     "matmul_nt",
     "swiglu_mlp",
@@ -30,6 +34,50 @@ class TemplateError(Exception):
 class SchedulerError(Exception):
     """The scheduler was misused: unknown or duplicate request id, invalid status
     transition, or a step result that does not match its plan."""
+
+class GrammarError(ValueError):
+    """A grammar (JSON schema, Lark, regex) failed to compile, or generation left it."""
+
+@final
+class TokenTable:
+    """One model's vocabulary as the grammar engine (llguidance) sees it."""
+
+    def __init__(
+        self, tokenizer_json: str, eos_token_ids: list[int], logits_width: int
+    ) -> None: ...
+    @staticmethod
+    def from_token_bytes(
+        tokens: list[bytes], eos_token_ids: list[int], logits_width: int
+    ) -> TokenTable: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def mask_words(self) -> int: ...
+    def special_token(self, name: str) -> int | None: ...
+    def token_bytes(self, token: int) -> bytes: ...
+    def compile(self, kind: str, source: str) -> GrammarMatcher:
+        """`kind`: json_schema, lark or regex. Raises `GrammarError`."""
+
+@final
+class GrammarMatcher:
+    """One request's grammar state."""
+
+    def mask(self) -> bytes:
+        """Allowed next tokens: `mask_words` little-endian u32 words."""
+    def consume(self, token: int) -> None: ...
+    def validate(self, tokens: list[int]) -> int: ...
+    def rollback(self, n: int) -> None: ...
+    def is_stopped(self) -> bool: ...
+    def is_accepting(self) -> bool: ...
+    @property
+    def consumed(self) -> int: ...
+    @property
+    def mask_words(self) -> int: ...
+
+def fill_masks(
+    matchers: list[GrammarMatcher | None], words: int
+) -> tuple[bytes, list[str | None]]:
+    """One mask row per matcher (None: all allowed) and each row's error."""
 
 @final
 class ChatTemplate:

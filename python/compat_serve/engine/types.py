@@ -45,6 +45,20 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class Grammar:
+    """What the generated output must match (compiled by the Rust core, llguidance).
+
+    `kind`: "json_schema" (source: the schema as JSON text), "lark" (an llguidance Lark
+    grammar) or "regex". `field` names where it came from in the API request, for errors
+    ("response_format.json_schema.schema", "tools[0].input_schema", ...).
+    """
+
+    kind: str
+    source: str
+    field: str = "grammar"
+
+
+@dataclass(frozen=True)
 class EngineRequest:
     """One generation: prompt token ids plus how to sample."""
 
@@ -57,6 +71,8 @@ class EngineRequest:
     # Mixed into prefix-cache block hashes: requests with different salts never share
     # cached blocks (--cache-salt-per-key sets it per API key).
     cache_salt: bytes | None = None
+    # Constrained decoding: every generated token is drawn from what this allows.
+    grammar: Grammar | None = None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,13 @@ pyo3::create_exception!(
      transition, or a step result that does not match its plan."
 );
 
+pyo3::create_exception!(
+    compat_serve._native,
+    GrammarError,
+    PyValueError,
+    "A grammar (JSON schema, Lark, regex) failed to compile, or generation left it."
+);
+
 /// Wrapper so `?` can turn a [`CoreError`] into a `PyErr` (orphan rule).
 #[derive(Debug)]
 pub struct PyCoreError(pub CoreError);
@@ -34,6 +41,7 @@ impl From<PyCoreError> for PyErr {
             CoreError::Template(msg) | CoreError::TemplateRaised(msg) => {
                 TemplateError::new_err(msg)
             }
+            CoreError::Grammar(msg) => GrammarError::new_err(msg),
             CoreError::InvalidInput(msg) => PyValueError::new_err(msg),
             err @ (CoreError::InvalidTransition { .. }
             | CoreError::UnknownRequest(_)
@@ -46,5 +54,6 @@ impl From<PyCoreError> for PyErr {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TemplateError", m.py().get_type::<TemplateError>())?;
-    m.add("SchedulerError", m.py().get_type::<SchedulerError>())
+    m.add("SchedulerError", m.py().get_type::<SchedulerError>())?;
+    m.add("GrammarError", m.py().get_type::<GrammarError>())
 }

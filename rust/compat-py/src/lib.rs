@@ -4,6 +4,7 @@ use pyo3::prelude::*;
 mod convert;
 mod decode_block;
 mod error;
+mod grammar;
 mod kernels;
 mod prefix_cache;
 mod scheduler;
@@ -21,6 +22,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<prefix_cache::NewBlock>()?;
     m.add_class::<prefix_cache::PrefixCacheStats>()?;
     m.add_class::<decode_block::DecodeBlock>()?;
+    m.add_class::<grammar::TokenTable>()?;
+    m.add_class::<grammar::GrammarMatcher>()?;
+    m.add_function(wrap_pyfunction!(grammar::fill_masks, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::matmul_nt, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::swiglu_mlp, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::attention_decode, m)?)?;

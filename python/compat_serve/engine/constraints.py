@@ -1,0 +1,66 @@
+"""Constrained decoding on the engine thread: grammar masks applied to logits.
+
+The Rust core (llguidance) compiles a request's grammar against the model's vocabulary
+and computes, before each token, which ids may come next (`fill_masks`, GIL released).
+Here the bitmask becomes a boolean row per request with plain `mx` ops (no custom
+kernels: the same code runs on the CPU, Metal and CUDA), and disallowed logits become
+-inf. Rows without a grammar are left alone, and a batch with none costs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from compat_serve._native import GrammarError, GrammarMatcher, TokenTable, fill_masks
+from compat_serve.engine.types import Grammar
+from compat_serve.models.tokenizer import Tokenizer
+
+__all__ = ["GrammarError", "GrammarMatcher", "Grammars", "masked_logits"]
+
+log = logging.getLogger("compat_serve.engine")
+
+_BIT_SHIFTS = mx.arange(32, dtype=mx.uint32)
+
+
+class Grammars:
+    """The model's token table, built once; compiles one matcher per constrained request."""
+
+    def __init__(self, tokenizer: Tokenizer, logits_width: int) -> None:
+        started = time.monotonic()
+        eos = sorted(tokenizer.eos_token_ids)
+        if not eos:
+            raise ValueError("constrained decoding needs an end-of-sequence token")
+        self.table = TokenTable(tokenizer.backend.to_str(), eos, logits_width)
+        self.logits_width = logits_width
+        log.info(
+            "grammar token table: %d tokens in %.2fs",
+            self.table.vocab_size,
+            time.monotonic() - started,
+        )
+
+    def compile(self, grammar: Grammar) -> GrammarMatcher:
+        """A fresh matcher; `GrammarError` (a ValueError) names what is wrong."""
+        return self.table.compile(grammar.kind, grammar.source)
+
+
+def masked_logits(logits: mx.array, matchers: Sequence[GrammarMatcher | None]) -> mx.array:
+    """`[rows, vocab]` logits with every token a row's grammar forbids at -inf.
+
+    Raises GrammarError naming the first row whose grammar failed.
+    """
+    if all(m is None for m in matchers):
+        return logits
+    words = next(m for m in matchers if m is not None).mask_words
+    raw, errors = fill_masks(list(matchers), words)
+    for error in errors:
+        if error is not None:
+            raise GrammarError(error)
+    packed = mx.array(np.frombuffer(raw, dtype=np.uint32).reshape(len(matchers), words))
+    bits = (packed[:, :, None] >> _BIT_SHIFTS) & 1
+    allowed = bits.reshape(len(matchers), words * 32)[:, : logits.shape[-1]].astype(mx.bool_)
+    return mx.where(allowed, logits, mx.array(-float("inf"), logits.dtype))
