@@ -24,7 +24,9 @@ __all__ = ["GrammarError", "GrammarMatcher", "Grammars", "masked_logits"]
 
 log = logging.getLogger("compat_serve.engine")
 
-_BIT_SHIFTS = mx.arange(32, dtype=mx.uint32)
+# Built from data, not `mx.arange`: a lazy op would belong to the importing thread's
+# stream, and the engine thread cannot evaluate it.
+_BIT_SHIFTS = mx.array(np.arange(32, dtype=np.uint32))
 
 
 class Grammars:
@@ -48,19 +50,21 @@ class Grammars:
         return self.table.compile(grammar.kind, grammar.source)
 
 
-def masked_logits(logits: mx.array, matchers: Sequence[GrammarMatcher | None]) -> mx.array:
-    """`[rows, vocab]` logits with every token a row's grammar forbids at -inf.
-
-    Raises GrammarError naming the first row whose grammar failed.
-    """
+def masked_logits(
+    logits: mx.array, matchers: Sequence[GrammarMatcher | None]
+) -> tuple[mx.array, list[str | None]]:
+    """`[rows, vocab]` logits with every token a row's grammar forbids at -inf, and each
+    row's grammar error (a failed row is left unmasked; the caller ends its request)."""
     if all(m is None for m in matchers):
-        return logits
+        return logits, [None] * len(matchers)
     words = next(m for m in matchers if m is not None).mask_words
     raw, errors = fill_masks(list(matchers), words)
-    for error in errors:
-        if error is not None:
-            raise GrammarError(error)
     packed = mx.array(np.frombuffer(raw, dtype=np.uint32).reshape(len(matchers), words))
     bits = (packed[:, :, None] >> _BIT_SHIFTS) & 1
-    allowed = bits.reshape(len(matchers), words * 32)[:, : logits.shape[-1]].astype(mx.bool_)
-    return mx.where(allowed, logits, mx.array(-float("inf"), logits.dtype))
+    allowed = bits.reshape(len(matchers), words * 32).astype(mx.bool_)
+    width = logits.shape[-1]
+    if allowed.shape[-1] < width:  # logits past the table's width: never allowed
+        pad = mx.zeros((len(matchers), width - allowed.shape[-1]), dtype=mx.bool_)
+        allowed = mx.concatenate([allowed, pad], axis=-1)
+    allowed = allowed[:, :width]
+    return mx.where(allowed, logits, mx.array(-float("inf"), logits.dtype)), errors

@@ -15,9 +15,11 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 from compat_serve._native import Scheduler
+from compat_serve.engine.constraints import GrammarMatcher, Grammars
 from compat_serve.engine.detokenizer import IncrementalDetokenizer
 from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTooLong
 from compat_serve.engine.executor import StepExecutor
@@ -30,7 +32,7 @@ from compat_serve.engine.sequence import Sequence
 from compat_serve.engine.status import RequestStatus, StatusBoard
 from compat_serve.engine.stop_strings import StopStringMatcher
 from compat_serve.engine.stream import RequestStream
-from compat_serve.engine.types import EngineRequest
+from compat_serve.engine.types import EngineRequest, Grammar
 from compat_serve.models.types import LoadedModel
 
 log = logging.getLogger("compat_serve.engine")
@@ -133,6 +135,10 @@ class Engine:
         tokenizer = loaded.tokenizer
         self._eos_ids = frozenset(tokenizer.eos_token_ids)
         self._special_ids = frozenset(tokenizer.special_token_ids)
+        # Constrained decoding: the vocabulary as the grammar engine sees it, built on the
+        # first request with a grammar (0.2 s for a 49k vocabulary).
+        self._grammars: Grammars | None = None
+        self._grammars_lock = threading.Lock()
         self._kv_bytes_per_token = self._runner.measure_kv_bytes_per_token()
         self.kv_capacity_tokens = self._kv_capacity_tokens()
         self.prefix = self._prefix_caching()
@@ -229,6 +235,7 @@ class Engine:
             raise PromptTooLong(len(request.prompt_ids), max_prompt)
         if not request.prompt_ids:
             raise ValueError("the prompt is empty")
+        constraint = self.compile_grammar(request.grammar) if request.grammar else None
         with self._queued_lock:
             if self._queued >= self.config.max_queue:
                 raise EngineOverloaded(self._queued, self.config.max_queue)
@@ -245,6 +252,7 @@ class Engine:
             stops=StopStringMatcher(request.sampling.stop_strings),
             stop_ids=frozenset(request.sampling.stop_token_ids)
             | (self._eos_ids if request.sampling.stop_at_eos else frozenset()),
+            constraint=constraint,
         )
         self.status.put(
             RequestStatus(
@@ -257,6 +265,16 @@ class Engine:
         self.metrics.on_submit(request.request_id, seq.prompt_len, seq.timings.submitted)
         self._inbox.put(_Submit(seq))
         return stream
+
+    def compile_grammar(self, grammar: Grammar) -> GrammarMatcher:
+        """A fresh matcher for `grammar`; GrammarError (a ValueError) says what is wrong."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = Grammars(self.model.tokenizer, self._runner.logits_width)
+        started = time.monotonic()
+        matcher = self._grammars.compile(grammar)
+        self.metrics.grammar_compile_seconds.observe(time.monotonic() - started)
+        return matcher
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))

@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterable
 
 import mlx.core as mx
 
-from compat_serve._native import Scheduler, SchedulerError
+from compat_serve._native import GrammarError, Scheduler, SchedulerError
 from compat_serve.engine.batch import DecodeBatch
+from compat_serve.engine.constraints import masked_logits
 from compat_serve.engine.metrics import EngineMetrics
 from compat_serve.engine.prefix_cache import PrefixCaching
 from compat_serve.engine.runner import ModelRunner, plain_kv
@@ -190,6 +191,7 @@ class StepExecutor:
         self._metrics.on_decode_step(len(seqs))
         try:
             logits = self._runner.decode_logits(self._batch.cache, [s.generated[-1] for s in seqs])
+            logits, grammar_errors = self._constrain(logits, seqs)
             tokens = sample_rows(logits, [_sampler(s) for s in seqs])
             mx.eval(tokens)
             values: list[int] = tokens.tolist()  # type: ignore[assignment]
@@ -199,7 +201,10 @@ class StepExecutor:
                 self._fail(seq, exc)
             self._batch.clear()
             return
-        for seq, token in zip(seqs, values, strict=True):
+        for seq, token, grammar_error in zip(seqs, values, grammar_errors, strict=True):
+            if grammar_error is not None:
+                self._fail(seq, GrammarError(grammar_error))
+                continue
             sampled.append((seq.request_id, token))
             self._accept_token(seq, token)
 
@@ -263,6 +268,9 @@ class StepExecutor:
         token_lists = [seq.known_tokens(start, start + length) for seq, start, length, _ in chunks]
         try:
             logits, own = self._runner.last_logits_together(caches, token_lists)
+            logits, grammar_errors = self._constrain(logits, [seq for seq, _, _, _ in chunks])
+            if any(grammar_errors):
+                return False  # one by one: the failing request fails alone
             tokens = sample_rows(logits, [_sampler(seq) for seq, _, _, _ in chunks])
             mx.eval(tokens)
             values: list[int] = tokens.tolist()  # type: ignore[assignment]
@@ -328,6 +336,9 @@ class StepExecutor:
         if seq.request.sampling.max_tokens == 0:
             mx.eval(logits)
         else:
+            logits, (grammar_error,) = self._constrain(logits, [seq])
+            if grammar_error is not None:
+                raise GrammarError(grammar_error)
             token = _token_value(_sampler(seq)(logits))
         self._cache_computed(seq, start, tokens)
         return token
@@ -369,6 +380,12 @@ class StepExecutor:
         self._metrics.on_token(seq.request_id, now)
         if token in seq.stop_ids:
             return  # the scheduler ends it in update(); the token is never shown
+        if seq.constraint is not None:
+            try:
+                seq.constraint.consume(token)
+            except GrammarError as exc:
+                self._fail(seq, exc)
+                return
         match = seq.stops.feed(seq.detokenizer.add(token))
         # One event per token, even when its text is still held back (partial character,
         # possible stop-string prefix): consumers see every id the model produced.
@@ -376,6 +393,24 @@ class StepExecutor:
         if match.matched is not None:
             self._scheduler.finish(seq.request_id, "external")
             self._end(seq, FinishReason.STOP_STRING, matched_stop=match.matched)
+        elif seq.constraint is not None and seq.constraint.is_stopped():
+            # The grammar is complete and nothing may follow: end now instead of spending
+            # a step on the end-of-sequence token it would force.
+            self._scheduler.finish(seq.request_id, "external")
+            self._end(seq, FinishReason.STOP_TOKEN)
+
+    def _constrain(
+        self, logits: mx.array, seqs: list[Sequence]
+    ) -> tuple[mx.array, list[str | None]]:
+        """Logits with each constrained row's grammar mask applied (see constraints.py)."""
+        matchers = [seq.constraint for seq in seqs]
+        if all(m is None for m in matchers):
+            return logits, [None] * len(seqs)
+        mx.async_eval(logits)  # the forward runs while the masks are computed
+        started = time.monotonic()
+        masked, errors = masked_logits(logits, matchers)
+        self._metrics.grammar_mask_seconds.observe(time.monotonic() - started)
+        return masked, errors
 
     # ---- endings -------------------------------------------------------------------------
 

@@ -31,6 +31,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds. A slow CPU takes minutes to prefill a long agent prompt; a GPU takes ms.
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Seconds to compile a grammar, and to compute one step's grammar masks (all rows).
+GRAMMAR_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 DURATION_BUCKETS = (
     0.25,
@@ -314,6 +316,16 @@ class EngineMetrics:
         self.kv_tokens_capacity = Gauge(
             "compat_kv_tokens_capacity", "KV tokens the scheduler may hand out (--kv-memory)."
         )
+        self.grammar_compile_seconds = Histogram(
+            "compat_grammar_compile_seconds",
+            "Seconds to compile a request's grammar (JSON schema, tool calls, Lark, regex).",
+            GRAMMAR_BUCKETS,
+        )
+        self.grammar_mask_seconds = Histogram(
+            "compat_grammar_mask_seconds",
+            "Seconds to compute the grammar masks of one sampling step (all constrained rows).",
+            GRAMMAR_BUCKETS,
+        )
         self.prefix_blocks = Gauge(
             "compat_prefix_cache_blocks", "Blocks holding cached prompt K/V (in use or free)."
         )
@@ -492,6 +504,8 @@ class EngineMetrics:
             self.kv_cache_bytes,
             self.kv_tokens_reserved,
             self.kv_tokens_capacity,
+            self.grammar_compile_seconds,
+            self.grammar_mask_seconds,
             *prefix,
         ]
         return "\n".join(line for metric in metrics for line in metric.render()) + "\n"

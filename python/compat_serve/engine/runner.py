@@ -18,6 +18,9 @@ class ModelRunner:
 
     def __init__(self, loaded: LoadedModel) -> None:
         self._model = loaded.model
+        # Width of the model's logits (may exceed the tokenizer's vocabulary); measured by
+        # `measure_kv_bytes_per_token`, which the engine runs at start.
+        self.logits_width = loaded.tokenizer.vocab_size
 
     def new_cache(self) -> list[Any]:
         return make_prompt_cache(self._model)
@@ -25,7 +28,9 @@ class ModelRunner:
     def measure_kv_bytes_per_token(self) -> int:
         """K/V bytes one position takes across all layers, measured on a 1-token forward."""
         cache = self.new_cache()
-        self.prefill(cache, [0])
+        logits = self._model(mx.array([[0]], dtype=mx.uint32), cache=cache)
+        mx.eval(logits, [c.state for c in cache])
+        self.logits_width = int(logits.shape[-1])
         return kv_bytes_per_token(cache)
 
     def prefill(self, cache: list[Any], token_ids: list[int]) -> None:

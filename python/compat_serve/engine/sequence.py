@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from compat_serve._native import GrammarMatcher
 from compat_serve.engine.detokenizer import IncrementalDetokenizer
 from compat_serve.engine.sampling import RequestSampler
 from compat_serve.engine.stop_strings import StopStringMatcher
@@ -35,6 +36,8 @@ class Sequence:
     # The request's own cache while it prefills; None once it joined the decode batch.
     cache: list[Any] | None = None
     sampler: RequestSampler | None = None
+    # Constrained decoding: the request's grammar state (None: unconstrained).
+    constraint: GrammarMatcher | None = None
     # Prefix cache: blocks held at admission, the prompt tokens they serve, tokens
     # recorded in the cache's table so far, prompt tokens this request newly stored.
     cached_blocks: list[int] = field(default_factory=list)

@@ -12,11 +12,18 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from compat_serve._native import GrammarError
 from compat_serve.chat.prompt import Prompt, PromptError
 from compat_serve.chat.types import ChatRequest
 from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTooLong
 from compat_serve.engine.stream import RequestStream
-from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
+from compat_serve.engine.types import (
+    EngineEvent,
+    EngineRequest,
+    FinishReason,
+    Grammar,
+    SamplingParams,
+)
 from compat_serve.parsers import OutputParser, RequestTools
 from compat_serve.parsers.setup import RequestParsing
 from compat_serve.server.disconnect import aborting_on_disconnect
@@ -61,6 +68,7 @@ def submit(
     sampling: SamplingParams,
     visible_special_ids: frozenset[int] = frozenset(),
     cache_salt: bytes | None = None,
+    grammar: Grammar | None = None,
 ) -> RequestStream:
     cap = state.max_output_tokens
     if cap is not None and sampling.max_tokens > cap:
@@ -69,7 +77,9 @@ def submit(
         sampling = dataclasses.replace(sampling, temperature=state.default_temperature)
     try:
         return state.engine.submit(
-            EngineRequest(request_id, prompt_ids, sampling, visible_special_ids, cache_salt)
+            EngineRequest(
+                request_id, prompt_ids, sampling, visible_special_ids, cache_salt, grammar
+            )
         )
     except PromptTooLong as exc:
         raise ApiError(
@@ -88,6 +98,9 @@ def submit(
         ) from exc
     except EngineStopped as exc:
         raise ApiError(503, "the server is shutting down") from exc
+    except GrammarError as exc:
+        field = grammar.field if grammar is not None else "grammar"
+        raise ApiError(400, f"{field}: {exc}", param=field) from exc
     except ValueError as exc:
         raise ApiError(400, str(exc)) from exc
 
