@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from compat_serve.engine.types import SamplingParams
+from compat_serve.engine.types import Grammar, SamplingParams
 
 Message = dict[str, Any]
 
@@ -28,3 +28,8 @@ class ChatRequest:
     # named one; at most one call when parallel calls are disabled.
     forced_tool: str | None = None
     parallel_tool_calls: bool = True
+    # "auto" | "required" (a call must be made; a named tool also sets `forced_tool`) |
+    # "none" (no calls: the adapters also drop `tools`, so the template never shows them).
+    tool_choice: str = "auto"
+    # The output-format constraint (structured outputs), None when the output is free.
+    grammar: Grammar | None = None
