@@ -75,6 +75,7 @@ bench-python: build
 	$(PY) benches/replay_captures.py
 	$(PY) benches/throughput.py
 	$(PY) benches/agent_session.py
+	$(PY) benches/constrained.py
 
 clean:
 	cargo clean

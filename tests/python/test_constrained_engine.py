@@ -160,7 +160,7 @@ def test_masked_logits_leave_free_rows_alone_and_forbid_the_rest(
     masked, errors = masked_logits(logits, [None, matcher])
     assert errors == [None, None]
     assert mx.array_equal(masked[0], logits[0])
-    allowed = np.flatnonzero(np.isfinite(np.array(masked[1])))
+    allowed = np.flatnonzero(np.array(masked[1]) > -1e29)
     assert allowed.size > 0
     assert all(tokenizer.decode([int(i)]) in "0123456789" for i in allowed)
     assert allowed.max() < tokenizer.vocab_size

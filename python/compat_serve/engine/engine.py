@@ -266,6 +266,10 @@ class Engine:
         self._inbox.put(_Submit(seq))
         return stream
 
+    @property
+    def logits_width(self) -> int:
+        return self._runner.logits_width
+
     def compile_grammar(self, grammar: Grammar) -> GrammarMatcher:
         """A fresh matcher for `grammar`; GrammarError (a ValueError) says what is wrong."""
         with self._grammars_lock:

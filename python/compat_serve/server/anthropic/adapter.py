@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from compat_serve.chat.types import ChatRequest, Message
-from compat_serve.engine.types import SamplingParams
+from compat_serve.engine.types import Grammar, SamplingParams
 from compat_serve.server.anthropic.encoder import (
     STOP_REASONS,
     MessageStreamEncoder,
@@ -51,6 +51,7 @@ from compat_serve.server.anthropic.protocol import (
     ToolUseBlock,
 )
 from compat_serve.server.errors import ApiError
+from compat_serve.server.output_format import bad, json_schema_grammar
 
 __all__ = [
     "STOP_REASONS",
@@ -79,10 +80,20 @@ def to_chat_request(
     max_tokens = body.max_tokens if isinstance(body, MessagesRequest) else None
     template_kwargs = _thinking_kwargs(body.thinking, max_tokens)
     tools = _tools(body.tools, body.tool_choice)
+    tool_choice = _tool_choice(body.tool_choice, body.thinking, tools)
+    if tool_choice == "required":
+        template_kwargs["enable_thinking"] = False  # a forced call disables thinking
+    grammar = _output_grammar(body)
     messages = _system_messages(body.system) + chat_messages(body.messages)
     prefill = bool(messages) and _prefill(messages)
     if not messages:
         raise ApiError(400, "messages: all messages are empty", param="messages")
+    if prefill and grammar is not None:
+        raise ApiError(
+            400,
+            f"{grammar.field}: structured outputs cannot continue a prefilled assistant message",
+            param=grammar.field,
+        )
     choice = body.tool_choice
     return ChatRequest(
         messages=messages,
@@ -92,6 +103,8 @@ def to_chat_request(
         template_kwargs=template_kwargs,
         forced_tool=choice.name if choice is not None and choice.type == "tool" else None,
         parallel_tool_calls=not (choice is not None and choice.disable_parallel_tool_use),
+        tool_choice=tool_choice,
+        grammar=grammar,
     )
 
 
@@ -289,6 +302,63 @@ def _tools(tools: list[ToolDef] | None, choice: ToolChoice | None) -> list[dict[
     if choice is not None and choice.type == "none":
         return None
     return defs or None
+
+
+# Anthropic's wording for a forced call with thinking on.
+FORCED_TOOL_WITH_THINKING = "Thinking may not be enabled when tool_choice forces tool use."
+_TOOL_CHOICES = {"auto": "auto", "any": "required", "tool": "required", "none": "none"}
+
+
+def _tool_choice(
+    choice: ToolChoice | None,
+    thinking: ThinkingConfig | None,
+    tools: list[dict[str, Any]] | None,
+) -> str:
+    """The neutral tool choice: auto, required (`any` or a named `tool`) or none."""
+    if choice is None:
+        return "auto"
+    neutral = _TOOL_CHOICES[choice.type]
+    if neutral == "required":
+        if thinking is not None and thinking.type != "disabled":
+            raise ApiError(400, FORCED_TOOL_WITH_THINKING, param="tool_choice")
+        if not tools:
+            raise ApiError(
+                400, f"tool_choice: {choice.type!r} needs tools", param="tool_choice.type"
+            )
+    return neutral
+
+
+def _output_grammar(body: MessagesRequest | CountTokensRequest) -> Grammar | None:
+    """`output_config.format` (GA) or the beta `output_format`: a JSON schema to follow."""
+    config_format = (body.output_config or {}).get("format")
+    both = config_format is not None and body.output_format is not None
+    if both and config_format != body.output_format:
+        raise ApiError(
+            400,
+            "output_format: give either output_config.format or output_format, not both",
+            param="output_format",
+        )
+    if config_format is not None:
+        return _json_schema_format(config_format, "output_config.format")
+    if body.output_format is not None:
+        return _json_schema_format(body.output_format, "output_format")
+    return None
+
+
+def _json_schema_format(spec: object, where: str) -> Grammar:
+    if not isinstance(spec, dict):
+        raise bad(where, "must be an object")
+    kind = spec.get("type")
+    if kind is None:
+        raise bad(f"{where}.type", "field required")
+    if kind != "json_schema":
+        raise bad(f"{where}.type", f"must be 'json_schema', not {kind!r}")
+    if spec.get("schema") is None:
+        raise bad(f"{where}.schema", "field required")
+    schema = spec["schema"]
+    if not isinstance(schema, dict):
+        raise bad(f"{where}.schema", "must be a JSON schema object")
+    return json_schema_grammar(_schema(schema), f"{where}.schema")
 
 
 def _schema(schema: dict[str, Any]) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 Clients (Claude Code above all) add fields on every release: `cache_control` on any
 block, `output_config` at the top level and per message, `context_management`,
 `service_tier`, `container`, `defer_loading` on tools... All of them are accepted and
-dropped here. Content blocks stay loosely typed (`type` plus whatever else was sent):
-the adapter validates the block types it knows, so an unknown one gets a 400 that names
+dropped here, except the structured-output schema in `output_config.format`.
+Content blocks stay loosely typed (`type` plus whatever else was sent): the adapter
+validates the block types it knows, so an unknown one gets a 400 that names
 its position instead of a pydantic union error.
 """
 
@@ -91,6 +92,8 @@ class ToolDef(_Lenient):
     name: str
     description: str | None = None
     input_schema: dict[str, Any] | None = None
+    # Strict tools: constrained calls always validate their input, so this changes nothing.
+    strict: bool | None = None
 
     @property
     def is_server_tool(self) -> bool:
@@ -117,6 +120,11 @@ class _MessagesBase(_Lenient):
     tools: list[ToolDef] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    # Structured outputs: `output_config.format` (GA) or the beta's top-level
+    # `output_format`, both `{"type": "json_schema", "schema": {...}}`. The rest of
+    # `output_config` (`effort`, ...) is accepted and ignored.
+    output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None
 
 
 class CountTokensRequest(_MessagesBase):

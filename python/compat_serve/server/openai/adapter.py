@@ -23,6 +23,7 @@ from compat_serve.server.openai.protocol import (
     CompletionRequest,
     _SamplingFields,
 )
+from compat_serve.server.openai.response_format import output_grammar
 
 FINISH_REASONS = {
     FinishReason.STOP_TOKEN: "stop",
@@ -129,13 +130,20 @@ def chat_request(body: ChatCompletionRequest, *, default_max_tokens: int) -> Cha
     choice = _tool_choice(body.tool_choice, tools)
     if choice == "none":
         tools = None
+    forced_tool = choice if choice not in ("auto", "none", "required") else None
+    template_kwargs = dict(body.chat_template_kwargs or {})
+    if forced_tool is not None or choice == "required":
+        # A forced call starts right away: no thinking first, unless the client asks.
+        template_kwargs.setdefault("enable_thinking", False)
     return ChatRequest(
         messages=chat_messages(body.messages),
         sampling=sampling_params(body, max_tokens, default_max_tokens=default_max_tokens),
         tools=tools,
-        template_kwargs=dict(body.chat_template_kwargs or {}),
-        forced_tool=choice if choice not in ("auto", "none", "required") else None,
+        template_kwargs=template_kwargs,
+        forced_tool=forced_tool,
         parallel_tool_calls=body.parallel_tool_calls is not False,
+        tool_choice="required" if forced_tool is not None else choice,
+        grammar=output_grammar(body),
     )
 
 

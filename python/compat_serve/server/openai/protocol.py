@@ -76,6 +76,14 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: bool | None = None
     # vLLM-style extension: extra variables for the chat template (e.g. enable_thinking).
     chat_template_kwargs: dict[str, Any] | None = None
+    # Structured outputs: OpenAI's `response_format`, and vLLM's extensions (at most one
+    # of them). Loosely typed: the adapter checks them and names the field in errors.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_grammar: Any = None
+    guided_choice: Any = None
 
 
 class CompletionRequest(_SamplingFields):
