@@ -12,27 +12,36 @@ _XML_MARKUP = (*_TAG_MARKUP, "<function=", "</function>", "<parameter=", "</para
 TOOL_FORMATS: dict[str, ToolFormat] = {
     f.name: f
     for f in (
-        ToolFormat("hermes", _TAG, _TAG_MARKUP),
-        ToolFormat("qwen3_coder", {**_TAG, "<function=": xml_function.FunctionRegion}, _XML_MARKUP),
+        ToolFormat("hermes", _TAG, _TAG_MARKUP, xml_function.hermes_grammar),
+        ToolFormat(
+            "qwen3_coder",
+            {**_TAG, "<function=": xml_function.FunctionRegion},
+            _XML_MARKUP,
+            xml_function.qwen3_coder_grammar,
+        ),
         ToolFormat(
             "seed_oss",
             {"<seed:tool_call>": xml_function.SeedToolCallRegion},
             ("<seed:tool_call>", "</seed:tool_call>", *_XML_MARKUP[2:]),
+            xml_function.seed_oss_grammar,
         ),
         ToolFormat(
             "llama3",
             {llama3.PYTHON_TAG: llama3.PythonTagRegion, llama3.BARE_JSON: llama3.JsonCallRegion},
             (llama3.PYTHON_TAG,),
+            llama3.llama3_grammar,
         ),
         ToolFormat(
             "mistral",
             {mistral.TOOL_CALLS: mistral.MistralRegion},
             (mistral.TOOL_CALLS, mistral.ARGS, mistral.CALL_ID),
+            mistral.mistral_grammar,
         ),
         ToolFormat(
             "glm45",
             {"<tool_call>": glm.GlmToolCallRegion},
             (*_TAG_MARKUP, glm.KEY_OPEN, glm.KEY_CLOSE, glm.VALUE_OPEN, glm.VALUE_CLOSE),
+            glm.glm45_grammar,
         ),
         ToolFormat(
             "deepseek_v3",
@@ -44,6 +53,7 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
                 sections.DS_CALL_END,
                 sections.DS_SEP,
             ),
+            sections.deepseek_v3_grammar,
         ),
         ToolFormat(
             "kimi_k2",
@@ -55,8 +65,10 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
                 sections.KIMI_ARGS_BEGIN,
                 sections.KIMI_CALL_END,
             ),
+            sections.kimi_k2_grammar,
         ),
-        # Unknown templates: the common JSON and XML styles.
+        # Unknown templates: the common JSON and XML styles are parsed; constrained calls
+        # are written Hermes-style, the most widely trained of them.
         ToolFormat(
             "generic",
             {
@@ -65,6 +77,7 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
                 llama3.BARE_JSON: llama3.JsonCallRegion,
             },
             _XML_MARKUP,
+            xml_function.hermes_grammar,
         ),
     )
 }

@@ -19,6 +19,7 @@ from compat_serve.parsers.events import (
     ToolCallEnd,
     ToolCallStart,
 )
+from compat_serve.parsers.lark import SyntaxBuilder
 from compat_serve.parsers.region import Outcome, Region
 from compat_serve.parsers.scan import WHITESPACE, find_first, partial_marker_length
 
@@ -31,6 +32,8 @@ class ToolFormat:
     # Every markup string of the format; those that are special tokens in a tokenizer
     # must be made visible to the parser (see OutputParser.markup).
     markup: tuple[str, ...]
+    # The format's calls as a grammar (see tool_grammar.py), for constrained decoding.
+    grammar: SyntaxBuilder | None = None
 
 
 class ToolCallParser:

@@ -8,14 +8,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 
+from compat_serve.parsers.argument_grammar import Schema, TagStyle, one_of_tools, tagged_arguments
 from compat_serve.parsers.arguments import ArgumentsWriter
+from compat_serve.parsers.lark import CallSyntax, GrammarBuilder
 from compat_serve.parsers.region import Outcome, Region
 
 KEY_OPEN, KEY_CLOSE = "<arg_key>", "</arg_key>"
 VALUE_OPEN, VALUE_CLOSE = "<arg_value>", "</arg_value>"
-CLOSE = "</tool_call>"
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+NL = "\n"
 
 
 class GlmToolCallRegion(Region):
@@ -43,3 +46,23 @@ class GlmToolCallRegion(Region):
         writer.close()
         self.sink.close_call()
         return Outcome.DONE
+
+
+def _arg_key(g: GrammarBuilder, key: str) -> str:
+    return f"{g.lit(KEY_OPEN)} {key} {g.lit(KEY_CLOSE, NL, VALUE_OPEN)}"
+
+
+# Values sit inline between the tags, untrimmed.
+GLM_ARGS = TagStyle(_arg_key, VALUE_CLOSE, (VALUE_CLOSE, KEY_OPEN, CLOSE))
+
+
+def glm45_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:
+    """`<tool_call>NAME`, then `<arg_key>K</arg_key>` `<arg_value>V</arg_value>` pairs, one
+    per line, then `</tool_call>`."""
+
+    def call(name: str, schema: Schema) -> str:
+        args = tagged_arguments(g, f"args_{name}", schema, GLM_ARGS)
+        return f"{g.lit(name, NL)} {args} {g.lit(CLOSE)}"
+
+    one = one_of_tools(g, tools, call)
+    return CallSyntax(OPEN, one, one, g.lit(NL))

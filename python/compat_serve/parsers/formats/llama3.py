@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import json
+from collections.abc import Generator, Mapping
 
+from compat_serve.parsers.argument_grammar import Schema, one_of_tools
+from compat_serve.parsers.lark import CallSyntax, GrammarBuilder, arguments_schema
 from compat_serve.parsers.region import Outcome, Region
 
 PYTHON_TAG = "<|python_tag|>"
@@ -36,3 +39,15 @@ def _separator(region: Region) -> Generator[None, None, None]:
     yield from region.skip_ws()
     if not (yield from region.accept(";")):
         region.pos = start
+
+
+def llama3_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:
+    """`{"name": NAME, "parameters": {...}}` as Llama 3.1-3.3 templates render a call (no
+    `<|python_tag|>`: that is for built-in tools); several calls are separated by `; `."""
+
+    def call(name: str, schema: Schema) -> str:
+        head = ": " + json.dumps(name, ensure_ascii=False) + ', "parameters": '
+        return f"{g.lit(head)} {g.json(arguments_schema(schema))} {g.lit('}')}"
+
+    one = one_of_tools(g, tools, call)
+    return CallSyntax(BARE_JSON, one, one, g.lit("; "))

@@ -6,13 +6,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 
+from compat_serve.parsers.argument_grammar import Schema, json_call, one_of_tools
+from compat_serve.parsers.lark import CallSyntax, GrammarBuilder, arguments_schema
 from compat_serve.parsers.region import Outcome, Region
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
 CALL_ID = "[CALL_ID]"
+ID_OPEN, QUOTE = ', "id": "', '"'
 
 
 class MistralRegion(Region):
@@ -48,3 +51,24 @@ class MistralRegion(Region):
             if not (yield from self.accept(",")):
                 yield from self.accept("]")
                 return Outcome.DONE
+
+
+def mistral_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:
+    """Either generation (the grammar cannot tell which one the model was trained on):
+    `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...]` or
+    `[TOOL_CALLS]NAME[CALL_ID]id[ARGS]{...}`, the latter once per call (ids optional)."""
+    call_id = g.terminal("call_id", "/[A-Za-z0-9]{9}/")
+
+    def named(name: str, schema: Schema) -> str:
+        id_part = f"({g.lit(CALL_ID)} {call_id})?"
+        return f"{g.lit(name)} {id_part} {g.lit(ARGS)} {g.json(arguments_schema(schema))}"
+
+    def in_array(name: str, schema: Schema) -> str:  # Nemo's template adds the id
+        id_field = f"({g.lit(ID_OPEN)} {call_id} {g.lit(QUOTE)})?"
+        return json_call(g, name, schema, extra=id_field)
+
+    v11 = one_of_tools(g, tools, named)
+    v3 = one_of_tools(g, tools, in_array)
+    one = f"({g.lit('[')} {v3} {g.lit(']')} | {v11})"
+    many = f"({g.lit('[')} {v3} ({g.lit(', ')} {v3})* {g.lit(']')} | {v11})"
+    return CallSyntax(TOOL_CALLS, one, many, "")

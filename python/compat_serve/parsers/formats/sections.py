@@ -16,8 +16,10 @@ Kimi-K2:
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 
+from compat_serve.parsers.argument_grammar import Schema, one_of_tools
+from compat_serve.parsers.lark import CallSyntax, GrammarBuilder, arguments_schema
 from compat_serve.parsers.region import Outcome, Region
 
 DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
@@ -25,6 +27,7 @@ DS_CALLS_END = "<｜tool▁calls▁end｜>"
 DS_CALL_BEGIN = "<｜tool▁call▁begin｜>"
 DS_CALL_END = "<｜tool▁call▁end｜>"
 DS_SEP = "<｜tool▁sep｜>"
+FENCE_END = "\n```"
 
 KIMI_SECTION_BEGIN = "<|tool_calls_section_begin|>"
 KIMI_SECTION_END = "<|tool_calls_section_end|>"
@@ -128,3 +131,32 @@ def _kimi_name(ident: str, *, partial: bool) -> str:
         return ""
     ident = ident.removeprefix(prefix)
     return ident.rsplit(":", 1)[0] if ":" in ident else ident
+
+
+def _section(g: GrammarBuilder, call: str, begin: str, end: str, sep: str) -> CallSyntax:
+    one = f"{call} {g.lit(end)}"
+    many = f"{call} ({g.lit(sep)} {call})* {g.lit(end)}"
+    return CallSyntax(begin, one, many, None)
+
+
+def deepseek_v3_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:
+    """The V3/R1 layout (typed, fenced JSON), calls on separate lines, as the R1 template
+    renders them."""
+
+    def call(name: str, schema: Schema) -> str:
+        head = g.lit(DS_CALL_BEGIN, "function", DS_SEP, f"{name}\n```json\n")
+        return f"{head} {g.json(arguments_schema(schema))} {g.lit(FENCE_END, DS_CALL_END)}"
+
+    return _section(g, one_of_tools(g, tools, call), DS_CALLS_BEGIN, DS_CALLS_END, "\n")
+
+
+def kimi_k2_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:
+    """`<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>{...}` calls
+    back to back in one section."""
+    index = g.terminal("call_index", "/0|[1-9][0-9]{0,2}/")
+
+    def call(name: str, schema: Schema) -> str:
+        head = f"{g.lit(KIMI_CALL_BEGIN, f'functions.{name}:')} {index} {g.lit(KIMI_ARGS_BEGIN)}"
+        return f"{head} {g.json(arguments_schema(schema))} {g.lit(KIMI_CALL_END)}"
+
+    return _section(g, one_of_tools(g, tools, call), KIMI_SECTION_BEGIN, KIMI_SECTION_END, "")

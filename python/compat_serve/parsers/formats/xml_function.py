@@ -15,9 +15,17 @@ read here, so a model that mixes the styles still gets its calls parsed.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 
+from compat_serve.parsers.argument_grammar import (
+    Schema,
+    TagStyle,
+    json_call,
+    one_of_tools,
+    tagged_arguments,
+)
 from compat_serve.parsers.arguments import ArgumentsWriter
+from compat_serve.parsers.lark import CallSyntax, GrammarBuilder
 from compat_serve.parsers.region import Outcome, Region
 
 FUNCTION_OPEN = "<function="
@@ -90,3 +98,54 @@ class FunctionRegion(Region):
             yield from self.skip_ws()
             yield from self.accept("</tool_call>")
         return outcome
+
+
+# ---- grammars: what each of these formats writes, as its templates render a call -----
+
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+SEED_OPEN, SEED_CLOSE = "<seed:tool_call>", "</seed:tool_call>"
+NL = "\n"
+_VALUE_STOPS = (PARAM_CLOSE, PARAM_OPEN, FUNCTION_CLOSE)
+
+
+def _param_key(g: GrammarBuilder, key: str) -> str:
+    return f"{g.lit(PARAM_OPEN)} {key} {g.lit('>')}"
+
+
+# Qwen3-Coder puts each value on its own lines; Seed-OSS writes it inline.
+QWEN3_CODER_ARGS = TagStyle(
+    _param_key, PARAM_CLOSE, _VALUE_STOPS, value_prefix="\n", end_prefix="\n"
+)
+SEED_OSS_ARGS = TagStyle(_param_key, PARAM_CLOSE, _VALUE_STOPS, edge_newlines=False)
+
+
+def hermes_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:
+    """`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one per call."""
+
+    def call(name: str, schema: Schema) -> str:
+        return f"{g.lit(NL)} {json_call(g, name, schema)} {g.lit(NL, TOOL_CALL_CLOSE)}"
+
+    one = one_of_tools(g, tools, call)
+    return CallSyntax(TOOL_CALL_OPEN, one, one, g.lit("\n"))
+
+
+def _xml_grammar(
+    g: GrammarBuilder, tools: Mapping[str, Schema], opening: str, closing: str, style: TagStyle
+) -> CallSyntax:
+    def call(name: str, schema: Schema) -> str:
+        head = g.lit("\n", FUNCTION_OPEN, f"{name}>", "\n")
+        args = tagged_arguments(g, f"args_{name}", schema, style)
+        return f"{head} {args} {g.lit(FUNCTION_CLOSE, NL, closing)}"
+
+    one = one_of_tools(g, tools, call)
+    return CallSyntax(opening, one, one, g.lit("\n"))
+
+
+def qwen3_coder_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:
+    """`<tool_call>\\n<function=NAME>\\n<parameter=P>\\nvalue\\n</parameter>\\n...`."""
+    return _xml_grammar(g, tools, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, QWEN3_CODER_ARGS)
+
+
+def seed_oss_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:
+    """`<seed:tool_call>\\n<function=NAME>\\n<parameter=P>value</parameter>\\n...`."""
+    return _xml_grammar(g, tools, SEED_OPEN, SEED_CLOSE, SEED_OSS_ARGS)
