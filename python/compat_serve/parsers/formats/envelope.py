@@ -1,0 +1,381 @@
+"""The generic JSON envelope, for chat templates that do not render tools.
+
+The model answers with exactly one JSON object (llama-server calls this "generic"):
+
+    {"tool_calls": [{"name": "Bash", "arguments": {"command": "ls"}}, ...]}
+    {"response": "plain text answer"}
+
+`envelope_grammar` constrains the output to it (names limited to the request's tools,
+arguments following each tool's schema, compact JSON layout: the same bytes
+`chat.tool_injection` echoes back in later turns). `EnvelopeParser` streams it back as
+events: the `response` string as text (unescaped as it arrives, never split inside an
+escape), each call as ToolCallStart / ArgsDelta (the arguments' JSON as generated) / End.
+Output that is not an envelope (an unconstrained model ignoring the instructions) is
+passed through as text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Generator, Mapping
+from typing import Any
+
+from compat_serve.parsers.events import (
+    OutputEvent,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
+from compat_serve.parsers.region import Outcome, Region
+from compat_serve.parsers.request_tools import RequestTools
+from compat_serve.parsers.scan import WHITESPACE
+from compat_serve.parsers.tool_calls import ToolFormat
+
+CALLS_KEY = "tool_calls"
+RESPONSE_KEY = "response"
+CALLS_OPEN = '{"tool_calls": ['
+RESPONSE_OPEN = '{"response": '
+MODES = ("auto", "required", "none")
+
+# The layout json.dumps writes by default, without free whitespace.
+_COMPACT = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+# One JSON string written the way json.dumps(ensure_ascii=False) writes it (short escapes,
+# `\u00xx` only for the other control characters, everything else raw), so the text a
+# later turn echoes back is byte for byte what was generated.
+_STRING = r'/"(\\["\\bfnrt]|\\u00(0[0-7]|0b|0e|0f|1[0-9a-f])|[^"\\\x00-\x1F])*"/'
+
+
+def _literal(text: str) -> str:
+    """A Lark string literal (llguidance reads JSON string syntax)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def call_head(name: str) -> str:
+    """The text of a call up to its arguments."""
+    return '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
+
+
+def arguments_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool's parameters schema as the grammar uses it: an object, compact layout.
+
+    Lenient: a keyword the grammar engine does not support is ignored instead of failing
+    the whole request (agents send dozens of tools with schemas from everywhere).
+    """
+    out = {k: v for k, v in schema.items() if k not in ("$schema", "x-guidance")}
+    out.setdefault("type", "object")
+    out["x-guidance"] = {**_COMPACT, "lenient": True}
+    return out
+
+
+def envelope_grammar(tools: RequestTools, mode: str) -> str:
+    """An llguidance Lark grammar for the envelope.
+
+    `mode`: "auto" (calls or a response), "required" (only calls: 1..max_calls, exactly
+    one when `tools.max_calls == 1`) or "none" (only a response).
+    """
+    if mode not in MODES:
+        raise ValueError(f"envelope mode must be one of {', '.join(MODES)}, not {mode!r}")
+    names = list(tools.schemas)
+    if mode == "required" and not names:
+        raise ValueError("a required tool call needs at least one tool")
+    shapes = []
+    if mode != "none" and names:
+        shapes.append("calls")
+    if mode != "required":
+        shapes.append("response")
+    lines = ["start: " + " | ".join(shapes)]
+    if "calls" in shapes:
+        lines += _calls_rules(tools, names)
+    if "response" in shapes:
+        lines.append(f'response: {_literal(RESPONSE_OPEN)} STRING "}}"')
+        lines.append(f"STRING: {_STRING}")
+    return "\n".join(lines) + "\n"
+
+
+def _calls_rules(tools: RequestTools, names: list[str]) -> list[str]:
+    limit = tools.max_calls
+    if limit == 1:
+        more = ""
+    elif limit is None:
+        more = ' (", " call)*'
+    else:
+        more = f' (", " call){{0,{limit - 1}}}'
+    lines = [
+        f'calls: {_literal(CALLS_OPEN)} call{more} "]}}"',
+        "call: " + " | ".join(f"call_{i}" for i in range(len(names))),
+    ]
+    for i, name in enumerate(names):
+        schema = json.dumps(arguments_schema(tools.schemas[name]), ensure_ascii=False)
+        lines.append(f'call_{i}: {_literal(call_head(name))} args_{i} "}}"')
+        lines.append(f"args_{i}: %json {schema}")
+    return lines
+
+
+class EnvelopeRegion(Region):
+    """The whole output as one envelope object; REJECT when it is not one."""
+
+    def body(self) -> Generator[None, None, Outcome]:
+        yield from self.skip_ws()
+        if not (yield from self.accept("{")):
+            return Outcome.REJECT
+        yield from self.skip_ws()
+        key = _string_value((yield from self.read_json_value()))
+        yield from self.skip_ws()
+        if key not in (CALLS_KEY, RESPONSE_KEY) or not (yield from self.accept(":")):
+            return Outcome.REJECT
+        yield from self.skip_ws()
+        if key == RESPONSE_KEY:
+            if (yield from self.peek_char()) != '"':
+                return Outcome.REJECT
+            self.pos += 1
+            yield from stream_string(self)
+        else:
+            if not (yield from self.accept("[")):
+                return Outcome.REJECT
+            outcome = yield from self._calls()
+            if outcome is Outcome.REJECT:
+                return outcome
+        yield from self._rest_of_object()
+        return Outcome.DONE
+
+    def _calls(self) -> Generator[None, None, Outcome]:
+        first = True
+        while True:
+            yield from self.skip_ws()
+            if (yield from self.accept("]")):
+                return Outcome.DONE
+            start = self.pos
+            outcome = yield from self.json_call(("arguments",))
+            if outcome is Outcome.REJECT:
+                if first:
+                    return Outcome.REJECT
+                self.pos = start  # an unknown tool after known ones: its JSON stays text
+                yield from self.read_json_value()
+                self.sink.text(self.buf[start : self.pos])
+            first = False
+            yield from self.skip_ws()
+            if not (yield from self.accept(",")):
+                yield from self.accept("]")
+                return Outcome.DONE
+
+    def _rest_of_object(self) -> Generator[None, None, None]:
+        """Skip any further members up to the envelope's closing brace."""
+        while True:
+            yield from self.skip_ws()
+            if (yield from self.accept("}")) or not (yield from self.accept(",")):
+                return None
+            for _ in range(2):  # key, then value
+                yield from self.read_json_value()
+                yield from self.skip_ws()
+                yield from self.accept(":")
+
+
+def stream_string(region: Region) -> Generator[None, None, None]:
+    """After an opening quote: send the string's text to `sink.text` as it arrives,
+    unescaped, up to and including the closing quote (or the end of output)."""
+    while True:
+        buf, pos = region.buf, region.pos
+        end = pos
+        while end < len(buf) and buf[end] not in '"\\':
+            end += 1
+        if end > pos:
+            region.sink.text(buf[pos:end])
+            region.pos = end
+        if end < len(buf) and buf[end] == '"':
+            region.pos = end + 1
+            return None
+        if end < len(buf):  # a backslash: one whole escape, or wait for it
+            escape = _escape_at(buf, end, final=region.final)
+            if escape is not None:
+                text, length = escape
+                region.sink.text(text)
+                region.pos = end + length
+                continue
+        if region.final:
+            region.pos = len(buf)
+            return None
+        yield
+
+
+def _escape_at(buf: str, at: int, *, final: bool) -> tuple[str, int] | None:
+    """The text of the escape at `buf[at]` and its length; None while it may be partial.
+
+    A high surrogate waits for its low half so a character is never split. What is not
+    a valid escape stays as written.
+    """
+    if at + 1 >= len(buf):
+        return ("\\", 1) if final else None
+    kind = buf[at + 1]
+    if kind != "u":
+        simple = _SIMPLE_ESCAPES.get(kind)
+        return (simple, 2) if simple is not None else (buf[at : at + 2], 2)
+    digits = buf[at + 2 : at + 6]
+    if any(c not in _HEX for c in digits) or (len(digits) < 4 and final):
+        return buf[at : at + 2], 2
+    code = _hex(digits)
+    if code is None:
+        return None  # more digits to come
+    if 0xD800 <= code < 0xDC00:
+        tail = buf[at + 6 : at + 12]
+        if len(tail) < 6 and not final and _could_be_escape(tail):
+            return None
+        low = _hex(tail[2:]) if tail.startswith("\\u") else None
+        if low is not None and 0xDC00 <= low < 0xE000:
+            return chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)), 12
+        return "\ufffd", 6
+    if 0xDC00 <= code < 0xE000:
+        return "\ufffd", 6
+    return chr(code), 6
+
+
+_SIMPLE_ESCAPES = {
+    '"': '"',
+    "\\": "\\",
+    "/": "/",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+}
+
+
+def _could_be_escape(text: str) -> bool:
+    """Whether `text` may still grow into a `\\uXXXX` escape."""
+    return "\\u".startswith(text[:2]) and all(c in _HEX for c in text[2:])
+
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _hex(text: str) -> int | None:
+    if len(text) != 4 or any(c not in _HEX for c in text):
+        return None
+    return int(text, 16)
+
+
+def _string_value(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, str) else None
+
+
+class EnvelopeParser:
+    """feed(text) → events; finish() → the rest. One per generation.
+
+    The same interface as ToolCallParser (`feed`, `finish`, `satisfied`, `calls`), for
+    output that is one envelope object; anything else is passed through as text.
+    """
+
+    def __init__(
+        self,
+        tools: Mapping[str, Mapping[str, Any]],
+        *,
+        new_id: Callable[[], str],
+        max_calls: int | None = None,
+    ) -> None:
+        """`tools`: name → JSON schema of its parameters, for the tools calls may use."""
+        self._tools = tools
+        self._new_id = new_id
+        self._max_calls = max_calls
+        self._region: Region | None = EnvelopeRegion("", self)
+        self._passthrough = False  # not an envelope: everything is text
+        self._after = ""  # text after the envelope, held until it is more than layout
+        self._calls = 0
+        self._open: int | None = None
+        self._events: list[OutputEvent] = []
+        self.satisfied = False  # max_calls reached: everything after is dropped
+
+    @classmethod
+    def for_request(cls, tools: RequestTools, new_id: Callable[[], str]) -> EnvelopeParser:
+        return cls(tools.schemas, new_id=new_id, max_calls=tools.max_calls)
+
+    @property
+    def calls(self) -> int:
+        return self._calls
+
+    def feed(self, text: str) -> list[OutputEvent]:
+        if self._region is not None:
+            self._settle(self._region.feed(text))
+        else:
+            self._trailing(text)
+        return self._take()
+
+    def finish(self) -> list[OutputEvent]:
+        if self._region is not None:
+            self._settle(self._region.finish())
+        if self._after.strip(WHITESPACE) and not self.satisfied:
+            self.text(self._after.strip(WHITESPACE))
+        self._after = ""
+        return self._take()
+
+    def _take(self) -> list[OutputEvent]:
+        out, self._events = self._events, []
+        return out
+
+    def _settle(self, outcome: Outcome) -> None:
+        region = self._region
+        if region is None or outcome is Outcome.MORE:
+            return
+        self._region = None
+        if outcome is Outcome.REJECT:
+            self._passthrough = True
+            self.text(region.buf)
+        else:
+            self._trailing(region.rest)
+
+    def _trailing(self, text: str) -> None:
+        if self._passthrough:
+            self.text(text)
+        else:
+            self._after += text
+
+    # ---- CallSink (called by the region) ----------------------------------------------
+
+    def known(self, name: str) -> bool:
+        return name in self._tools
+
+    def could_be_name(self, prefix: str) -> bool:
+        return any(name.startswith(prefix.lstrip(WHITESPACE)) for name in self._tools)
+
+    def param_is_string(self, param: str) -> bool:
+        return False  # arguments are JSON here, never tagged values
+
+    def open_call(self, name: str) -> None:
+        if self.satisfied:
+            return
+        self._open = self._calls
+        self._calls += 1
+        self._events.append(ToolCallStart(self._open, self._new_id(), name))
+
+    def args(self, fragment: str) -> None:
+        if fragment and self._open is not None and not self.satisfied:
+            self._events.append(ToolCallArgsDelta(self._open, fragment))
+
+    def close_call(self) -> None:
+        if self._open is None or self.satisfied:
+            return
+        self._events.append(ToolCallEnd(self._open))
+        self._open = None
+        if self._max_calls is not None and self._calls >= self._max_calls:
+            self.satisfied = True
+
+    def text(self, text: str) -> None:
+        if text and not self.satisfied:
+            self._events.append(TextDelta(text))
+
+
+class EnvelopeCallsRegion(EnvelopeRegion):
+    """The envelope from its `{"tool_calls"` marker, for ToolCallParser."""
+
+    keeps_marker = True
+
+
+# For registries that list formats: what ToolCallParser alone can read of the envelope
+# (its calls; a `response` object would stay raw JSON text). EnvelopeParser reads both.
+ENVELOPE_FORMAT = ToolFormat("envelope", {'{"' + CALLS_KEY + '"': EnvelopeCallsRegion}, ())
