@@ -34,6 +34,9 @@ from compat_serve.engine.constraints import Grammars, masked_logits  # noqa: E40
 from compat_serve.engine.engine import Engine, EngineConfig  # noqa: E402
 from compat_serve.engine.types import EngineRequest, Grammar, SamplingParams  # noqa: E402
 from compat_serve.models.loader import load_model  # noqa: E402
+from compat_serve.parsers.registry import TOOL_FORMATS  # noqa: E402
+from compat_serve.parsers.request_tools import RequestTools  # noqa: E402
+from compat_serve.parsers.tool_grammar import tool_call_grammar  # noqa: E402
 
 PERSON = {
     "type": "object",
@@ -59,15 +62,15 @@ LONG = {
     "required": ["notes"],
     "additionalProperties": False,
 }
-LAYOUT = '"x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false}'
-TOOL_AUTO = (
-    "start: TEXT | (call_hd call)+ TEXT\n"
-    "TEXT: /(.|\\n)*/\n"
-    'call_hd[lazy]: TEXT "<tool_call>"\n'
-    'call: "\\n" %json {"type": "object", "properties": {"name": {"const": "Bash"}, '
-    '"arguments": {"type": "object", "properties": {"command": {"type": "string"}}, '
-    '"required": ["command"]}}, "required": ["name", "arguments"], ' + LAYOUT + '} "\\n</tool_call>"\n'
-)
+BASH = {
+    "type": "object",
+    "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
+    "required": ["command"],
+}
+# What a Hermes-format request with tools in `auto` runs under: free text until
+# `<tool_call>`, then a constrained call.
+TOOL_AUTO = tool_call_grammar(TOOL_FORMATS["hermes"], RequestTools({"Bash": BASH}), mode="auto")
+assert TOOL_AUTO is not None
 
 
 def mask_times(grammars: Grammars, grammar: Grammar, steps: int, seed: int) -> dict[str, float]:

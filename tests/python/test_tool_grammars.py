@@ -28,8 +28,9 @@ from compat_serve.parsers.events import assemble
 from compat_serve.parsers.lark import arguments_schema
 from compat_serve.parsers.reasoning import THINK_CLOSE, THINK_OPEN
 from compat_serve.parsers.registry import TOOL_FORMATS
+from compat_serve.parsers.request_tools import RequestTools
 from compat_serve.parsers.scan import WHITESPACE
-from compat_serve.parsers.setup import OutputParsing, RequestTools
+from compat_serve.parsers.setup import OutputParsing
 from compat_serve.parsers.tool_calls import ToolFormat
 from compat_serve.parsers.tool_grammar import special_markup, tool_call_grammar
 

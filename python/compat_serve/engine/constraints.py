@@ -4,7 +4,8 @@ The Rust core (llguidance) compiles a request's grammar against the model's voca
 and computes, before each token, which ids may come next (`fill_masks`, GIL released).
 Here the bitmask becomes a boolean row per request with plain `mx` ops (no custom
 kernels: the same code runs on the CPU, Metal and CUDA), and disallowed logits drop
-to -1e30 (probability 0). Rows without a grammar are left alone, and a batch with none costs nothing.
+to -1e30 (probability 0). Rows without a grammar are left alone, and a batch with
+none costs nothing.
 """
 
 from __future__ import annotations

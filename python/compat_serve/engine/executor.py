@@ -406,7 +406,7 @@ class StepExecutor:
         matchers = [seq.constraint for seq in seqs]
         if all(m is None for m in matchers):
             return logits, [None] * len(seqs)
-        mx.async_eval(logits)  # the forward runs while the masks are computed
+        mx.async_eval(logits)  # type: ignore[no-untyped-call]  # forward runs during masks
         started = time.monotonic()
         masked, errors = masked_logits(logits, matchers)
         self._metrics.grammar_mask_seconds.observe(time.monotonic() - started)

@@ -16,7 +16,8 @@ from compat_serve.parsers.events import (
     assemble,
 )
 from compat_serve.parsers.output import OutputParser
-from compat_serve.parsers.setup import OutputParsing, RequestTools
+from compat_serve.parsers.request_tools import RequestTools
+from compat_serve.parsers.setup import OutputParsing
 
 __all__ = [
     "OutputEvent",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
 
+from compat_serve.engine.types import Grammar
 from compat_serve.parsers.output import OutputParser
 from compat_serve.parsers.reasoning import (
     THINK_CLOSE,
@@ -14,42 +14,9 @@ from compat_serve.parsers.reasoning import (
     ReasoningSplitter,
     prompt_opens_reasoning,
 )
+from compat_serve.parsers.request_tools import RequestTools, Vocabulary
 from compat_serve.parsers.tool_calls import ToolCallParser, ToolFormat
-
-
-class Vocabulary(Protocol):
-    special_token_ids: frozenset[int]
-
-    def token_to_id(self, token: str) -> int | None: ...
-
-
-@dataclass(frozen=True)
-class RequestTools:
-    """The calls a request accepts: tool name → JSON schema of its parameters.
-
-    Empty: no calls are parsed (no tools, or `tool_choice: none`), the output is text.
-    """
-
-    schemas: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    max_calls: int | None = None  # 1 when parallel tool use is disabled
-
-    @classmethod
-    def from_chat_tools(
-        cls,
-        tools: Iterable[Mapping[str, Any]] | None,
-        *,
-        only: str | None = None,
-        parallel: bool = True,
-    ) -> RequestTools:
-        """From template-shaped tools (`{"type": "function", "function": {...}}`)."""
-        schemas: dict[str, Mapping[str, Any]] = {}
-        for tool in tools or ():
-            function = tool.get("function") or {}
-            name = function.get("name")
-            if isinstance(name, str) and (only is None or name == only):
-                parameters = function.get("parameters")
-                schemas[name] = parameters if isinstance(parameters, Mapping) else {}
-        return cls(schemas, None if parallel else 1)
+from compat_serve.parsers.tool_grammar import special_markup, tool_call_grammar
 
 
 def new_call_id(prefix: str) -> Callable[[], str]:
@@ -61,6 +28,9 @@ class RequestParsing:
     parser: OutputParser
     # Control tokens the engine must show as text for this parser to read.
     visible_special_ids: frozenset[int]
+    # What the generated output must match: tool calls in the model's own format (forced,
+    # or constrained once started), the envelope, or the client's output format.
+    grammar: Grammar | None = None
 
 
 class OutputParsing:
@@ -78,12 +48,23 @@ class OutputParsing:
         return f"tool calls: {tools}, reasoning: {'<think>' if self.reasoning else 'none'}"
 
     def for_request(
-        self, tools: RequestTools, prompt_text: str, *, call_id_prefix: str
+        self,
+        tools: RequestTools,
+        prompt_text: str,
+        *,
+        call_id_prefix: str,
+        tool_choice: str = "auto",
+        output_grammar: Grammar | None = None,
     ) -> RequestParsing:
+        """The parser (and grammar) of one request. `tool_choice`: auto, required (a named
+        tool arrives as `tools` holding only it) or none; `output_grammar`: the client's
+        output format (JSON schema, ...), which applies when no call is forced."""
         markup: list[str] = []
         splitter = None
+        inside_reasoning = False
         if self.reasoning:
-            splitter = ReasoningSplitter(inside=prompt_opens_reasoning(prompt_text))
+            inside_reasoning = prompt_opens_reasoning(prompt_text)
+            splitter = ReasoningSplitter(inside=inside_reasoning)
             markup += [THINK_OPEN, THINK_CLOSE]
         tool_parser = None
         if self.tool_format is not None and tools.schemas:
@@ -97,9 +78,69 @@ class OutputParsing:
         visible = self._special_ids(markup)
         hidden = frozenset(m for m in markup if self._vocabulary.token_to_id(m) in visible)
         parser = OutputParser(reasoning=splitter, tools=tool_parser, hidden=hidden)
-        return RequestParsing(parser, frozenset(visible))
+        reasoning = "open" if inside_reasoning else "optional" if self.reasoning else "none"
+        grammar = request_grammar(
+            self.tool_format,
+            tools,
+            tool_choice,
+            output_grammar,
+            reasoning=reasoning,
+            special_tokens=special_markup(self.tool_format, self._vocabulary)
+            if self.tool_format is not None
+            else {},
+        )
+        return RequestParsing(parser, frozenset(visible), grammar)
 
     def _special_ids(self, markup: Iterable[str]) -> set[int]:
         special = self._vocabulary.special_token_ids
         ids = (self._vocabulary.token_to_id(m) for m in markup)
         return {i for i in ids if i is not None and i in special}
+
+
+def request_grammar(
+    fmt: ToolFormat | None,
+    tools: RequestTools,
+    tool_choice: str,
+    output_grammar: Grammar | None,
+    *,
+    reasoning: str,
+    special_tokens: Mapping[str, int],
+) -> Grammar | None:
+    """The one grammar a request's output follows.
+
+    A required call wins (the output is only calls); otherwise a client's output format
+    (the answer is that JSON, so no call can start); otherwise tool calls in `auto` are
+    free text until a call starts, then the call is constrained; `none` keeps the call
+    marker out of the text. Templates that ignore tools use the envelope for every shape.
+    """
+    if fmt is None:
+        return output_grammar
+    if tool_choice == "required" and tools.schemas:
+        # A forced call disables thinking: a tiny or distracted model may never end it.
+        closed = {"optional": "none", "open": "close"}.get(reasoning, reasoning)
+        return Grammar("lark", _lark(fmt, tools, "required", closed, special_tokens), "tools")
+    if output_grammar is not None:
+        return output_grammar
+    if tool_choice == "none" or not tools.schemas:
+        if tool_choice != "none":
+            return None
+        source = tool_call_grammar(
+            fmt, RequestTools(), mode="none", reasoning=reasoning, special_tokens=special_tokens
+        )
+        return Grammar("lark", source, "tool_choice") if source else None
+    return Grammar("lark", _lark(fmt, tools, "auto", reasoning, special_tokens), "tools")
+
+
+def _lark(
+    fmt: ToolFormat,
+    tools: RequestTools,
+    mode: str,
+    reasoning: str,
+    special_tokens: Mapping[str, int],
+) -> str:
+    source = tool_call_grammar(
+        fmt, tools, mode=mode, reasoning=reasoning, special_tokens=special_tokens
+    )
+    if source is None:
+        raise ValueError(f"the {fmt.name} tool format has no grammar for tool_choice {mode}")
+    return source

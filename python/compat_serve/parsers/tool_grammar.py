@@ -12,11 +12,11 @@ from collections.abc import Iterable, Mapping
 
 from compat_serve.parsers.lark import CallSyntax, GrammarBuilder
 from compat_serve.parsers.reasoning import THINK_CLOSE, THINK_OPEN
-from compat_serve.parsers.setup import RequestTools, Vocabulary
+from compat_serve.parsers.request_tools import RequestTools, Vocabulary
 from compat_serve.parsers.tool_calls import ToolFormat
 
 MODES = ("required", "auto", "none")
-REASONING = ("none", "open", "optional")
+REASONING = ("none", "open", "optional", "close")
 
 
 def special_markup(fmt: ToolFormat, vocabulary: Vocabulary) -> dict[str, int]:
@@ -44,7 +44,8 @@ def tool_call_grammar(
     free text in which no call start marker can appear.
     reasoning "none": no thinking; "open": the prompt opened `<think>`, so the output
     starts inside reasoning, up to and including `</think>`; "optional": the output may
-    start with `<think>...</think>`. The constrained part follows the reasoning.
+    start with `<think>...</think>`; "close": the prompt opened `<think>` but thinking is
+    off (a forced call), so the output closes it at once. The constrained part follows.
     `special_tokens`: markup → token id for markup that is one special token in the
     model's vocabulary (see `special_markup`).
     Returns None when no constraint is needed (auto with no tools and no format grammar);
@@ -101,6 +102,8 @@ def _reasoning(g: GrammarBuilder, reasoning: str) -> str:
     """The reasoning before the constrained part (with the layout after `</think>`)."""
     if reasoning == "none":
         return ""
+    if reasoning == "close":
+        return f'{g.lit(THINK_CLOSE)} "\\n\\n" '
     thought = g.rule("thought", f'{g.text_until("thinking", THINK_CLOSE)} "\\n"{{0,2}}')
     if reasoning == "open":
         return f"{thought} "

@@ -126,17 +126,27 @@ async def admit_chat(
     prompt = await build_chat_prompt(state, chat)
     request_id = new_id(id_prefix)
     if state.output_parsing is None:
-        parsing = RequestParsing(OutputParser(), frozenset())
+        parsing = RequestParsing(OutputParser(), frozenset(), chat.grammar)
     else:
         tools = RequestTools.from_chat_tools(
             chat.tools, only=chat.forced_tool, parallel=chat.parallel_tool_calls
         )
         parsing = state.output_parsing.for_request(
-            tools, prompt.text, call_id_prefix=call_id_prefix
+            tools,
+            prompt.text,
+            call_id_prefix=call_id_prefix,
+            tool_choice=chat.tool_choice,
+            output_grammar=chat.grammar,
         )
     salt = cache_salt(request, per_key=state.cache_salt_per_key)
     stream = submit(
-        state, request_id, prompt.token_ids, chat.sampling, parsing.visible_special_ids, salt
+        state,
+        request_id,
+        prompt.token_ids,
+        chat.sampling,
+        parsing.visible_special_ids,
+        salt,
+        parsing.grammar,
     )
     return Admitted(state, request_id, prompt, stream, parsing.parser)
 

@@ -1,0 +1,42 @@
+"""What a request's tools are, as the parsers and grammars see them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class Vocabulary(Protocol):
+    special_token_ids: frozenset[int]
+
+    def token_to_id(self, token: str) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class RequestTools:
+    """The calls a request accepts: tool name → JSON schema of its parameters.
+
+    Empty: no calls are parsed (no tools, or `tool_choice: none`), the output is text.
+    """
+
+    schemas: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    max_calls: int | None = None  # 1 when parallel tool use is disabled
+
+    @classmethod
+    def from_chat_tools(
+        cls,
+        tools: Iterable[Mapping[str, Any]] | None,
+        *,
+        only: str | None = None,
+        parallel: bool = True,
+    ) -> RequestTools:
+        """From template-shaped tools (`{"type": "function", "function": {...}}`)."""
+        schemas: dict[str, Mapping[str, Any]] = {}
+        for tool in tools or ():
+            function = tool.get("function") or {}
+            name = function.get("name")
+            if isinstance(name, str) and (only is None or name == only):
+                parameters = function.get("parameters")
+                schemas[name] = parameters if isinstance(parameters, Mapping) else {}
+        return cls(schemas, None if parallel else 1)
