@@ -74,9 +74,7 @@ class GrammarMatcher:
     @property
     def mask_words(self) -> int: ...
 
-def fill_masks(
-    matchers: list[GrammarMatcher | None], words: int
-) -> tuple[bytes, list[str | None]]:
+def fill_masks(matchers: list[GrammarMatcher | None], words: int) -> tuple[bytes, list[str | None]]:
     """One mask row per matcher (None: all allowed) and each row's error."""
 
 @final

@@ -12,6 +12,7 @@ from compat_serve.engine.memory import parse_memory_size
 from compat_serve.models.loader import load_model, read_chat_template_file, replace_chat_template
 from compat_serve.models.types import LoadedModel
 from compat_serve.parsers import OutputParsing
+from compat_serve.parsers.formats.envelope import ENVELOPE_FORMAT
 from compat_serve.parsers.registry import (
     check_parser_choices,
     resolve_reasoning,
@@ -97,14 +98,24 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
     )
     if builder.uses_default_template:
         log.warning("the model has no chat template; using a ChatML fallback")
-    if not builder.traits.renders_tools:
-        log.warning(
-            "the chat template ignores tool definitions: clients' tools (Claude Code, "
-            "OpenAI `tools`) will not reach the model; pass --chat-template with a "
-            "tool-aware template to change that"
-        )
-    traits = builder.traits
     output_parsing = _output_parsing(options, loaded)
+    if not builder.traits.renders_tools:
+        if options.tool_parser == "auto":
+            builder.injects_tools = True
+            output_parsing.tool_format = ENVELOPE_FORMAT
+            log.warning(
+                "the chat template ignores tool definitions: tools are described in the "
+                "system prompt and the model answers in a JSON envelope (a list of calls "
+                "or a text response), enforced by a grammar; pass --chat-template with a "
+                "tool-aware template to use the model's own format"
+            )
+        else:
+            log.warning(
+                "the chat template ignores tool definitions and --tool-parser %s is set: "
+                "clients' tools will not reach the model",
+                options.tool_parser,
+            )
+    traits = builder.traits
     engine = Engine(loaded, engine_config)
     name = options.served_model_name or loaded.name
     log.info(

@@ -93,8 +93,7 @@ def test_sampled_json_validates_in_a_batch_with_free_rows(
     free = [request(embedded_model, f"free{i}", "Name a color.", None) for i in range(2)]
     alone = asyncio.run(gather(engine, free[:1]))[0]
     constrained = [
-        request(embedded_model, f"json{i}", ask, grammar, temperature=0.8, seed=i)
-        for i in range(4)
+        request(embedded_model, f"json{i}", ask, grammar, temperature=0.8, seed=i) for i in range(4)
     ]
     together = asyncio.run(gather(engine, [*constrained, *free]))
     for events in together[:4]:

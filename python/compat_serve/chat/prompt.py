@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from compat_serve.chat.normalize import normalize_messages
 from compat_serve.chat.probe import probe_template
+from compat_serve.chat.tool_injection import inject_tools
 from compat_serve.chat.types import ChatRequest, Message
 from compat_serve.templating import ChatTemplate, TemplateError
 
@@ -64,6 +65,9 @@ class PromptBuilder:
                 probed, inline_system=inline_system, inline_system_reason="set by --inline-system"
             )
         self.traits = probed
+        # Set when the template ignores `tools` and the model answers in the JSON envelope
+        # (parsers/formats/envelope.py): tools are told in the system prompt instead.
+        self.injects_tools = False
 
     def normalize(self, messages: Sequence[Message]) -> list[Message]:
         return normalize_messages(
@@ -101,9 +105,15 @@ class PromptBuilder:
         return self._tokenizer.encode(text, add_special_tokens=False)
 
     def build(self, request: ChatRequest) -> Prompt:
+        messages, tools = request.messages, request.tools
+        if self.injects_tools and tools:
+            messages = inject_tools(
+                messages, tools, continue_final_message=request.continue_final_message
+            )
+            tools = None
         text = self.render(
-            self.normalize(request.messages),
-            tools=request.tools,
+            self.normalize(messages),
+            tools=tools,
             continue_final_message=request.continue_final_message,
             **request.template_kwargs,
         )

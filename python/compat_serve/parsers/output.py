@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from compat_serve.parsers.events import OutputEvent, TextDelta
 from compat_serve.parsers.hidden import HiddenTextFilter
 from compat_serve.parsers.reasoning import ReasoningSplitter
-from compat_serve.parsers.tool_calls import ToolCallParser
+
+
+class CallParser(Protocol):
+    """Text → text and tool-call events (ToolCallParser, EnvelopeParser)."""
+
+    @property
+    def satisfied(self) -> bool: ...
+    @property
+    def calls(self) -> int: ...
+    def feed(self, text: str) -> list[OutputEvent]: ...
+    def finish(self) -> list[OutputEvent]: ...
 
 
 class OutputParser:
@@ -15,7 +27,7 @@ class OutputParser:
         self,
         *,
         reasoning: ReasoningSplitter | None = None,
-        tools: ToolCallParser | None = None,
+        tools: CallParser | None = None,
         hidden: frozenset[str] = frozenset(),
     ) -> None:
         self._reasoning = reasoning

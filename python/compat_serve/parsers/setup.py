@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from compat_serve.engine.types import Grammar
-from compat_serve.parsers.output import OutputParser
+from compat_serve.parsers.formats.envelope import ENVELOPE_FORMAT, EnvelopeParser, envelope_grammar
+from compat_serve.parsers.output import CallParser, OutputParser
 from compat_serve.parsers.reasoning import (
     THINK_CLOSE,
     THINK_OPEN,
@@ -66,8 +67,10 @@ class OutputParsing:
             inside_reasoning = prompt_opens_reasoning(prompt_text)
             splitter = ReasoningSplitter(inside=inside_reasoning)
             markup += [THINK_OPEN, THINK_CLOSE]
-        tool_parser = None
-        if self.tool_format is not None and tools.schemas:
+        tool_parser: CallParser | None = None
+        if self.tool_format is ENVELOPE_FORMAT and tools.schemas:
+            tool_parser = EnvelopeParser.for_request(tools, new_call_id(call_id_prefix))
+        elif self.tool_format is not None and tools.schemas:
             tool_parser = ToolCallParser(
                 self.tool_format,
                 tools.schemas,
@@ -115,6 +118,11 @@ def request_grammar(
     """
     if fmt is None:
         return output_grammar
+    if fmt is ENVELOPE_FORMAT:  # the template ignores tools: every answer is an envelope
+        if not tools.schemas or (output_grammar is not None and tool_choice != "required"):
+            return output_grammar
+        mode = "required" if tool_choice == "required" else "auto"
+        return Grammar("lark", envelope_grammar(tools, mode), "tools")
     if tool_choice == "required" and tools.schemas:
         # A forced call disables thinking: a tiny or distracted model may never end it.
         closed = {"optional": "none", "open": "close"}.get(reasoning, reasoning)
