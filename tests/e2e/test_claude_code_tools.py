@@ -84,3 +84,59 @@ def test_claude_code_runs_a_scripted_bash_call(tmp_path: Path) -> None:
     assert result["num_turns"] >= 2
     assert server_log.count('"POST /v1/messages?beta=true HTTP/1.1" 200') >= 2
     assert " 500 " not in server_log
+
+
+MODEL_SCRIPT = """
+set -u
+ip link set lo up
+cd "$REPO"
+"$SERVE" --port {port} --max-output-tokens 256 --default-temperature 0 > "$WORK/server.log" 2>&1 &
+server=$!
+for _ in $(seq 1 120); do
+  "$PYTHON" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:{port}/health')" \
+    2>/dev/null && break
+  sleep 0.5
+done
+home=$(mktemp -d -p "$WORK")
+cd "$home"
+HOME="$home" ANTHROPIC_BASE_URL=http://127.0.0.1:{port} timeout 400 "$CLAUDE" \
+  -p "Use the Bash tool to run: echo hi" --output-format json --bare --model local-model \
+  --system-prompt "You are terse." --tools Bash --allowedTools Bash --max-turns 2 \
+  --debug-to-stderr > "$WORK/result.json" 2> "$WORK/stderr.txt"
+echo "$?" > "$WORK/exit"
+kill $server
+wait $server || true
+"""
+
+
+def test_the_embedded_model_calls_bash_through_the_envelope(tmp_path: Path) -> None:
+    """Not scripted: the embedded model on its own (tool-less) template, temperature 0,
+    answers in the JSON envelope; its Bash call reaches Claude Code, which runs it and
+    sends the result back for a second turn."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+        pytest.fail("needs root, unshare and ip (iproute2; `make setup` installs it)")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE"))},
+        **RECIPE_ENV,
+        "PYTHON": sys.executable,
+        "REPO": str(REPO),
+        "SERVE": str(Path(sys.executable).with_name("compat-serve")),
+        "CLAUDE": str(claude_binary()),
+        "WORK": str(tmp_path),
+    }
+    subprocess.run(
+        ["unshare", "-n", "sh", "-c", MODEL_SCRIPT.format(port=PORT + 2)],
+        env=env,
+        timeout=900,
+        check=True,
+    )
+    server_log = (tmp_path / "server.log").read_text()
+    stderr = (tmp_path / "stderr.txt").read_text()
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert "JSON envelope" in server_log
+    # Two model turns: the first called Bash, Claude Code ran it and asked again.
+    assert server_log.count('"POST /v1/messages?beta=true HTTP/1.1" 200') >= 2, server_log
+    assert result["num_turns"] >= 2, (result, stderr[-3000:])
+    # Claude Code ran the model's Bash call (its debug log records each tool dispatch).
+    assert "tool_dispatch_end tool=Bash" in stderr and "outcome=ok" in stderr, stderr[-3000:]
+    assert " 500 " not in server_log
