@@ -17,6 +17,7 @@ pub struct TokenTable {
 }
 
 #[pymethods]
+#[allow(clippy::needless_pass_by_value)] // pyo3 extracts arguments as owned values
 impl TokenTable {
     /// From a `tokenizer.json` text (`tokenizers.Tokenizer.to_str()`).
     #[new]
@@ -73,7 +74,9 @@ impl TokenTable {
     fn compile(&self, py: Python<'_>, kind: &str, source: String) -> PyResult<GrammarMatcher> {
         let spec = GrammarSpec::new(kind, source).map_err(PyCoreError)?;
         let table = Arc::clone(&self.inner);
-        let constraint = py.detach(move || table.compile(&spec)).map_err(PyCoreError)?;
+        let constraint = py
+            .detach(move || table.compile(&spec))
+            .map_err(PyCoreError)?;
         Ok(GrammarMatcher {
             inner: Arc::new(Mutex::new(constraint)),
         })
@@ -89,17 +92,22 @@ pub struct GrammarMatcher {
 
 impl GrammarMatcher {
     fn lock(&self) -> MutexGuard<'_, Constraint> {
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
 #[pymethods]
+#[allow(clippy::needless_pass_by_value)] // pyo3 extracts arguments as owned values
 impl GrammarMatcher {
     /// The allowed next tokens: `mask_words` little-endian `u32` words.
     fn mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let inner = Arc::clone(&self.inner);
         let words = py.detach(move || {
-            let mut constraint = inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut constraint = inner
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let mut out = vec![0u32; constraint.mask_words()];
             constraint.fill_mask(&mut out).map(|()| out)
         });
@@ -144,6 +152,7 @@ impl GrammarMatcher {
 /// Masks for a batch: one row per entry (`None`: every token allowed), as
 /// `rows * words` little-endian `u32` words, plus each row's error (or `None`).
 #[pyfunction]
+#[allow(clippy::needless_pass_by_value)] // pyo3 extracts arguments as owned values
 pub fn fill_masks<'py>(
     py: Python<'py>,
     matchers: Vec<Option<PyRef<'py, GrammarMatcher>>>,

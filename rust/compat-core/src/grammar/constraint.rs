@@ -48,7 +48,7 @@ impl Constraint {
                 self.mask_words
             )));
         }
-        let mask = self.matcher.compute_mask_or_eos().map_err(|e| self.failed(&e))?;
+        let mask = self.matcher.compute_mask_or_eos().map_err(|e| failed(&e))?;
         let words = mask.as_slice();
         let n = words.len().min(out.len());
         out[..n].copy_from_slice(&words[..n]);
@@ -58,18 +58,14 @@ impl Constraint {
 
     /// Advances past `token`; an error if the grammar does not allow it.
     pub fn consume(&mut self, token: u32) -> Result<(), CoreError> {
-        self.matcher
-            .consume_token(token)
-            .map_err(|e| self.failed(&e))?;
+        self.matcher.consume_token(token).map_err(|e| failed(&e))?;
         self.consumed += 1;
         Ok(())
     }
 
     /// How many of `tokens` the grammar accepts in order, without advancing.
     pub fn validate(&mut self, tokens: &[u32]) -> Result<usize, CoreError> {
-        self.matcher
-            .validate_tokens(tokens)
-            .map_err(|e| self.failed(&e))
+        self.matcher.validate_tokens(tokens).map_err(|e| failed(&e))
     }
 
     /// Undoes the last `n` consumed tokens.
@@ -80,7 +76,7 @@ impl Constraint {
                 self.consumed
             )));
         }
-        self.matcher.rollback(n).map_err(|e| self.failed(&e))?;
+        self.matcher.rollback(n).map_err(|e| failed(&e))?;
         self.consumed -= n;
         Ok(())
     }
@@ -99,10 +95,10 @@ impl Constraint {
     pub fn error(&self) -> Option<String> {
         self.matcher.get_error()
     }
+}
 
-    fn failed(&self, err: &impl std::fmt::Display) -> CoreError {
-        CoreError::Grammar(format!("grammar: {err}"))
-    }
+fn failed(err: &impl std::fmt::Display) -> CoreError {
+    CoreError::Grammar(format!("grammar: {err}"))
 }
 
 /// Fills one mask row per constraint into `out` (rows of `words` words, in order);
@@ -116,9 +112,10 @@ pub fn fill_masks(
     assert_eq!(out.len(), rows.len() * words, "mask buffer size");
     rows.iter_mut()
         .zip(out.chunks_mut(words))
-        .map(|(row, chunk)| match row {
-            Some(constraint) => constraint.fill_mask(chunk).err(),
-            None => {
+        .map(|(row, chunk)| {
+            if let Some(constraint) = row {
+                constraint.fill_mask(chunk).err()
+            } else {
                 chunk.fill(u32::MAX);
                 None
             }

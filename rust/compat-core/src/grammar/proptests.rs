@@ -51,7 +51,9 @@ fn validates(schema: &Value, value: &Value) -> bool {
         Some("object") => value.as_object().is_some_and(|obj: &Map<String, Value>| {
             let props = schema["properties"].as_object().expect("properties");
             obj.len() == props.len()
-                && props.iter().all(|(k, s)| obj.get(k).is_some_and(|v| validates(s, v)))
+                && props
+                    .iter()
+                    .all(|(k, s)| obj.get(k).is_some_and(|v| validates(s, v)))
         }),
         other => panic!("unexpected schema type {other:?}"),
     }

@@ -15,7 +15,9 @@ pub(super) fn toy_tokens() -> Vec<Vec<u8>> {
     tokens.push(b"<unused>".to_vec());
     tokens.push(b"\xFF<|eos|>".to_vec());
     tokens.push(b"\xFF<tool_call>".to_vec());
-    for merge in ["{\"", "\": ", "\", \"", "true", "false", "name", "  ", "\n\n", "12"] {
+    for merge in [
+        "{\"", "\": ", "\", \"", "true", "false", "name", "  ", "\n\n", "12",
+    ] {
         tokens.push(merge.as_bytes().to_vec());
     }
     tokens
@@ -37,7 +39,11 @@ pub(super) fn allowed(constraint: &mut Constraint) -> Vec<u32> {
 fn force(table: &TokenTable, constraint: &mut Constraint, text: &str) {
     for b in text.bytes() {
         let token = u32::from(b);
-        assert!(allowed(constraint).contains(&token), "{:?} not allowed", b as char);
+        assert!(
+            allowed(constraint).contains(&token),
+            "{:?} not allowed",
+            b as char
+        );
         constraint.consume(token).expect("consume");
         assert_eq!(table.token_bytes(token), vec![b]);
     }
@@ -77,7 +83,10 @@ fn json_whitespace_is_bounded() {
     force(&table, &mut c, "{");
     let ids = allowed(&mut c);
     for ws in [b' ', b'\n', b'\t'] {
-        assert!(!ids.contains(&u32::from(ws)), "whitespace {ws} allowed after {{");
+        assert!(
+            !ids.contains(&u32::from(ws)),
+            "whitespace {ws} allowed after {{"
+        );
     }
 }
 
@@ -130,14 +139,21 @@ fn bad_grammars_are_errors_that_say_why() {
     for (kind, source, says) in [
         ("json_schema", "{not json", "not valid JSON"),
         ("json_schema", "[1, 2]", "must be a JSON object"),
-        ("json_schema", r#"{"type": "integer", "minimum": 5, "maximum": 1}"#, ""),
+        (
+            "json_schema",
+            r#"{"type": "integer", "minimum": 5, "maximum": 1}"#,
+            "",
+        ),
         ("json_schema", r#"{"type": "nosuchtype"}"#, ""),
         ("lark", "start: undefined_rule", ""),
         ("regex", "(unclosed", ""),
         ("yaml", "a: 1", "unknown grammar kind"),
     ] {
         let err = compile(&table, kind, source).expect_err(source);
-        assert!(matches!(err, CoreError::Grammar(_)), "{kind} {source}: {err:?}");
+        assert!(
+            matches!(err, CoreError::Grammar(_)),
+            "{kind} {source}: {err:?}"
+        );
         assert!(err.to_string().contains(says), "{err}");
         assert!(!err.to_string().is_empty());
     }

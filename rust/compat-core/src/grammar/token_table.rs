@@ -11,7 +11,8 @@ use crate::error::CoreError;
 
 /// JSON output is compact with single spaces after separators, like `json.dumps`:
 /// free whitespace lets small models loop on newlines until `max_tokens`.
-const JSON_LAYOUT: &str = r#"{"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false}"#;
+const JSON_LAYOUT: &str =
+    r#"{"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false}"#;
 
 /// Token id → bytes for one model, plus the compiled-grammar factory over it.
 pub struct TokenTable {
@@ -40,7 +41,9 @@ impl TokenTable {
         logits_width: usize,
     ) -> Result<Self, CoreError> {
         let Some(&first_eos) = eos_ids.first() else {
-            return Err(CoreError::Grammar("a token table needs an end-of-sequence id".into()));
+            return Err(CoreError::Grammar(
+                "a token table needs an end-of-sequence id".into(),
+            ));
         };
         if let Some(bad) = eos_ids.iter().find(|&&id| id as usize >= tokens.len()) {
             return Err(CoreError::Grammar(format!(
