@@ -42,9 +42,9 @@ class GrammarError(ValueError):
 class TokenTable:
     """One model's vocabulary as the grammar engine (llguidance) sees it."""
 
-    def __init__(
-        self, tokenizer_json: str, eos_token_ids: list[int], logits_width: int
-    ) -> None: ...
+    def __new__(
+        cls, tokenizer_json: str, eos_token_ids: list[int], logits_width: int
+    ) -> TokenTable: ...
     @staticmethod
     def from_token_bytes(
         tokens: list[bytes], eos_token_ids: list[int], logits_width: int
