@@ -171,7 +171,9 @@ def test_openai_parallel_tool_calls_false_stops_after_one(
         assert reply.usage.completion_tokens < reply_tokens(server, TWO_CALLS) - 10
 
 
-def test_openai_tool_choice_none_and_unknown_tools_stay_text(oai: openai.OpenAI) -> None:
+def test_openai_tool_choice_none_and_unknown_tools_cannot_be_called(oai: openai.OpenAI) -> None:
+    """The scripted model tries to write calls; the grammar lets no call marker through
+    with `tool_choice: none`, and no call to an undefined tool in `auto`."""
     none = oai.chat.completions.create(
         model="m",
         messages=ASK,
@@ -180,17 +182,20 @@ def test_openai_tool_choice_none_and_unknown_tools_stay_text(oai: openai.OpenAI)
         extra_body=GREEDY,  # type: ignore[arg-type]
     )
     assert none.choices[0].message.tool_calls is None
-    assert none.choices[0].finish_reason == "stop"
-    assert none.choices[0].message.content == TWO_CALLS
+    content = none.choices[0].message.content or ""
+    assert content.startswith("Let me check.")
+    assert "<tool_call>" not in content
     unknown = oai.chat.completions.create(
         model="m",
         messages=[{"role": "user", "content": "rockets"}],
         tools=WEATHER_TOOLS,  # type: ignore[arg-type]
+        max_tokens=48,  # off its script the model may fill an open object for long
         extra_body=GREEDY,
     )
-    assert unknown.choices[0].message.tool_calls is None
-    assert unknown.choices[0].message.content == UNKNOWN_CALL
-    assert unknown.choices[0].finish_reason == "stop"
+    message = unknown.choices[0].message
+    assert "launch_rockets" not in (message.content or "")
+    defined = {tool["function"]["name"] for tool in WEATHER_TOOLS}
+    assert all(call.function.name in defined for call in message.tool_calls or [])
 
 
 def test_no_special_token_text_in_either_api(

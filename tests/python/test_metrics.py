@@ -195,6 +195,8 @@ def test_engine_metrics_request_lifecycle() -> None:
         "compat_preemptions": "counter",
         "compat_kv_tokens_reserved": "gauge",
         "compat_kv_tokens_capacity": "gauge",
+        "compat_grammar_compile_seconds": "histogram",
+        "compat_grammar_mask_seconds": "histogram",
     }
 
     m.on_submit("a", 10, now=100.0)

@@ -483,3 +483,16 @@ def test_special_markup_names_the_vocabulary_special_tokens(plain: Vocab, specia
     found = special_markup(fmt, special.tokenizer)
     assert set(found) == {*fmt.markup, THINK_OPEN, THINK_CLOSE}
     assert all(special.tokenizer.token_to_id(m) == i for m, i in found.items())
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_unimplemented_schema_keywords_in_tools_are_not_enforced(plain: Vocab, name: str) -> None:
+    """Agents send tools with keywords the grammar engine lacks; those requests must still
+    run (the arguments are constrained by everything else)."""
+    schema = {
+        "type": "object",
+        "properties": {"url": {"type": "string", "format": "no-such-format"}},
+        "propertyNames": {"pattern": "^[a-z]+$"},
+        "required": ["url"],
+    }
+    _compile(plain, TOOL_FORMATS[name], RequestTools({"fetch": schema}), mode="required")

@@ -15,11 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 # Compact JSON laid out like `json.dumps`: free whitespace lets small models loop on
-# newlines until `max_tokens`.
+# newlines until `max_tokens`. Tool schemas are lenient: a keyword the grammar engine does
+# not implement (`propertyNames`, `if`/`then`, an unknown `format`) is not enforced
+# instead of turning every request of an agent with such a tool into a 400; a schema
+# that is invalid or unsatisfiable is still refused.
 JSON_LAYOUT: Mapping[str, Any] = {
     "item_separator": ", ",
     "key_separator": ": ",
     "whitespace_flexible": False,
+    "lenient": True,
 }
 
 _ANY_TEXT = "/(?s:.*)/"
