@@ -163,3 +163,31 @@ def test_masked_logits_leave_free_rows_alone_and_forbid_the_rest(
     assert allowed.size > 0
     assert all(tokenizer.decode([int(i)]) in "0123456789" for i in allowed)
     assert allowed.max() < tokenizer.vocab_size
+
+
+@pytest.mark.parametrize("reasoning", ["open", "optional"])
+def test_an_output_format_starts_after_the_reasoning(
+    embedded_model: LoadedModel, reasoning: str
+) -> None:
+    from compat_serve.parsers.tool_grammar import after_reasoning
+
+    tokenizer = embedded_model.tokenizer
+    grammars = Grammars(tokenizer, tokenizer.vocab_size)
+    schema = {"type": "object", "properties": {"a/b": {"enum": [1]}}, "required": ["a/b"]}
+    for grammar, answer in (
+        (Grammar("json_schema", json.dumps(schema), "f"), '{"a/b": 1}'),
+        (Grammar("regex", "x/y[0-9]", "f"), "x/y7"),
+    ):
+        wrapped = after_reasoning(grammar, reasoning)
+        assert (wrapped.kind, wrapped.field) == ("lark", "f")
+        thought = "Let me think.</think>\n\n" if reasoning == "open" else "<think>Hm.</think>\n"
+        matcher = grammars.compile(wrapped)
+        for token in tokenizer.encode(thought + answer):
+            matcher.consume(token)
+        assert matcher.is_accepting()
+        assert after_reasoning(grammar, "none") is grammar
+    # Without reasoning the answer must come first.
+    matcher = grammars.compile(after_reasoning(Grammar("regex", "x/y[0-9]"), "optional"))
+    for token in tokenizer.encode("x/y3"):
+        matcher.consume(token)
+    assert matcher.is_accepting()

@@ -25,6 +25,8 @@ JSON_LAYOUT: Mapping[str, Any] = {
     "whitespace_flexible": False,
     "lenient": True,
 }
+# The layout of a client's own output format: every keyword enforced.
+STRICT_JSON_LAYOUT: Mapping[str, Any] = {**JSON_LAYOUT, "lenient": False}
 
 _ANY_TEXT = "/(?s:.*)/"
 _REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~/")

@@ -17,7 +17,7 @@ from compat_serve.parsers.reasoning import (
 )
 from compat_serve.parsers.request_tools import RequestTools, Vocabulary
 from compat_serve.parsers.tool_calls import ToolCallParser, ToolFormat
-from compat_serve.parsers.tool_grammar import special_markup, tool_call_grammar
+from compat_serve.parsers.tool_grammar import after_reasoning, special_markup, tool_call_grammar
 
 
 def new_call_id(prefix: str) -> Callable[[], str]:
@@ -117,7 +117,7 @@ def request_grammar(
     marker out of the text. Templates that ignore tools use the envelope for every shape.
     """
     if fmt is None:
-        return output_grammar
+        return after_reasoning(output_grammar, reasoning) if output_grammar else None
     if fmt is ENVELOPE_FORMAT:  # the template ignores tools: every answer is an envelope
         if not tools.schemas or (output_grammar is not None and tool_choice != "required"):
             return output_grammar
@@ -128,7 +128,7 @@ def request_grammar(
         closed = {"optional": "none", "open": "close"}.get(reasoning, reasoning)
         return Grammar("lark", _lark(fmt, tools, "required", closed, special_tokens), "tools")
     if output_grammar is not None:
-        return output_grammar
+        return after_reasoning(output_grammar, reasoning, special_tokens)
     if tool_choice == "none" or not tools.schemas:
         if tool_choice != "none":
             return None

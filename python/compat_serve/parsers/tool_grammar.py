@@ -8,9 +8,11 @@ constrained (`auto`, llguidance's lazy-trigger pattern), or text that never star
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 
-from compat_serve.parsers.lark import CallSyntax, GrammarBuilder
+from compat_serve.engine.types import Grammar
+from compat_serve.parsers.lark import STRICT_JSON_LAYOUT, CallSyntax, GrammarBuilder
 from compat_serve.parsers.reasoning import THINK_CLOSE, THINK_OPEN
 from compat_serve.parsers.request_tools import RequestTools, Vocabulary
 from compat_serve.parsers.tool_calls import ToolFormat
@@ -108,3 +110,27 @@ def _reasoning(g: GrammarBuilder, reasoning: str) -> str:
     if reasoning == "open":
         return f"{thought} "
     return f"({g.lit(THINK_OPEN)} {thought})? "
+
+
+def after_reasoning(
+    grammar: Grammar, reasoning: str, special_tokens: Mapping[str, int] | None = None
+) -> Grammar:
+    """A client's output format (JSON schema or regex) that starts once the reasoning the
+    template allows has ended. Lark grammars are the client's own: left as they are."""
+    if reasoning not in REASONING:
+        raise ValueError(f"reasoning must be one of {', '.join(REASONING)}, not {reasoning!r}")
+    if reasoning == "none" or grammar.kind not in ("json_schema", "regex"):
+        return grammar
+    g = GrammarBuilder(special_tokens)
+    if grammar.kind == "json_schema":
+        schema = json.loads(grammar.source)
+        if isinstance(schema, dict):  # strict: the client asked for exactly this
+            schema = {
+                **schema,
+                "x-guidance": {**STRICT_JSON_LAYOUT, **schema.get("x-guidance", {})},
+            }
+        answer = f"%json {json.dumps(schema)}"
+    else:
+        answer = "/" + grammar.source.replace("/", "\\/") + "/"
+    body = g.rule("answer", answer)
+    return Grammar("lark", g.source(_reasoning(g, reasoning) + body), grammar.field)
