@@ -126,6 +126,14 @@ def build_serve_parser() -> argparse.ArgumentParser:
         help="requests allowed in flight before answering 429/529 (default 256)",
     )
     p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, seconds in-flight requests may take to finish before they "
+        "end with an error (new requests get 503 meanwhile; a second signal exits at once; "
+        "default 30)",
+    )
+    p.add_argument(
         "--max-output-tokens",
         type=int,
         help="cap every request's max_tokens (default: no cap; generation stops when the "
@@ -219,6 +227,9 @@ def _convert(ns: argparse.Namespace) -> int:
 
 def _serve(ns: argparse.Namespace) -> int:
     _setup_logging(ns.log_level)
+    if ns.shutdown_timeout < 0:
+        log.error("--shutdown-timeout must be >= 0, not %s", ns.shutdown_timeout)
+        return 2
     # The fast BLAS must be loaded before anything imports mlx.core.
     from compat_serve.models.blas import ensure_fast_blas
 
@@ -263,14 +274,17 @@ def _serve(ns: argparse.Namespace) -> int:
     import uvicorn
 
     from compat_serve.server.app import create_app
+    from compat_serve.server.lifecycle import DrainingServer
 
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(state),
         host=ns.host,
         port=ns.port,
         log_level=ns.log_level,
+        # After the drain, responses still being written get this long to finish.
         timeout_graceful_shutdown=10,
     )
+    DrainingServer(config, state, ns.shutdown_timeout).run()
     return 0
 
 

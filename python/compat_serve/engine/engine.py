@@ -32,7 +32,7 @@ from compat_serve.engine.sequence import Sequence
 from compat_serve.engine.status import RequestStatus, StatusBoard
 from compat_serve.engine.stop_strings import StopStringMatcher
 from compat_serve.engine.stream import RequestStream
-from compat_serve.engine.types import EngineRequest, Grammar
+from compat_serve.engine.types import EngineRequest, FinishReason, Grammar
 from compat_serve.models.types import LoadedModel
 
 log = logging.getLogger("compat_serve.engine")
@@ -283,8 +283,14 @@ class Engine:
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
 
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet finished."""
+        with self._queued_lock:
+            return self._queued
+
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Abort everything in flight and stop the thread."""
+        """End everything in flight (`FinishReason.SHUTDOWN`) and stop the thread."""
         self._stopping.set()
         self._inbox.put(_Stop())
         if self._thread is not None:
@@ -315,7 +321,7 @@ class Engine:
                 break
             if isinstance(command, _Submit):
                 leftover.append(command.sequence)
-        executor.abort_all(leftover)
+        executor.abort_all(leftover, FinishReason.SHUTDOWN)
         log.info("engine thread stopped")
 
     def _drain_inbox(self, wait: float | None) -> bool:

@@ -108,10 +108,12 @@ class StepExecutor:
         self._batch.retain(self._decoding_ids())
         self._metrics.on_step(len(self._batch), self._scheduler.kv_tokens_used)
 
-    def abort_all(self, never_admitted: Iterable[Sequence] = ()) -> None:
+    def abort_all(
+        self, never_admitted: Iterable[Sequence] = (), reason: FinishReason = FinishReason.ABORTED
+    ) -> None:
         for seq in [*self._seqs.values(), *never_admitted]:
             self._scheduler.abort(seq.request_id)
-            self._end(seq, FinishReason.ABORTED)
+            self._end(seq, reason)
         self._batch.clear()
         self._metrics.on_step(0, self._scheduler.kv_tokens_used)
 

@@ -16,7 +16,8 @@ class FinishReason(enum.Enum):
     STOP_STRING = "stop_string"  # a caller-given stop string matched (text before it is kept)
     LENGTH = "length"  # max_tokens reached
     CONTEXT = "context"  # the model's context window is full
-    ABORTED = "aborted"  # client went away or server shut down
+    ABORTED = "aborted"  # client went away
+    SHUTDOWN = "shutdown"  # the server shut down before the request finished
     ERROR = "error"  # the engine failed on this request
 
 

@@ -35,10 +35,10 @@ def _model_card(request: Request) -> dict[str, Any]:
 @health_router.get("/health")
 async def health(request: Request) -> JSONResponse:
     state = server_state(request)
-    ok = state.engine.running
+    ok = state.engine.running and not state.draining
+    status = "ok" if ok else "shutting down" if state.draining else "engine stopped"
     return JSONResponse(
-        {"status": "ok" if ok else "engine stopped", "model": state.served_model_name},
-        status_code=200 if ok else 503,
+        {"status": status, "model": state.served_model_name}, status_code=200 if ok else 503
     )
 
 

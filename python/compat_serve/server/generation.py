@@ -29,6 +29,7 @@ from compat_serve.parsers.setup import RequestParsing
 from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError
 from compat_serve.server.keys import cache_salt
+from compat_serve.server.lifecycle import check_admitting, shutdown_error
 from compat_serve.server.state import ServerState
 
 RETRY_AFTER_S = "2"
@@ -70,6 +71,7 @@ def submit(
     cache_salt: bytes | None = None,
     grammar: Grammar | None = None,
 ) -> RequestStream:
+    check_admitting(state)
     cap = state.max_output_tokens
     if cap is not None and sampling.max_tokens > cap:
         sampling = dataclasses.replace(sampling, max_tokens=cap)
@@ -97,7 +99,7 @@ def submit(
             429, str(exc), headers={"retry-after": RETRY_AFTER_S}, anthropic_status=529
         ) from exc
     except EngineStopped as exc:
-        raise ApiError(503, "the server is shutting down") from exc
+        raise shutdown_error() from exc
     except GrammarError as exc:
         field = grammar.field if grammar is not None else "grammar"
         raise ApiError(400, f"{field}: {exc}", param=field) from exc
@@ -166,5 +168,7 @@ async def collect(stream: RequestStream, request: Request) -> Collected:
             if event.finished:
                 if event.finish_reason is FinishReason.ERROR:
                     raise ApiError(500, f"generation failed: {event.error}")
+                if event.finish_reason is FinishReason.SHUTDOWN:
+                    raise shutdown_error()
                 return Collected("".join(parts), event)
     raise ApiError(499, "client closed the request")

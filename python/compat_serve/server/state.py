@@ -33,3 +33,5 @@ class ServerState:
     cache_salt_per_key: bool = False
     # How this model writes tool calls and reasoning (None: all output is text).
     output_parsing: OutputParsing | None = None
+    # Set on the first shutdown signal (server/lifecycle.py): nothing new is admitted.
+    draining: bool = False

@@ -16,6 +16,7 @@ from compat_serve.engine.types import EngineEvent, FinishReason
 from compat_serve.parsers import OutputEvent, OutputParser, ParsedTurn
 from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError
+from compat_serve.server.lifecycle import shutdown_error
 
 
 @dataclass(frozen=True)
@@ -90,5 +91,7 @@ async def collect_turn(
             if step.finished:
                 if step.engine.finish_reason is FinishReason.ERROR:
                     raise ApiError(500, f"generation failed: {step.engine.error}")
+                if step.engine.finish_reason is FinishReason.SHUTDOWN:
+                    raise shutdown_error()
                 return CollectedTurn(turn, step.engine, step.ended_in_tool_calls)
     raise ApiError(499, "client closed the request")

@@ -24,6 +24,7 @@ from compat_serve.parsers import (
 from compat_serve.parsers.events import ReasoningPart, TextPart
 from compat_serve.server.anthropic.errors import error_payload
 from compat_serve.server.anthropic.protocol import AnthropicUsage
+from compat_serve.server.lifecycle import SHUTTING_DOWN
 from compat_serve.server.sse import event
 
 STOP_REASONS = {
@@ -135,6 +136,8 @@ class MessageStreamEncoder:
             return ""
         self._output_tokens += len(engine_event.token_ids)
         reason = engine_event.finish_reason
+        if reason is FinishReason.SHUTDOWN:
+            return self.error("overloaded_error", SHUTTING_DOWN)
         if reason in (FinishReason.ERROR, FinishReason.ABORTED) and not tool_use:
             aborted = reason is FinishReason.ABORTED
             detail = engine_event.error or ("request aborted" if aborted else "unknown error")

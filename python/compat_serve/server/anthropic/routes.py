@@ -50,7 +50,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
     done = await collect_turn(stream, admitted.parser, request)
     final = done.final
     if final.finish_reason is FinishReason.ABORTED and not done.ended_in_tool_calls:
-        raise ApiError(500, "the request was aborted (server shutting down)")
+        raise ApiError(499, "client closed the request")
     assert final.usage is not None
     usage = AnthropicUsage.from_usage(final.usage)
     return JSONResponse(

@@ -31,6 +31,7 @@ FINISH_REASONS = {
     FinishReason.LENGTH: "length",
     FinishReason.CONTEXT: "length",
     FinishReason.ABORTED: "abort",
+    FinishReason.SHUTDOWN: "error",
     FinishReason.ERROR: "error",
 }
 

@@ -23,6 +23,7 @@ from compat_serve.server.generation import (
     submit,
 )
 from compat_serve.server.keys import cache_salt
+from compat_serve.server.lifecycle import shutdown_error
 from compat_serve.server.openai import adapter
 from compat_serve.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from compat_serve.server.state import ServerState
@@ -88,6 +89,8 @@ def _final_chunks(
     assert event.finish_reason is not None and event.usage is not None
     if event.finish_reason is FinishReason.ERROR:
         return sse.data_line(openai_error_body(ApiError(500, f"generation failed: {event.error}")))
+    if event.finish_reason is FinishReason.SHUTDOWN:
+        return sse.data_line(openai_error_body(shutdown_error()))
     chunk = adapter.chat_chunk(
         response_id, model, created, {}, event.finish_reason, tool_calls=step.ended_in_tool_calls
     )
@@ -160,6 +163,9 @@ async def _completion_sse(
                 yield sse.data_line(
                     openai_error_body(ApiError(500, f"generation failed: {event.error}"))
                 )
+                break
+            if event.finish_reason is FinishReason.SHUTDOWN:
+                yield sse.data_line(openai_error_body(shutdown_error()))
                 break
             yield sse.data_line(
                 adapter.text_completion(
