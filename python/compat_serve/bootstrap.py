@@ -41,6 +41,9 @@ class ServeOptions:
     cache_memory: str = "20%"
     cache_hash: str = "xxh3"
     cache_salt_per_key: bool = False
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    kv_events_topic: str = ""
     max_queue: int = 256
     strict_model_names: bool = False
     max_output_tokens: int | None = None
@@ -64,6 +67,9 @@ def _engine_config(options: ServeOptions) -> EngineConfig:
         block_size=options.block_size,
         cache_memory_bytes=parse_memory_size(options.cache_memory),
         cache_hash=options.cache_hash,
+        kv_events_endpoint=options.kv_events_endpoint,
+        kv_events_replay_endpoint=options.kv_events_replay_endpoint,
+        kv_events_topic=options.kv_events_topic,
     )
     config.validate()  # before the model loads: a bad flag fails fast
     return config
@@ -118,6 +124,7 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
     traits = builder.traits
     engine = Engine(loaded, engine_config)
     name = options.served_model_name or loaded.name
+    engine.vllm_metrics.model_name = name
     log.info(
         "model %s (%s, %s, %s): context %d tokens, inline-system policy %s (%s)%s",
         name,

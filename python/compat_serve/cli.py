@@ -120,6 +120,20 @@ def build_serve_parser() -> argparse.ArgumentParser:
         help="requests under different API keys never share cached blocks",
     )
     p.add_argument(
+        "--kv-events-endpoint",
+        help="publish prefix-cache KV events (vLLM's format, ZMQ PUB) for cache-aware routers "
+        "such as llm-d and Dynamo: tcp://*:5557 binds, tcp://HOST:PORT connects to a "
+        "subscriber that binds (default: off)",
+    )
+    p.add_argument(
+        "--kv-events-replay-endpoint",
+        help="ZMQ ROUTER address serving missed KV event batches to subscribers, e.g. "
+        "tcp://*:5558 (default: no replay)",
+    )
+    p.add_argument(
+        "--kv-events-topic", default="", help="topic frame of every KV event message (default '')"
+    )
+    p.add_argument(
         "--max-queue",
         type=int,
         default=256,
@@ -256,6 +270,9 @@ def _serve(ns: argparse.Namespace) -> int:
                 cache_memory=ns.cache_memory,
                 cache_hash=ns.cache_hash,
                 cache_salt_per_key=ns.cache_salt_per_key,
+                kv_events_endpoint=ns.kv_events_endpoint,
+                kv_events_replay_endpoint=ns.kv_events_replay_endpoint,
+                kv_events_topic=ns.kv_events_topic,
                 max_queue=ns.max_queue,
                 strict_model_names=ns.strict_model_names,
                 max_output_tokens=ns.max_output_tokens,

@@ -23,6 +23,7 @@ from compat_serve.engine.constraints import GrammarMatcher, Grammars
 from compat_serve.engine.detokenizer import IncrementalDetokenizer
 from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTooLong
 from compat_serve.engine.executor import StepExecutor
+from compat_serve.engine.kv_events import check_kv_events_config, open_kv_events
 from compat_serve.engine.memory import physical_memory_bytes
 from compat_serve.engine.metrics import EngineMetrics
 from compat_serve.engine.prefix_cache import PrefixCaching
@@ -33,6 +34,7 @@ from compat_serve.engine.status import RequestStatus, StatusBoard
 from compat_serve.engine.stop_strings import StopStringMatcher
 from compat_serve.engine.stream import RequestStream
 from compat_serve.engine.types import EngineRequest, FinishReason, Grammar
+from compat_serve.engine.vllm_metrics import attach_vllm_metrics
 from compat_serve.models.types import LoadedModel
 
 log = logging.getLogger("compat_serve.engine")
@@ -64,6 +66,10 @@ class EngineConfig:
     block_size: int = 16
     cache_memory_bytes: int | None = None
     cache_hash: str = "xxh3"
+    # KV events for cache-aware routers (engine/kv_events.py); None = off.
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    kv_events_topic: str = ""
     # Log prefill progress at most this often for long prompts.
     progress_interval_s: float = 5.0
 
@@ -104,6 +110,7 @@ class EngineConfig:
             raise ValueError("--cache-hash must be xxh3 or sha256")
         if self.batched_tokens < self.max_num_seqs:
             raise ValueError("--max-num-batched-tokens must be at least --max-num-seqs")
+        check_kv_events_config(self)
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,8 @@ class Engine:
         self.metrics.kv_tokens_capacity.set(self.kv_capacity_tokens)
         if self.prefix is not None:
             self.metrics.prefix_source = self.prefix.metrics
+        self.kv_events = open_kv_events(self.config, self.prefix, self.metrics)
+        self.vllm_metrics = attach_vllm_metrics(self.metrics, self.config, self.prefix, loaded.name)
         self._executor = StepExecutor(
             self._runner,
             self._scheduler,
@@ -295,6 +304,8 @@ class Engine:
         self._inbox.put(_Stop())
         if self._thread is not None:
             self._thread.join(timeout)
+        if self.kv_events is not None:
+            self.kv_events.shutdown()
 
     def _release_slot(self) -> None:
         with self._queued_lock:

@@ -352,6 +352,8 @@ class EngineMetrics:
             "Cache faults (missing or unassemblable tensors) that fell back to recompute.",
         )
         self.prefix_source: Callable[[], dict[str, float]] | None = None
+        # More families in exposition lines (vLLM-named gauges, KV event counters).
+        self.extra_renderers: list[Callable[[], list[str]]] = []
         self.info = Gauge(
             "compat_info",
             "The served model and compat-serve version.",
@@ -508,4 +510,6 @@ class EngineMetrics:
             self.grammar_mask_seconds,
             *prefix,
         ]
-        return "\n".join(line for metric in metrics for line in metric.render()) + "\n"
+        lines = [line for metric in metrics for line in metric.render()]
+        lines += [line for extra in self.extra_renderers for line in extra()]
+        return "\n".join(lines) + "\n"

@@ -21,7 +21,8 @@ import logging
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
 
-from compat_serve._native import PrefixCache
+from compat_serve._native import NewBlock, PrefixCache
+from compat_serve.engine.kv_events import KVEventPublisher, StoredBlock
 from compat_serve.engine.prefix_store import (
     AttentionKV,
     LayerCaches,
@@ -55,6 +56,8 @@ class PrefixCaching:
         self.tails = None if hybrid else TailStore(snapshot_budget_bytes)
         self.tail_hit_tokens = 0
         self.faults = 0
+        # Store/evict notifications for cache-aware routers (--kv-events-endpoint).
+        self.events: KVEventPublisher | None = None
 
     # ---- admission ------------------------------------------------------------------
 
@@ -161,13 +164,14 @@ class PrefixCaching:
             raise RuntimeError(f"{seq.request_id}: caching from {start}, at {seq.cache_appended}")
         filled = self.cache.append(seq.request_id, list(tokens))
         seq.cache_appended += len(tokens)
-        self.store.drop_blocks(self.cache.take_evicted())
+        self._drop_evicted()
         kv = request_kv(cache)
         for block in filled:
             if not block.is_new:
                 continue
             self.store.store_block(block.block_id, kv, block.start_token)
             _count_written(seq, block.start_token, block.start_token + self.block_size)
+        self._announce(seq, filled)
         end = start + len(tokens)
         if self.hybrid and end % self.block_size == 0 and end > 0 and filled:
             known = seq.known_tokens(0, end)
@@ -208,11 +212,12 @@ class PrefixCaching:
         fed = seq.known_tokens(seq.cache_appended, with_kv)
         filled = self.cache.append(seq.request_id, fed)
         seq.cache_appended = with_kv
-        self.store.drop_blocks(self.cache.take_evicted())
+        self._drop_evicted()
         for block in filled:
             if block.is_new:
                 self.store.store_block(block.block_id, kv, block.start_token, row)
                 _count_written(seq, block.start_token, block.start_token + self.block_size)
+        self._announce(seq, filled)
 
     def _store_tail(self, seq: Sequence, kv: AttentionKV, row: int) -> None:
         """Keep the tokens after the last full block (they have K/V up to
@@ -241,7 +246,38 @@ class PrefixCaching:
 
     def release(self, seq: Sequence) -> None:
         self.cache.release(seq.request_id)
-        self.store.drop_blocks(self.cache.take_evicted())
+        self._drop_evicted()
+        if self.events is not None:
+            self.events.flush()
+
+    # ---- KV events ----------------------------------------------------------------------
+
+    def _drop_evicted(self) -> None:
+        evicted = self.cache.take_evicted()
+        self.store.drop_blocks(evicted)
+        if self.events is not None and evicted:
+            self.events.removed(evicted)
+
+    def _announce(self, seq: Sequence, filled: list[NewBlock]) -> None:
+        """Tell KV event subscribers about the blocks just stored (one hash pass over
+        the request's tokens, only when events are on)."""
+        if self.events is None:
+            return
+        new = [b for b in filled if b.is_new]
+        if not new:
+            self.events.flush()
+            return
+        end = new[-1].start_token + self.block_size
+        known = seq.known_tokens(0, end)
+        hashes = self.cache.block_hashes(known, seq.request.cache_salt)
+        blocks = []
+        for b in new:
+            i = b.start_token // self.block_size
+            parent = hashes[i - 1] if i > 0 else None
+            tokens = known[b.start_token : b.start_token + self.block_size]
+            blocks.append(StoredBlock(b.block_id, hashes[i], parent, tokens))
+        self.events.stored(blocks)
+        self.events.flush()
 
 
 def _count_written(seq: Sequence, start: int, end: int) -> None:

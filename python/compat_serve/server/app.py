@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 from starlette.responses import Response
 
-from compat_serve.server import common_routes, observability_routes
+from compat_serve.server import common_routes, observability_routes, router_routes
 from compat_serve.server.anthropic import routes as anthropic_routes
 from compat_serve.server.errors import ApiError, install_error_handlers, render_error, request_id
 from compat_serve.server.generation import server_state
@@ -76,4 +76,5 @@ def create_app(state: ServerState, *, manage_engine: bool = True) -> FastAPI:
     app.include_router(openai_routes.router, dependencies=authed)
     app.include_router(anthropic_routes.router, dependencies=authed)
     app.include_router(observability_routes.router, dependencies=authed)
+    router_routes.install(app, authed)
     return app
