@@ -76,6 +76,8 @@ bench-python: build
 	$(PY) benches/throughput.py
 	$(PY) benches/agent_session.py
 	$(PY) benches/constrained.py
+	$(PY) benches/load.py
+	$(PY) benches/soak.py
 	$(PY) benches/router.py
 
 clean:

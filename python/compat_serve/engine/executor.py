@@ -95,7 +95,7 @@ class StepExecutor:
             self._end(seq, FinishReason.ERROR, error=str(exc))
             return
         self._status.update(
-            seq.request_id, cached_tokens=cached, cache_hit="prefix" if cached else "miss"
+            seq.request_id, cached_tokens=cached, cache_hit=seq.cache_hit if cached else "miss"
         )
         self._seqs[seq.request_id] = seq
 

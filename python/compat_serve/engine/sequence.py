@@ -46,6 +46,8 @@ class Sequence:
     cached_tokens: int = 0
     cache_appended: int = 0
     cache_written: int = 0
+    # Where the cached prompt tokens came from: "prefix" (RAM) or "disk" (some from disk).
+    cache_hit: str = "prefix"
 
     @property
     def request_id(self) -> str:
