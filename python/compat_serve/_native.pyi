@@ -151,8 +151,10 @@ class Scheduler:
         self, prefilled: Sequence[tuple[str, int]], sampled: Sequence[tuple[str, int]]
     ) -> list[tuple[str, str]]:
         """Reports the step: `prefilled` = `(id, tokens computed)` for every planned
-        prefill, `sampled` = `(id, token)` for every decode and last chunk. Returns
-        `(id, reason)` for each request that finished; they are forgotten."""
+        prefill, `sampled` = `(id, token)` for every decode and last chunk (a decoding
+        request may report several tokens in order: accepted speculated tokens, each
+        but the last leaving it running). Returns `(id, reason)` for each request that
+        finished; they are forgotten."""
 
     def abort(self, id: str) -> bool:
         """Ends a request as aborted; `False` if it already ended or never existed."""
@@ -168,6 +170,14 @@ class Scheduler:
     def num_running(self) -> int: ...
     @property
     def kv_tokens_used(self) -> int: ...
+    @property
+    def kv_tokens_free(self) -> int:
+        """Tokens of KV still free: room for speculated tokens beyond the plan."""
+
+    @property
+    def token_limit(self) -> int:
+        """Prompt plus output tokens at which a request ends with `context_full`."""
+
     def snapshot(self) -> list[tuple[str, str, int, int]]:
         """`(id, status, computed, generated)` per live request, running first."""
 

@@ -22,6 +22,9 @@
 //!
 //! `schedule()` reserves KV for the plan; `update()` commits what the engine reports,
 //! appends sampled tokens and applies the stop-token, max-token and context checks.
+//! A decoding request may report several tokens (speculative decoding: drafts verified
+//! in the same forward); all but the last must leave it running, and their KV beyond
+//! the one token reserved must fit the headroom.
 //! They alternate: one plan is outstanding at a time. A request that ends is reported
 //! exactly once (by `update`'s return, or `abort`/`finish` returning `true`) and then
 //! forgotten.
@@ -159,6 +162,17 @@ impl<K: KvBudget> Scheduler<K> {
     /// KV in use, in the budget's units (tokens for [`TokenKv`]).
     pub fn kv_used(&self) -> u64 {
         self.kv.used()
+    }
+
+    /// Tokens of KV that can still be taken (speculated tokens beyond the plan's
+    /// reservation must fit here).
+    pub fn kv_headroom(&self) -> u32 {
+        self.kv.headroom(0)
+    }
+
+    /// Prompt plus output tokens at which a request ends (`ContextFull`).
+    pub fn token_limit(&self) -> u32 {
+        self.token_limit
     }
 
     /// Live requests, running ones first, each queue in order.
@@ -392,6 +406,15 @@ impl<K: KvBudget> Scheduler<K> {
                     r.external_id
                 )));
             }
+            if !is_prefill && r.is_decoding() {
+                // Speculative decoding: a decoding request may report several tokens, in
+                // order; each one before the last must leave it running.
+                if let Some(previous) = r.report.sampled.replace(value) {
+                    r.report.extra += 1;
+                    r.report.ended_early |= r.stop_token_ids.contains(&previous);
+                }
+                continue;
+            }
             let slot = if is_prefill {
                 &mut r.report.prefilled
             } else {
@@ -409,6 +432,7 @@ impl<K: KvBudget> Scheduler<K> {
 
     /// Checks each planned request's report against its plan.
     fn validate_reports(&self) -> Result<(), CoreError> {
+        let mut extra_kv = 0u32;
         for &id in &self.inflight {
             let Some(r) = self.requests.get(id) else {
                 continue;
@@ -426,6 +450,18 @@ impl<K: KvBudget> Scheduler<K> {
                 }
                 if report.sampled.is_none() {
                     return bad("decoded but no token was sampled".into());
+                }
+                let extra = report.extra;
+                if extra > 0 {
+                    // Every token but the last must leave the request running.
+                    let after = r.num_output + extra;
+                    if report.ended_early
+                        || after >= r.max_tokens
+                        || r.prompt_len + after >= self.token_limit
+                    {
+                        return bad(format!("{} tokens reported past its end", extra + 1));
+                    }
+                    extra_kv += extra;
                 }
                 continue;
             }
@@ -450,6 +486,12 @@ impl<K: KvBudget> Scheduler<K> {
                 _ => {}
             }
         }
+        if extra_kv > self.kv.headroom(0) {
+            return Err(CoreError::InvalidStep(format!(
+                "{extra_kv} speculated tokens exceed the free KV ({})",
+                self.kv.headroom(0)
+            )));
+        }
         Ok(())
     }
 
@@ -463,11 +505,18 @@ impl<K: KvBudget> Scheduler<K> {
             };
             let report = std::mem::take(&mut r.report);
             let done = if r.is_decoding() {
-                1
+                // Accepted draft tokens were computed in the same forward: their KV
+                // is committed beyond the one token reserved.
+                self.kv.grow(r.kv_held(), report.extra);
+                r.num_output += report.extra;
+                1 + report.extra
             } else {
                 report.prefilled.unwrap_or(0)
             };
-            self.kv.shrink(r.kv_held(), r.num_scheduled - done);
+            self.kv.shrink(
+                r.kv_held() + report.extra,
+                r.num_scheduled + report.extra - done,
+            );
             r.num_computed += done;
             r.num_scheduled = 0;
             if r.num_computed < r.num_tokens() {

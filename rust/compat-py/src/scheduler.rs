@@ -140,8 +140,10 @@ impl Scheduler {
     }
 
     /// Reports the step: `prefilled` = `(id, tokens computed)` for every planned
-    /// prefill, `sampled` = `(id, token)` for every decode and last chunk. Returns
-    /// `(id, reason)` for each request that finished; they are forgotten.
+    /// prefill, `sampled` = `(id, token)` for every decode and last chunk (a decoding
+    /// request may report several tokens in order: accepted speculated tokens, each
+    /// but the last leaving it running). Returns `(id, reason)` for each request that
+    /// finished; they are forgotten.
     fn update(
         &mut self,
         prefilled: Vec<(String, u32)>,
@@ -189,6 +191,18 @@ impl Scheduler {
     #[getter]
     fn kv_tokens_used(&self) -> u64 {
         self.inner.kv_used()
+    }
+
+    /// Tokens of KV still free: room for speculated tokens beyond the plan.
+    #[getter]
+    fn kv_tokens_free(&self) -> u32 {
+        self.inner.kv_headroom()
+    }
+
+    /// Prompt plus output tokens at which a request ends with `context_full`.
+    #[getter]
+    fn token_limit(&self) -> u32 {
+        self.inner.token_limit()
     }
 
     /// `(id, status, computed, generated)` per live request, running first.

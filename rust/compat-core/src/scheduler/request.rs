@@ -162,7 +162,12 @@ pub struct Request {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Report {
     pub prefilled: Option<u32>,
+    /// The last token sampled (the only one, unless the request speculated).
     pub sampled: Option<u32>,
+    /// Tokens a decoding request reported before `sampled` (accepted draft tokens).
+    pub extra: u32,
+    /// One of the `extra` tokens would have ended the request.
+    pub ended_early: bool,
 }
 
 impl Request {

@@ -638,3 +638,81 @@ fn a_preempted_cache_hit_recomputes_from_zero() {
     assert_eq!(plan.prefill[0].id, b);
     assert_eq!(plan.prefill[0].start, 0);
 }
+
+#[test]
+fn a_decoding_request_may_report_several_speculated_tokens() {
+    let mut s = scheduler(config());
+    let a = add(&mut s, "a", 4, 10);
+    step(&mut s); // prefill + first token
+    let plan = s.schedule().unwrap();
+    assert_eq!(plan.decode, vec![a]);
+    let used = s.kv_used();
+    let result = StepResult {
+        prefilled: vec![],
+        sampled: vec![(a, 11), (a, 12), (a, 13)],
+    };
+    assert!(s.update(&result).unwrap().is_empty());
+    let r = s.request(a).unwrap();
+    assert_eq!((r.num_output(), r.num_computed()), (4, 7));
+    assert_eq!(s.kv_used(), used + 2);
+    s.check_invariants().unwrap();
+    // The last of several tokens may end it.
+    s.schedule().unwrap();
+    let result = StepResult {
+        prefilled: vec![],
+        sampled: vec![(a, 11), (a, EOS)],
+    };
+    let finished = s.update(&result).unwrap();
+    assert_eq!(finished[0].reason, FinishReason::StopToken);
+    assert_eq!(finished[0].num_output, 6);
+    assert_eq!(s.kv_used(), 0);
+}
+
+#[test]
+fn speculated_tokens_past_the_end_or_the_kv_are_rejected_atomically() {
+    let mut s = scheduler(SchedulerConfig {
+        kv_capacity_tokens: 12,
+        ..config()
+    });
+    let a = add(&mut s, "a", 4, 5);
+    step(&mut s);
+    s.schedule().unwrap();
+    let used = s.kv_used();
+    let bad = [
+        vec![(a, EOS), (a, 11)], // a stop token before the last
+        vec![(a, 11), (a, 11), (a, 11), (a, 11), (a, 11)], // past max_tokens
+    ];
+    for sampled in bad {
+        let result = StepResult {
+            prefilled: vec![],
+            sampled,
+        };
+        assert!(matches!(s.update(&result), Err(CoreError::InvalidStep(_))));
+        assert_eq!(s.kv_used(), used);
+    }
+    // Exactly up to max_tokens is fine.
+    let result = StepResult {
+        prefilled: vec![],
+        sampled: vec![(a, 11), (a, 11), (a, 11), (a, 11)],
+    };
+    let finished = s.update(&result).unwrap();
+    assert_eq!(finished[0].reason, FinishReason::MaxTokens);
+
+    // KV: 12 tokens, a prompt of 9 plus the first token leaves 2 free.
+    let b = add(&mut s, "b", 9, 20);
+    step(&mut s); // 8 of 9 (the prefill chunk)
+    step(&mut s); // the last one and the first token
+    s.schedule().unwrap();
+    assert_eq!(s.kv_headroom(), 2);
+    let result = StepResult {
+        prefilled: vec![],
+        sampled: vec![(b, 11), (b, 11), (b, 11), (b, 11)],
+    };
+    assert!(matches!(s.update(&result), Err(CoreError::InvalidStep(_))));
+    let result = StepResult {
+        prefilled: vec![],
+        sampled: vec![(b, 11), (b, 11)],
+    };
+    assert!(s.update(&result).unwrap().is_empty());
+    s.check_invariants().unwrap();
+}
