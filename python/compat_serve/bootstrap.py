@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from compat_serve.chat.prompt import PromptBuilder
 from compat_serve.engine.engine import Engine, EngineConfig
 from compat_serve.engine.memory import parse_memory_size
+from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.models.loader import load_model, read_chat_template_file, replace_chat_template
 from compat_serve.models.types import LoadedModel
 from compat_serve.parsers import OutputParsing
@@ -34,6 +35,10 @@ class ServeOptions:
     prefill_chunk: int = 512
     decode_prefill_chunk: int | None = None
     max_num_seqs: int = 16
+    speculative: str = "off"
+    speculative_tokens: int = 4
+    ngram_min: int = 2
+    ngram_max: int = 4
     max_num_batched_tokens: int | None = None
     kv_memory: str = "30%"
     prefix_cache: bool = True
@@ -70,6 +75,9 @@ def _engine_config(options: ServeOptions) -> EngineConfig:
         kv_events_endpoint=options.kv_events_endpoint,
         kv_events_replay_endpoint=options.kv_events_replay_endpoint,
         kv_events_topic=options.kv_events_topic,
+        speculation=SpeculationConfig(
+            options.speculative, options.speculative_tokens, options.ngram_min, options.ngram_max
+        ),
     )
     config.validate()  # before the model loads: a bad flag fails fast
     return config

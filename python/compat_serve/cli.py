@@ -70,6 +70,26 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "half of --prefill-chunk), so running streams wait less for their next token",
     )
     p.add_argument(
+        "--speculative",
+        choices=["off", "ngram"],
+        default="off",
+        help="speculative decoding: 'ngram' drafts tokens by prompt lookup (the tokens that "
+        "followed an earlier occurrence of the last few tokens) and verifies them in one "
+        "forward; fast when the output copies the prompt (default off)",
+    )
+    p.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=4,
+        help="most tokens drafted per request and step (default 4)",
+    )
+    p.add_argument(
+        "--ngram-min", type=int, default=2, help="shortest suffix prompt lookup matches (2)"
+    )
+    p.add_argument(
+        "--ngram-max", type=int, default=4, help="longest suffix prompt lookup matches (4)"
+    )
+    p.add_argument(
         "--max-num-seqs",
         type=int,
         default=16,
@@ -263,6 +283,10 @@ def _serve(ns: argparse.Namespace) -> int:
                 prefill_chunk=ns.prefill_chunk,
                 decode_prefill_chunk=ns.decode_prefill_chunk,
                 max_num_seqs=ns.max_num_seqs,
+                speculative=ns.speculative,
+                speculative_tokens=ns.speculative_tokens,
+                ngram_min=ns.ngram_min,
+                ngram_max=ns.ngram_max,
                 max_num_batched_tokens=ns.max_num_batched_tokens,
                 kv_memory=ns.kv_memory,
                 prefix_cache=ns.prefix_cache,

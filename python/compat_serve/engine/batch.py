@@ -32,6 +32,15 @@ def merge_caches(caches: Sequence[LayerCaches]) -> LayerCaches:
     return merged
 
 
+def can_rollback(cache: LayerCaches) -> bool:
+    """Whether `DecodeBatch.rollback` handles a request's cache: every layer a plain
+    `KVCache` (batched as `BatchKVCache`). Rotating (sliding-window) caches have already
+    overwritten what a rollback would restore, and recurrent state cannot be rewound."""
+    from mlx_lm.models.cache import KVCache
+
+    return all(type(layer) is KVCache for layer in cache)
+
+
 class DecodeBatch:
     """Rows of the batched cache, in the order their tokens are fed."""
 
@@ -81,6 +90,29 @@ class DecodeBatch:
             layer.filter(rows)
         self._ids = [self._ids[i] for i in rows]
         return dropped
+
+    def rollback(self, rejected: Sequence[int]) -> None:
+        """Drop the last `rejected[i]` positions of row `i` (speculated tokens the model
+        did not accept, and padding). Rows lose different amounts: the shared part is
+        trimmed, then each row's remaining garbage is rolled to its left padding (as
+        mlx-lm's batched prefill does with right padding), so every row ends at the
+        batch's last position again. Only for `BatchKVCache` layers (`can_rollback`)."""
+        if len(rejected) != len(self._ids):
+            raise ValueError(f"{len(rejected)} rollbacks for {len(self._ids)} rows")
+        low = min(rejected)
+        shifts = [n - low for n in rejected]
+        for layer in self.cache:
+            if low:
+                layer.trim(low)
+            if any(shifts):
+                layer.prepare(right_padding=shifts)
+                layer.finalize()
+                shared = min(layer.left_padding.tolist())
+                if shared > 0:  # every row has padding in front: drop it
+                    layer.keys = layer.keys[..., shared:, :]
+                    layer.values = layer.values[..., shared:, :]
+                    layer._idx -= shared
+                    layer.left_padding = layer.left_padding - shared
 
     def clear(self) -> None:
         self._ids, self._cache = [], None

@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from compat_serve._native import Scheduler
 from compat_serve.engine.constraints import GrammarMatcher, Grammars
@@ -30,6 +30,7 @@ from compat_serve.engine.prefix_cache import PrefixCaching
 from compat_serve.engine.prefix_store import is_attention_cache
 from compat_serve.engine.runner import ModelRunner
 from compat_serve.engine.sequence import Sequence
+from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.status import RequestStatus, StatusBoard
 from compat_serve.engine.stop_strings import StopStringMatcher
 from compat_serve.engine.stream import RequestStream
@@ -72,6 +73,8 @@ class EngineConfig:
     kv_events_topic: str = ""
     # Log prefill progress at most this often for long prompts.
     progress_interval_s: float = 5.0
+    # Speculative decoding (engine/speculation.py); off by default.
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
 
     @property
     def prefill_chunk_while_decoding(self) -> int:
@@ -111,6 +114,7 @@ class EngineConfig:
         if self.batched_tokens < self.max_num_seqs:
             raise ValueError("--max-num-batched-tokens must be at least --max-num-seqs")
         check_kv_events_config(self)
+        self.speculation.validate()
 
 
 @dataclass(frozen=True)
@@ -173,12 +177,17 @@ class Engine:
             on_finished=self._release_slot,
             prefix=self.prefix,
             prefill_chunk=self.config.prefill_chunk,
+            speculation=self.config.speculation,
         )
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._queued = 0  # submitted but not yet finished; read by submit() for backpressure
         self._queued_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+
+    def speculation_status(self) -> dict[str, object]:
+        """Drafted and accepted tokens (speculative decoding), for /v1/status."""
+        return self._executor.spec_stats.status()
 
     def _kv_capacity_tokens(self) -> int:
         per_token = self._kv_bytes_per_token

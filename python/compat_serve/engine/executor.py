@@ -16,15 +16,23 @@ import time
 from collections.abc import Callable, Iterable
 
 import mlx.core as mx
+import numpy as np
 
 from compat_serve._native import GrammarError, Scheduler, SchedulerError
-from compat_serve.engine.batch import DecodeBatch
+from compat_serve.engine.batch import DecodeBatch, can_rollback
 from compat_serve.engine.constraints import masked_logits
 from compat_serve.engine.metrics import EngineMetrics
 from compat_serve.engine.prefix_cache import PrefixCaching
 from compat_serve.engine.runner import ModelRunner, plain_kv
-from compat_serve.engine.sampling import RequestSampler, sample_rows
+from compat_serve.engine.sampling import RequestSampler, accept_draft, sample_rows
 from compat_serve.engine.sequence import Phase, Sequence
+from compat_serve.engine.speculation import (
+    Drafter,
+    NGramDrafter,
+    RowState,
+    SpeculationConfig,
+    SpeculationStats,
+)
 from compat_serve.engine.status import StatusBoard
 from compat_serve.engine.types import EngineEvent, FinishReason, Usage
 
@@ -60,6 +68,7 @@ class StepExecutor:
         on_finished: Callable[[], None],
         prefix: PrefixCaching | None = None,
         prefill_chunk: int = 512,
+        speculation: SpeculationConfig | None = None,
     ) -> None:
         self._runner = runner
         self._scheduler = scheduler
@@ -71,6 +80,19 @@ class StepExecutor:
         self._batch = DecodeBatch()
         self.prefix = prefix
         self._prefill_chunk = prefill_chunk
+        self._spec = speculation or SpeculationConfig()
+        self.spec_stats = SpeculationStats(self._spec.mode)
+        self._drafter: Drafter | None = None
+        if self._spec.mode == "ngram":
+            if can_rollback(runner.new_cache()):
+                self._drafter = NGramDrafter(self._spec.ngram_min, self._spec.ngram_max)
+                metrics.extra_renderers.append(self.spec_stats.render)
+            else:
+                self.spec_stats.disabled_reason = "the model's cache cannot be rolled back"
+                log.warning(
+                    "speculative decoding is off: this model's cache (rotating or recurrent "
+                    "layers) cannot roll back rejected tokens"
+                )
 
     @property
     def has_work(self) -> bool:
@@ -191,6 +213,10 @@ class StepExecutor:
             raise SchedulerError(f"decode plan {planned} does not match the batch {rows}")
         seqs = [self._seqs[request_id] for request_id in rows]
         self._metrics.on_decode_step(len(seqs))
+        drafts = self._drafts(seqs) if self._drafter is not None else None
+        if drafts is not None and any(drafts):
+            self._decode_speculative(seqs, drafts, sampled)
+            return
         try:
             logits = self._runner.decode_logits(self._batch.cache, [s.generated[-1] for s in seqs])
             logits, grammar_errors = self._constrain(logits, seqs)
@@ -209,6 +235,141 @@ class StepExecutor:
                 continue
             sampled.append((seq.request_id, token))
             self._accept_token(seq, token)
+
+    # ---- speculative decoding (engine/speculation.py) -------------------------------------
+
+    def _drafts(self, seqs: list[Sequence]) -> list[list[int]]:
+        """Each row's draft: no longer than its adaptive length, than what leaves the
+        request running (max tokens, context) and, all rows together, than the free KV;
+        constrained rows only draft what their grammar accepts."""
+        assert self._drafter is not None
+        kv_free = self._scheduler.kv_tokens_free
+        limit = self._scheduler.token_limit
+        drafts: list[list[int]] = []
+        for seq in seqs:
+            state = self.spec_stats.per_row.get(seq.request_id)
+            if state is None:
+                state = self.spec_stats.per_row[seq.request_id] = RowState(self._spec.num_tokens)
+            out = len(seq.generated)
+            room = min(
+                state.k,
+                seq.request.sampling.max_tokens - out - 1,
+                limit - (seq.prompt_len + out) - 1,
+                kv_free,
+            )
+            draft: list[int] = []
+            if room > 0 and state.wants_draft():
+                tokens = [*seq.request.prompt_ids, *seq.generated]
+                draft = self._drafter.propose(seq.request_id, tokens, room)
+                for i, token in enumerate(draft):
+                    if token in seq.stop_ids:  # nothing after a stop token is needed
+                        draft = draft[: i + 1]
+                        break
+                if draft and seq.constraint is not None:
+                    draft = draft[: seq.constraint.validate(draft)]
+            kv_free -= len(draft)
+            drafts.append(draft)
+        return drafts
+
+    def _decode_speculative(
+        self, seqs: list[Sequence], drafts: list[list[int]], sampled: list[tuple[str, int]]
+    ) -> None:
+        """One forward verifies every row's draft; each row emits its accepted drafts plus
+        the model's next token, and its rejected positions are rolled back."""
+        try:
+            rows = [[seq.generated[-1], *draft] for seq, draft in zip(seqs, drafts, strict=True)]
+            logits = self._runner.verify_logits(self._batch.cache, rows)
+            mx.eval(logits)
+            emitted = self._verify(logits, seqs, drafts)
+            width = max(len(row) for row in rows)
+            # Positions kept: the fed token and the accepted drafts (the last emitted
+            # token is, as always, fed next step).
+            self._batch.rollback([width - _kept(tokens) for tokens in emitted])
+        except Exception as exc:  # the batch is lost with the forward that failed
+            log.exception("a speculative decode step of %d requests failed", len(seqs))
+            for seq in seqs:
+                self._fail(seq, exc)
+            self._batch.clear()
+            return
+        stats = self.spec_stats
+        stats.steps += 1
+        for seq, draft, tokens in zip(seqs, drafts, emitted, strict=True):
+            if isinstance(tokens, GrammarError):
+                self._fail(seq, tokens)
+                continue
+            accepted = len(tokens) - 1
+            stats.drafted += len(draft)
+            stats.accepted += accepted
+            stats.emitted += len(tokens)
+            stats.per_row[seq.request_id].record(len(draft), accepted)
+            for token in tokens:
+                sampled.append((seq.request_id, token))
+                self._accept_token(seq, token)
+                if seq.phase is Phase.FINISHED or token in seq.stop_ids:
+                    break
+
+    def _verify(
+        self, logits: mx.array, seqs: list[Sequence], drafts: list[list[int]]
+    ) -> list[list[int] | GrammarError]:
+        """Per row, the tokens to emit: the accepted prefix of its draft plus one token
+        sampled from the model (greedy: longest prefix equal to the argmax)."""
+        plain_greedy = [seq.constraint is None and _sampler(seq).greedy for seq in seqs]
+        argmax: list[list[int]] = []
+        if any(plain_greedy):
+            argmax = mx.argmax(logits, axis=-1).tolist()  # type: ignore[assignment]
+        out: list[list[int] | GrammarError] = []
+        for i, (seq, draft) in enumerate(zip(seqs, drafts, strict=True)):
+            positions = len(draft) + 1
+            if plain_greedy[i]:
+                out.append(_greedy_accept(argmax[i][:positions], draft))
+                continue
+            row = logits[i, :positions]
+            if seq.constraint is not None:
+                masked = self._masked_positions(seq, row, draft)
+                if isinstance(masked, GrammarError):
+                    out.append(masked)
+                    continue
+                row = masked
+            sampler = _sampler(seq)
+            if sampler.greedy:
+                targets: list[int] = mx.argmax(row, axis=-1).tolist()  # type: ignore[assignment]
+                out.append(_greedy_accept(targets, draft))
+            else:
+                probs = np.array(sampler.probs(row), dtype=np.float32)
+                out.append(accept_draft(probs, draft, sampler.rng))
+        return out
+
+    def _masked_positions(
+        self, seq: Sequence, row: mx.array, draft: list[int]
+    ) -> mx.array | GrammarError:
+        """A constrained row's logits at each drafted position plus one, each masked by
+        the grammar state after the drafts before it (consumed, then rolled back)."""
+        matcher = seq.constraint
+        assert matcher is not None
+        started = time.monotonic()
+        masked: list[mx.array] = []
+        consumed = 0
+        try:
+            for j in range(len(draft) + 1):
+                logits, (error,) = masked_logits(row[j : j + 1], [matcher])
+                if error is not None:
+                    return GrammarError(error)
+                masked.append(logits)
+                if j < len(draft):
+                    matcher.consume(draft[j])
+                    consumed += 1
+        except GrammarError as exc:
+            return exc
+        finally:
+            if consumed:
+                matcher.rollback(consumed)
+            self._metrics.grammar_mask_seconds.observe(time.monotonic() - started)
+        return mx.concatenate(masked, axis=0)
+
+    def forget_row(self, request_id: str) -> None:
+        if self._drafter is not None:
+            self._drafter.forget(request_id)
+        self.spec_stats.per_row.pop(request_id, None)
 
     def _prefill(
         self,
@@ -448,6 +609,7 @@ class StepExecutor:
         seq.timings.finished = time.monotonic()
         seq.cache = None
         self._seqs.pop(seq.request_id, None)
+        self.forget_row(seq.request_id)
         self._on_finished()
         usage = Usage(
             prompt_tokens=seq.prompt_len,
@@ -493,6 +655,20 @@ def _sampler(seq: Sequence) -> RequestSampler:
     if seq.sampler is None:
         seq.sampler = RequestSampler(seq.request.sampling)
     return seq.sampler
+
+
+def _kept(tokens: list[int] | GrammarError) -> int:
+    """Positions a verified row keeps in the cache (its request fails on an error)."""
+    return len(tokens) if isinstance(tokens, list) else 1
+
+
+def _greedy_accept(targets: list[int], draft: list[int]) -> list[int]:
+    """The longest prefix of `draft` equal to the model's argmax, then the argmax after
+    it: exactly the tokens plain greedy decoding would produce."""
+    accepted = 0
+    while accepted < len(draft) and draft[accepted] == targets[accepted]:
+        accepted += 1
+    return [*draft[:accepted], targets[accepted]]
 
 
 def _token_value(token: mx.array) -> int:

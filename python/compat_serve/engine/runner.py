@@ -89,6 +89,16 @@ class ModelRunner:
         logits: mx.array = self._model(inputs, cache=batch_cache)
         return logits[:, -1, :]
 
+    def verify_logits(self, batch_cache: list[Any], rows: Sequence[Sequence[int]]) -> mx.array:
+        """Speculative verification: each row's last token and its draft in one forward
+        over the batch, rows right-padded to the longest (the padding comes after a
+        row's real tokens, so the causal mask keeps it out of their attention; the
+        caller rolls it back with the rejected drafts). Logits `[rows, longest, vocab]`."""
+        longest = max(len(row) for row in rows)
+        inputs = mx.array([[*row, *([0] * (longest - len(row)))] for row in rows], dtype=mx.uint32)
+        logits: mx.array = self._model(inputs, cache=batch_cache)
+        return logits
+
 
 def plain_kv(cache: list[Any]) -> bool:
     """True when every layer of a request's cache is a plain `KVCache` (what

@@ -7,8 +7,10 @@ different settings can share a batch later without sharing randomness.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import mlx.core as mx
+import numpy as np
 
 from compat_serve.engine.types import SamplingParams
 
@@ -40,6 +42,8 @@ class RequestSampler:
         self._params = params
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
         self._key = mx.random.key(seed)
+        # Host-side draws for speculative acceptance (`accept_draft`).
+        self.rng = np.random.default_rng(seed)
 
     @property
     def greedy(self) -> bool:
@@ -54,6 +58,57 @@ class RequestSampler:
         logprobs = _mask_top_p(logprobs, p.top_p)
         self._key, step_key = mx.random.split(self._key)
         return mx.random.categorical(logprobs * (1.0 / p.effective_temperature), key=step_key)
+
+    def probs(self, logits: mx.array) -> mx.array:
+        """The distribution `__call__` samples from, for each row of `[n, vocab]` logits
+        (temperature, top-k and top-p applied). Not for greedy requests."""
+        p = self._params
+        logprobs = logits.astype(mx.float32)
+        logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
+        logprobs = _mask_top_k(logprobs, p.top_k)
+        logprobs = _mask_top_p(logprobs, p.top_p)
+        return mx.softmax(logprobs * (1.0 / p.effective_temperature), axis=-1)
+
+
+def accept_draft(
+    target: np.ndarray,
+    draft: Sequence[int],
+    rng: np.random.Generator,
+    draft_probs: np.ndarray | None = None,
+) -> list[int]:
+    """The speculative sampling rule (Leviathan et al. 2023; Chen et al. 2023): the tokens
+    to emit for one row, given the target model's distributions `target` `[k + 1, vocab]`
+    at each drafted position plus one, the `k` drafted tokens and the drafter's
+    distributions `draft_probs` `[k, vocab]` (None: a deterministic drafter, a point mass
+    on each drafted token). Draft token `j` is kept with probability
+    `min(1, p(d) / q(d))`; the first one rejected is replaced by a sample from the
+    normalised `max(0, p - q)`; if all are kept, one more is sampled from `p`. The
+    emitted tokens are distributed exactly as sampling `p` token by token."""
+    out: list[int] = []
+    for j, token in enumerate(draft):
+        p = target[j]
+        q_token = 1.0 if draft_probs is None else float(draft_probs[j, token])
+        if q_token > 0 and rng.random() * q_token < float(p[token]):
+            out.append(token)
+            continue
+        if draft_probs is None:
+            residual = p.astype(np.float64)
+            residual[token] = 0.0
+        else:
+            residual = np.maximum(p.astype(np.float64) - draft_probs[j], 0.0)
+        total = residual.sum()
+        if total <= 0:  # p is the point mass q was: cannot happen once it was rejected
+            residual, total = p.astype(np.float64), float(p.sum())
+        out.append(_draw(residual / total, rng))
+        return out
+    out.append(_draw(target[len(draft)].astype(np.float64), rng))
+    return out
+
+
+def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    cumulative = np.cumsum(probs)
+    index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+    return min(index, len(probs) - 1)
 
 
 def sample_rows(logits: mx.array, samplers: list[RequestSampler]) -> mx.array:

@@ -33,6 +33,7 @@ async def status(request: Request) -> dict[str, Any]:
         "decode_batch_size": int(engine.metrics.batch_size.value()),
         "kv_tokens_reserved": int(engine.metrics.kv_tokens_reserved.value()),
         "kv_tokens_capacity": engine.kv_capacity_tokens,
+        "speculation": engine.speculation_status(),
         "requests": rows,
     }
 

@@ -1,0 +1,183 @@
+"""Speculative decoding: drafters propose tokens per row, the executor verifies them.
+
+A `Drafter` proposes up to `k` tokens to follow a request's prompt plus output. The
+executor feeds every row's last token and its draft through one batched forward
+(`ModelRunner.verify_logits`, rows right-padded to the longest draft), keeps the longest
+prefix the model agrees with (greedy: equal to its argmax; sampled: the speculative
+sampling rule in `sampling.accept_draft`), adds the model's own next token, and rolls
+back each row's rejected positions (`DecodeBatch.rollback`). The scheduler, stop strings,
+grammar and usage then see the accepted tokens one by one, exactly as if each had been
+decoded on its own.
+
+`NGramDrafter` is prompt lookup: the tokens that followed the most recent earlier
+occurrence of the longest suffix (n_max down to n_min tokens) of the sequence. Coding
+agents copy a lot (rewriting a file with a small change, quoting tool output), so these
+drafts are often long and right; in free text they rarely exist, and then the step is
+the ordinary one-token decode. `RowState` backs off a row whose drafts keep missing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol
+
+log = logging.getLogger("compat_serve.engine")
+
+MODES = ("off", "ngram")
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    mode: str = "off"
+    # Most tokens drafted per row per step.
+    num_tokens: int = 4
+    # Suffix lengths prompt lookup tries, longest first.
+    ngram_min: int = 2
+    ngram_max: int = 4
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"--speculative must be one of {', '.join(MODES)}")
+        if self.num_tokens < 1:
+            raise ValueError("--speculative-tokens must be at least 1")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError("--ngram-min must be at least 1 and at most --ngram-max")
+
+
+class Drafter(Protocol):
+    def propose(self, key: str, tokens: list[int], k: int) -> list[int]:
+        """Up to `k` tokens likely to follow `tokens` (the row's prompt plus output)."""
+
+    def forget(self, key: str) -> None:
+        """The row `key` ended: drop what was kept for it."""
+
+
+class _NGramIndex:
+    """For each n, the end position of the latest occurrence of every n-gram, built
+    incrementally as the sequence grows (positions before `indexed`)."""
+
+    def __init__(self, sizes: range) -> None:
+        self.sizes = sizes
+        self.last: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in sizes}
+        self.indexed = 0  # n-grams ending before this position are indexed
+
+    def extend(self, tokens: list[int], end: int) -> None:
+        for stop in range(max(self.indexed, 1), end + 1):
+            for n in self.sizes:
+                if stop >= n:
+                    self.last[n][tuple(tokens[stop - n : stop])] = stop
+        self.indexed = max(self.indexed, end + 1)
+
+
+class NGramDrafter:
+    """Prompt lookup over each row's prompt plus output."""
+
+    def __init__(self, ngram_min: int, ngram_max: int) -> None:
+        self._sizes = range(ngram_max, ngram_min - 1, -1)
+        self._rows: dict[str, _NGramIndex] = {}
+
+    def propose(self, key: str, tokens: list[int], k: int) -> list[int]:
+        index = self._rows.get(key)
+        if index is None or index.indexed > len(tokens):  # new, or recomputed shorter
+            index = self._rows[key] = _NGramIndex(self._sizes)
+        end = len(tokens)
+        # Index every n-gram that ends before the last position, so a lookup of the
+        # current suffix finds an earlier occurrence, never itself.
+        index.extend(tokens, end - 1)
+        for n in self._sizes:
+            if end < n:
+                continue
+            stop = index.last[n].get(tuple(tokens[end - n :]))
+            if stop is not None:
+                return tokens[stop : stop + k]
+        return []
+
+    def forget(self, key: str) -> None:
+        self._rows.pop(key, None)
+
+
+@dataclass
+class RowState:
+    """Adaptive draft length per row: grows while drafts are accepted, halves on a miss;
+    a row that misses again and again drafts nothing for a growing number of steps."""
+
+    limit: int
+    k: int = 0
+    misses: int = 0
+    cooldown: int = 0
+
+    def __post_init__(self) -> None:
+        self.k = self.limit
+
+    def wants_draft(self) -> bool:
+        if self.cooldown > 0:
+            self.cooldown -= 1
+            return False
+        return True
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        if accepted == drafted:
+            self.k = min(self.limit, self.k + 1)
+            self.misses = 0
+        elif accepted == 0:
+            self.k = max(1, self.k // 2)
+            self.misses += 1
+            if self.misses >= 2:
+                self.cooldown = min(2 ** (self.misses - 1), 32)
+        else:
+            self.k = max(1, accepted + 1)
+            self.misses = 0
+
+
+@dataclass
+class SpeculationStats:
+    """Counters for /metrics and /v1/status (written by the engine thread)."""
+
+    mode: str
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    disabled_reason: str | None = None
+    per_row: dict[str, RowState] = field(default_factory=dict)
+
+    def status(self) -> dict[str, object]:
+        rate = self.accepted / self.drafted if self.drafted else None
+        return {
+            "mode": self.mode if self.disabled_reason is None else "off",
+            "disabled_reason": self.disabled_reason,
+            "verify_steps": self.steps,
+            "draft_tokens": self.drafted,
+            "accepted_tokens": self.accepted,
+            "acceptance_rate": round(rate, 4) if rate is not None else None,
+            "tokens_per_verify_step": round(self.emitted / self.steps, 3) if self.steps else None,
+        }
+
+    def render(self) -> list[str]:
+        lines = []
+        for name, help_text, value in (
+            ("compat_spec_verify_steps_total", "Decode steps that verified drafts.", self.steps),
+            ("compat_spec_draft_tokens_total", "Tokens drafted for verification.", self.drafted),
+            (
+                "compat_spec_accepted_tokens_total",
+                "Drafted tokens the model accepted.",
+                self.accepted,
+            ),
+            (
+                "compat_spec_emitted_tokens_total",
+                "Tokens produced by verify steps (accepted plus one per row).",
+                self.emitted,
+            ),
+        ):
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]
+        rate = self.accepted / self.drafted if self.drafted else 0.0
+        name = "compat_spec_acceptance_rate"
+        lines += [
+            f"# HELP {name} Accepted over drafted tokens since start.",
+            f"# TYPE {name} gauge",
+            f"{name} {rate:.6g}",
+        ]
+        return lines

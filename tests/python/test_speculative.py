@@ -1,0 +1,262 @@
+"""Speculative decoding (engine/speculation.py): prompt-lookup drafts verified in the
+batched engine give the same tokens as plain decoding — alone, batched with mixed rows,
+with stop strings and a JSON-schema grammar — rollback keeps every row's cache exact,
+and the sampling rule preserves the target distribution."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from compat_serve.engine.batch import DecodeBatch, can_rollback
+from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.sampling import accept_draft
+from compat_serve.engine.speculation import NGramDrafter, RowState, SpeculationConfig
+from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, Grammar
+from tests.python.test_batching import assert_same_or_near_tie, chat_ids, greedy
+from tests.tiny_models import HYBRID_CONFIGS, tiny_model
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
+
+PASSAGE = (
+    "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins "
+    "with a single step. All that glitters is not gold."
+)
+CODE = (
+    "def add(a, b):\n    return a + b\n\n\n"
+    "def scale(values, factor):\n    return [v * factor for v in values]\n"
+)
+COPY_PROMPTS = [
+    f"Repeat this text exactly:\n{PASSAGE}",
+    f"Rewrite this Python code adding type hints:\n{CODE}",
+]
+FREE_PROMPT = "Name three colours."
+
+
+def spec_engine(loaded: LoadedModel, mode: str = "ngram", **config: Any) -> Engine:
+    engine = Engine(
+        loaded,
+        EngineConfig(
+            prefill_chunk=128,
+            max_num_seqs=8,
+            prefix_cache=False,
+            speculation=SpeculationConfig(mode, num_tokens=4),
+            **config,
+        ),
+    )
+    engine.start()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def engines(embedded_model: LoadedModel) -> Iterator[tuple[Engine, Engine]]:
+    plain, spec = spec_engine(embedded_model, "off"), spec_engine(embedded_model)
+    yield plain, spec
+    plain.shutdown()
+    spec.shutdown()
+
+
+async def run(engine: Engine, request: EngineRequest) -> list[EngineEvent]:
+    return [event async for event in engine.submit(request)]
+
+
+def outputs(engine: Engine, requests: list[EngineRequest]) -> list[list[EngineEvent]]:
+    async def all_of() -> list[list[EngineEvent]]:
+        return list(await asyncio.gather(*(run(engine, r) for r in requests)))
+
+    return asyncio.run(all_of())
+
+
+def tokens(events: list[EngineEvent]) -> list[int]:
+    final = events[-1]
+    assert final.finish_reason is not FinishReason.ERROR, final.error
+    out = [t for e in events for t in e.token_ids]
+    return out + ([final.stop_token_id] if final.stop_token_id is not None else [])
+
+
+def requests(loaded: LoadedModel, tag: str, max_tokens: int = 48, **extra: Any) -> list[Any]:
+    prompts = [*COPY_PROMPTS, FREE_PROMPT]
+    return [
+        EngineRequest(f"{tag}{i}", chat_ids(loaded, text), greedy(max_tokens, **extra))
+        for i, text in enumerate(prompts)
+    ]
+
+
+def test_greedy_output_is_the_same_alone_and_batched_with_mixed_rows(
+    engines: tuple[Engine, Engine], embedded_model: LoadedModel
+) -> None:
+    plain, spec = engines
+    reqs = requests(embedded_model, "g")
+    expected = [tokens(e) for e in outputs(plain, reqs)]
+    alone = [tokens(outputs(spec, [r])[0]) for r in reqs[:1]]
+    together = [tokens(e) for e in outputs(spec, reqs)]
+    assert_same_or_near_tie(embedded_model, reqs[0].prompt_ids, expected[0], alone[0])
+    for request, want, got in zip(reqs, expected, together, strict=True):
+        assert_same_or_near_tie(embedded_model, request.prompt_ids, want, got)
+    status = spec.speculation_status()
+    assert status["accepted_tokens"] > 20, status  # the copy prompts were drafted
+    assert "compat_spec_accepted_tokens_total" in spec.metrics.render()
+    # Usage counts every emitted token once.
+    final = outputs(spec, reqs[:1])[0][-1]
+    assert final.usage is not None and final.usage.completion_tokens == len(together[0])
+
+
+def test_stop_strings_and_max_tokens_end_at_the_same_token(
+    engines: tuple[Engine, Engine], embedded_model: LoadedModel
+) -> None:
+    plain, spec = engines
+    reqs = requests(embedded_model, "s", max_tokens=30, stop_strings=("lazy", "factor"))
+    reqs += requests(embedded_model, "m", max_tokens=7)
+    want = outputs(plain, reqs)
+    got = outputs(spec, reqs)
+    for w, g in zip(want, got, strict=True):
+        assert tokens(w) == tokens(g)
+        assert "".join(e.text for e in w) == "".join(e.text for e in g)
+        ends = [(e[-1].finish_reason, e[-1].matched_stop) for e in (w, g)]
+        assert ends[0] == ends[1]
+
+
+def test_json_schema_constraint_stays_exact(
+    engines: tuple[Engine, Engine], embedded_model: LoadedModel
+) -> None:
+    plain, spec = engines
+    schema = {
+        "type": "object",
+        "properties": {
+            "items": {"type": "array", "items": {"enum": ["alpha", "beta"]}, "maxItems": 4}
+        },
+        "required": ["items"],
+    }
+    prompt = 'Answer in JSON: {"items": ["alpha", "beta", "alpha", "beta", "alpha"]}'
+    reqs = [
+        EngineRequest(
+            f"j{i}",
+            chat_ids(embedded_model, prompt),
+            greedy(40),
+            grammar=Grammar("json_schema", json.dumps(schema)),
+        )
+        for i in range(2)
+    ]
+    reqs.append(requests(embedded_model, "jx")[0])  # an unconstrained row beside them
+    want = [tokens(e) for e in outputs(plain, reqs)]
+    got_events = outputs(spec, reqs)
+    got = [tokens(e) for e in got_events]
+    for request, w, g in zip(reqs, want, got, strict=True):
+        assert_same_or_near_tie(embedded_model, request.prompt_ids, w, g)
+    text = "".join(e.text for e in got_events[0])
+    assert isinstance(json.loads(text)["items"], list)
+
+
+def test_tool_call_output_parses_the_same(embedded_model: LoadedModel) -> None:
+    """A prompt that makes the model copy a tool call: the parser sees the same text."""
+    from compat_serve.parsers import OutputParsing  # noqa: F401  (parsers import cleanly)
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    prompt = f"Output exactly this and nothing else:\n{call}"
+    plain, spec = spec_engine(embedded_model, "off"), spec_engine(embedded_model)
+    try:
+        req = EngineRequest("t", chat_ids(embedded_model, prompt), greedy(40))
+        want = outputs(plain, [req])[0]
+        got = outputs(spec, [req])[0]
+    finally:
+        plain.shutdown()
+        spec.shutdown()
+    assert tokens(want) == tokens(got)
+    assert "".join(e.text for e in want) == "".join(e.text for e in got)
+
+
+# ---- rollback on every cache type -----------------------------------------------------
+
+
+def test_rollback_of_rows_with_different_rejections_matches_an_exact_cache(
+    embedded_model: LoadedModel,
+) -> None:
+    """Three rows verify drafts of different lengths; after the rollback each row's
+    next logits equal those of a cache that only ever saw the accepted tokens."""
+    from compat_serve.engine.runner import ModelRunner
+
+    runner = ModelRunner(embedded_model)
+    prompts = [list(chat_ids(embedded_model, t)) for t in ("Hi", "Count to five please", "Go")]
+    fed = [[11, 12, 13, 14], [21, 22], [31, 32, 33]]  # last token + drafts
+    kept = [2, 1, 3]  # positions each row keeps
+
+    def batch_of(prefixes: list[list[int]]) -> DecodeBatch:
+        batch = DecodeBatch()
+        caches = []
+        for p in prefixes:
+            cache = runner.new_cache()
+            runner.prefill(cache, p)
+            caches.append(cache)
+        batch.add([(f"r{i}", c) for i, c in enumerate(caches)])
+        return batch
+
+    spec = batch_of(prompts)
+    runner.verify_logits(spec.cache, fed)
+    spec.rollback([4 - k for k in kept])
+    exact = batch_of([p + f[:k] for p, f, k in zip(prompts, fed, kept, strict=True)])
+    nxt = [5, 6, 7]
+    a = runner.decode_logits(spec.cache, nxt)
+    b = runner.decode_logits(exact.cache, nxt)
+    assert mx.abs(a - b).max().item() < 1e-3
+    for layer in spec.cache:
+        assert layer.offset.tolist() == [len(p) + k + 1 for p, k in zip(prompts, kept, strict=True)]
+
+
+@pytest.mark.parametrize("model_type", sorted(HYBRID_CONFIGS))
+def test_caches_that_cannot_roll_back_turn_speculation_off(
+    model_type: str, embedded_model: LoadedModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    loaded = tiny_model(model_type, embedded_model)
+    from compat_serve.engine.runner import ModelRunner
+
+    assert not can_rollback(ModelRunner(loaded).new_cache())
+    engine = spec_engine(loaded)
+    try:
+        assert engine.speculation_status()["disabled_reason"]
+        req = EngineRequest("h", chat_ids(loaded, FREE_PROMPT), greedy(4))
+        assert len(tokens(outputs(engine, [req])[0])) >= 1
+    finally:
+        engine.shutdown()
+    assert "speculative decoding is off" in caplog.text
+
+
+# ---- drafter and sampling rule ----------------------------------------------------------
+
+
+def test_ngram_drafter_proposes_what_followed_the_latest_longest_match() -> None:
+    drafter = NGramDrafter(2, 3)
+    seq = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3]
+    # Suffix [1, 2, 3] occurred at the start: 4, 5 follow.
+    assert drafter.propose("a", seq, 2) == [4, 5]
+    # [6, 2, 3] never occurred; [2, 3] last occurred before the 4, 5, 6 just added.
+    assert drafter.propose("a", [*seq, 4, 5, 6, 2, 3], 3) == [4, 5, 6]
+    assert drafter.propose("b", [1, 2, 3], 3) == []
+    state = RowState(4)
+    state.record(4, 0)
+    state.record(2, 0)
+    assert state.k == 1 and not state.wants_draft()
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_speculative_sampling_rule_keeps_the_target_distribution(deterministic: bool) -> None:
+    """Tokens emitted at the first drafted position follow p exactly, whatever q."""
+    rng = np.random.default_rng(0)
+    p = np.array([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]], dtype=np.float32)
+    q = np.array([[0.1, 0.2, 0.3, 0.4]], dtype=np.float32)
+    n = 40_000
+    counts = np.zeros(4)
+    for _ in range(n):
+        if deterministic:
+            draft, q_rows = [2], None
+        else:
+            draft, q_rows = [int(rng.choice(4, p=q[0]))], q
+        counts[accept_draft(p, draft, rng, q_rows)[0]] += 1
+    observed = counts / n
+    assert np.abs(observed - p[0]).max() < 0.01, observed
