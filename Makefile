@@ -77,6 +77,7 @@ bench-python: build
 	$(PY) benches/agent_session.py
 	$(PY) benches/constrained.py
 	$(PY) benches/load.py
+	$(PY) benches/speculative.py
 	$(PY) benches/soak.py
 	$(PY) benches/router.py
 
