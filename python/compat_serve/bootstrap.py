@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 from compat_serve.chat.prompt import PromptBuilder
 from compat_serve.engine.engine import Engine, EngineConfig
@@ -45,6 +47,8 @@ class ServeOptions:
     block_size: int = 16
     cache_memory: str = "20%"
     cache_hash: str = "xxh3"
+    cache_dir: str | None = None
+    cache_disk_size: str = "25%"
     cache_salt_per_key: bool = False
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
@@ -72,6 +76,8 @@ def _engine_config(options: ServeOptions) -> EngineConfig:
         block_size=options.block_size,
         cache_memory_bytes=parse_memory_size(options.cache_memory),
         cache_hash=options.cache_hash,
+        cache_dir=options.cache_dir,
+        cache_disk_bytes=_disk_size(options),
         kv_events_endpoint=options.kv_events_endpoint,
         kv_events_replay_endpoint=options.kv_events_replay_endpoint,
         kv_events_topic=options.kv_events_topic,
@@ -81,6 +87,15 @@ def _engine_config(options: ServeOptions) -> EngineConfig:
     )
     config.validate()  # before the model loads: a bad flag fails fast
     return config
+
+
+def _disk_size(options: ServeOptions) -> int | None:
+    """Bytes for --cache-disk-size; a percentage is of the free space under --cache-dir."""
+    if options.cache_dir is None:
+        return None
+    path = Path(options.cache_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    return parse_memory_size(options.cache_disk_size, total=shutil.disk_usage(path).free)
 
 
 def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> ServerState:

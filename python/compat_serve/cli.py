@@ -128,6 +128,18 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "(default 20%%); least recently used blocks are evicted",
     )
     p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="keep prefix-cache blocks on disk too, in this directory (off by default): "
+        "blocks evicted from RAM are read back from disk, and a restarted server hits at once",
+    )
+    p.add_argument(
+        "--cache-disk-size",
+        default="25%",
+        help="cap of --cache-dir: bytes (50GiB) or a share of the disk's free space "
+        "(default 25%%); least recently used files are deleted",
+    )
+    p.add_argument(
         "--cache-hash",
         default="xxh3",
         choices=("xxh3", "sha256"),
@@ -293,6 +305,8 @@ def _serve(ns: argparse.Namespace) -> int:
                 block_size=ns.block_size,
                 cache_memory=ns.cache_memory,
                 cache_hash=ns.cache_hash,
+                cache_dir=ns.cache_dir,
+                cache_disk_size=ns.cache_disk_size,
                 cache_salt_per_key=ns.cache_salt_per_key,
                 kv_events_endpoint=ns.kv_events_endpoint,
                 kv_events_replay_endpoint=ns.kv_events_replay_endpoint,

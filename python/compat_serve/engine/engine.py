@@ -27,6 +27,7 @@ from compat_serve.engine.kv_events import check_kv_events_config, open_kv_events
 from compat_serve.engine.memory import physical_memory_bytes
 from compat_serve.engine.metrics import EngineMetrics
 from compat_serve.engine.prefix_cache import PrefixCaching
+from compat_serve.engine.prefix_disk import DiskStore, model_fingerprint, weights_digest
 from compat_serve.engine.prefix_store import is_attention_cache
 from compat_serve.engine.runner import ModelRunner
 from compat_serve.engine.sequence import Sequence
@@ -67,6 +68,10 @@ class EngineConfig:
     block_size: int = 16
     cache_memory_bytes: int | None = None
     cache_hash: str = "xxh3"
+    # Disk tier of the prefix cache (engine/prefix_disk.py): a directory, and its size
+    # cap in bytes (None = a share of the free disk). Off when `cache_dir` is None.
+    cache_dir: str | None = None
+    cache_disk_bytes: int | None = None
     # KV events for cache-aware routers (engine/kv_events.py); None = off.
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
@@ -94,6 +99,8 @@ class EngineConfig:
     def validate(self) -> None:
         """Settings that contradict each other; messages name the CLI flags. Called by
         the CLI before the model loads and by the Engine for direct users."""
+        if self.cache_dir is not None and not self.prefix_cache:
+            raise ValueError("--cache-dir needs the prefix cache (drop --no-prefix-cache)")
         if self.block_size < 1:
             raise ValueError("--block-size must be at least 1")
         if self.prefix_cache and self.prefill_chunk % self.block_size:
@@ -221,7 +228,28 @@ class Engine:
             hybrid=hybrid,
             hash_kind=config.cache_hash,
             snapshot_budget_bytes=budget // 4,
+            disk=self._disk_store(hybrid),
         )
+
+    def _disk_store(self, hybrid: bool) -> DiskStore | None:
+        config = self.config
+        if config.cache_dir is None:
+            return None
+        if hybrid:
+            log.warning("--cache-dir: not yet for hybrid models (state snapshots); RAM only")
+            return None
+        loaded = self.model
+        fingerprint = model_fingerprint(
+            loaded.source,
+            loaded.name,
+            loaded.dtype,
+            loaded.model_type,
+            weights_digest(loaded.model),
+            self._kv_bytes_per_token,
+            config.block_size,
+            config.cache_hash,
+        )
+        return DiskStore(config.cache_dir, fingerprint, config.cache_disk_bytes)
 
     # ---- called from other threads -------------------------------------------------
 
@@ -315,6 +343,8 @@ class Engine:
             self._thread.join(timeout)
         if self.kv_events is not None:
             self.kv_events.shutdown()
+        if self.prefix is not None:
+            self.prefix.close()
 
     def _release_slot(self) -> None:
         with self._queued_lock:

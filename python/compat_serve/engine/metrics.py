@@ -351,6 +351,19 @@ class EngineMetrics:
             "compat_prefix_cache_faults",
             "Cache faults (missing or unassemblable tensors) that fell back to recompute.",
         )
+        disk = {
+            "disk_files": "Files in the prefix cache's disk tier (--cache-dir).",
+            "disk_bytes": "Bytes of the prefix cache's disk tier.",
+            "disk_capacity_bytes": "Size cap of the prefix cache's disk tier.",
+            "disk_hit_tokens": "Prompt tokens served from the disk tier (also in hit_tokens).",
+            "disk_read_bytes": "Bytes read from the disk tier since start.",
+            "disk_read_seconds": "Seconds spent reading the disk tier since start.",
+            "disk_writes": "Blocks and tails written to the disk tier since start.",
+            "disk_write_drops": "Disk writes dropped (queue full or a write error).",
+            "disk_faults": "Disk files skipped as unreadable, truncated or corrupted.",
+            "disk_writing": "1 while the disk tier writes; 0 after a full disk stopped it.",
+        }
+        self.prefix_disk = [Gauge(f"compat_prefix_cache_{k}", h) for k, h in disk.items()]
         self.prefix_source: Callable[[], dict[str, float]] | None = None
         # More families in exposition lines (vLLM-named gauges, KV event counters).
         self.extra_renderers: list[Callable[[], list[str]]] = []
@@ -486,6 +499,7 @@ class EngineMetrics:
                 self.prefix_hit_ratio,
                 self.prefix_evictions,
                 self.prefix_faults,
+                *self.prefix_disk,
             ]
             for gauge in prefix:
                 assert isinstance(gauge, Gauge)

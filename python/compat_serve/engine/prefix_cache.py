@@ -3,13 +3,21 @@
 
 - **admit**: the longest cached prefix (whole blocks, at least one token left to
   compute; on hybrid models only up to a block with a state snapshot) is held for the
-  request, and the scheduler starts its prefill after it.
+  request, and the scheduler starts its prefill after it. Blocks found only on disk
+  (`--cache-dir`) are promoted into RAM first. Then, on attention-only models, the
+  request takes the longest common prefix of its next tokens with any child block or
+  tail of the last matched block (RAM or disk): a block's first k positions are valid
+  for any sequence sharing its first k tokens, so every shared token is read.
 - **first prefill**: the held blocks are assembled into the request's fresh cache.
 - **each computed chunk**: the blocks it filled are registered and their K/V copied, so
   a request aborted mid-prefill leaves its finished blocks cached; on hybrid models the
   state is snapshotted where a chunk ends on a block boundary.
 - **finish**: blocks filled by generated tokens are stored too (a reply the client
-  echoes back next turn is already cached), then the request's references are released.
+  echoes back next turn is already cached), and the partial block after them (a tail),
+  then the request's references are released.
+
+Every block and tail stored in RAM is also queued for the disk tier, if on (written by a
+background thread), so eviction from RAM or a restart loses nothing on disk.
 
 Any fault in assembly falls back to recomputing the prefix: it is logged and counted,
 never fatal.
@@ -19,23 +27,43 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from compat_serve._native import NewBlock, PrefixCache
 from compat_serve.engine.kv_events import KVEventPublisher, StoredBlock
+from compat_serve.engine.prefix_disk import DiskStore, parent_id, tail_key
 from compat_serve.engine.prefix_store import (
     AttentionKV,
+    BlockKV,
     LayerCaches,
     PrefixStore,
     batch_row_kv,
     request_kv,
 )
-from compat_serve.engine.prefix_tails import TailStore
+from compat_serve.engine.prefix_tails import TailStore, common_prefix
 
 if TYPE_CHECKING:
     from compat_serve.engine.sequence import Sequence
 
 log = logging.getLogger("compat_serve.engine")
+
+# Table id for promoting disk blocks into RAM (never a request id: those are printable).
+_PROMOTE = "\x00promote"
+
+
+@dataclass(frozen=True)
+class _BlockMeta:
+    hash: bytes
+    parent: bytes  # the chained hash of the block before, or the root key
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Partial:
+    kv: BlockKV
+    length: int
+    from_disk: bool
 
 
 class PrefixCaching:
@@ -47,6 +75,7 @@ class PrefixCaching:
         hybrid: bool,
         hash_kind: str = "xxh3",
         snapshot_budget_bytes: int,
+        disk: DiskStore | None = None,
     ) -> None:
         self.block_size = block_size
         self.hybrid = hybrid
@@ -54,8 +83,18 @@ class PrefixCaching:
         self.store = PrefixStore(block_size, snapshot_budget_bytes)
         # Partial last blocks (attention-only models; hybrid state resumes at snapshots).
         self.tails = None if hybrid else TailStore(snapshot_budget_bytes)
-        self.tail_hit_tokens = 0
+        self.partial_hit_tokens = 0  # read from child blocks and tails
         self.faults = 0
+        # The disk tier (attention-only models).
+        self.disk = None if hybrid else disk
+        # Python's view of the RAM blocks: content and place in the chain, for partial
+        # matches inside child blocks and for promotion from disk.
+        self._meta: dict[int, _BlockMeta] = {}
+        self._children: dict[bytes, dict[int, None]] = {}
+        self._by_hash: dict[bytes, int] = {}
+        # Promotion opens a table through `admit`, which counts as a query: not shown.
+        self._promote_query_tokens = 0
+        self._promote_hit_tokens = 0
         # Store/evict notifications for cache-aware routers (--kv-events-endpoint).
         self.events: KVEventPublisher | None = None
 
@@ -68,6 +107,9 @@ class PrefixCaching:
         limit = len(prompt)
         if self.hybrid:
             limit = self._last_snapshot_end(prompt, salt) + 1
+        promoted = (0, 0)
+        if self.disk is not None:
+            promoted = self._promote(prompt[:limit], salt)
         admission = self.cache.admit(seq.request_id, prompt[:limit], salt)
         blocks = list(admission.block_ids)
         usable = next((i for i, b in enumerate(blocks) if not self.store.has_block(b)), None)
@@ -80,40 +122,129 @@ class PrefixCaching:
             )
             blocks = list(admission.block_ids)
         cached = admission.cached_tokens
+        disk_tokens = max(0, min(cached, promoted[1]) - promoted[0])
         seq.cache_tail = None
-        if self.tails is not None:
-            parent = self._parent_key(prompt[:cached], salt)
-            hit = self.tails.match(parent, prompt[cached:], len(prompt) - 1 - cached)
+        if not self.hybrid:
+            hit = self._partial(
+                self._parent_key(prompt[:cached], salt), prompt[cached:], len(prompt) - 1 - cached
+            )
             if hit is not None:
                 self.cache.append(seq.request_id, prompt[cached : cached + hit.length])
-                seq.cache_tail = (hit.tail.kv, hit.length)
-                self.tail_hit_tokens += hit.length
+                seq.cache_tail = (hit.kv, hit.length)
+                self.partial_hit_tokens += hit.length
+                disk_tokens += hit.length if hit.from_disk else 0
                 cached += hit.length
+        if self.disk is not None:
+            self.disk.hit_tokens += disk_tokens
+        seq.cache_hit = "disk" if disk_tokens else "prefix"
         seq.cached_blocks = blocks
         seq.cached_tokens = cached
         seq.cache_appended = cached
         seq.cache_written = 0
         return cached
 
+    def _partial(self, parent: bytes, following: list[int], limit: int) -> _Partial | None:
+        """The longest prefix (at most `limit` tokens) of `following` that a child block or
+        a tail of `parent` holds, in RAM or on disk (RAM preferred)."""
+        if limit <= 0 or not following:
+            return None
+        best: _Partial | None = None
+        for block_id in self._children.get(parent, ()):
+            length = min(common_prefix(self._meta[block_id].tokens, following), limit)
+            if length > 0 and (best is None or length > best.length):
+                best = _Partial(self.store.block_kv(block_id), length, from_disk=False)
+        if self.tails is not None:
+            tail = self.tails.match(parent, following, limit)
+            if tail is not None and (best is None or tail.length > best.length):
+                best = _Partial(tail.tail.kv, tail.length, from_disk=False)
+        if self.disk is not None:
+            known = best.length if best is not None else 0
+            for key, tokens in self.disk.children(parent_id(parent)):
+                length = min(common_prefix(tokens, following), limit)
+                if length <= known:
+                    continue
+                entry = self.disk.load(key)
+                if entry is not None and entry.tokens == tokens:
+                    best, known = _Partial(entry.kv, length, from_disk=True), length
+        return best
+
+    def _promote(self, prompt: list[int], salt: bytes | None) -> tuple[int, int]:
+        """Copy into RAM the run of whole blocks on disk that continues the prompt's RAM
+        prefix; returns the token range promoted (nothing is held afterwards)."""
+        assert self.disk is not None
+        bs = self.block_size
+        usable = (len(prompt) - 1) // bs
+        start = self.cache.lookup(prompt, salt) // bs
+        if start >= usable:
+            return (0, 0)
+        hashes = self.cache.block_hashes(prompt[: usable * bs], salt)
+        pieces: list[BlockKV] = []
+        for i in range(start, usable):
+            ram = self._by_hash.get(hashes[i])
+            if ram is not None and self.store.has_block(ram):
+                pieces.append(self.store.block_kv(ram))
+                continue
+            entry = self.disk.load(hashes[i].hex())
+            if entry is None or entry.tokens != tuple(prompt[i * bs : (i + 1) * bs]):
+                break
+            pieces.append(entry.kv)
+        if not pieces:
+            return (0, 0)
+        end = (start + len(pieces)) * bs
+        admission = self.cache.admit(_PROMOTE, prompt[: start * bs + 1], salt)
+        self._promote_query_tokens += start * bs + 1
+        self._promote_hit_tokens += admission.cached_tokens
+        try:
+            if admission.cached_tokens != start * bs:
+                return (0, 0)
+            filled = self.cache.append(_PROMOTE, prompt[start * bs : end])
+            self._drop_evicted()
+            stored = []
+            for block in filled:
+                if block.is_new:
+                    i = block.start_token // bs
+                    kv = pieces[i - start]
+                    self.store.put_block(block.block_id, kv)
+                    meta = self._register(block.block_id, hashes, i, prompt, salt, kv)
+                    stored.append(self._stored_event(block.block_id, meta, i))
+            if self.events is not None and stored:
+                self.events.stored(stored)
+            return (start * bs, start * bs + len(filled) * bs)
+        finally:
+            self.cache.release(_PROMOTE)
+            self._drop_evicted()
+
     def _parent_key(self, tokens: list[int], salt: bytes | None) -> bytes:
-        """What a tail after `tokens` (whole blocks) is stored under."""
+        """What a tail or child block after `tokens` (whole blocks) is stored under."""
         if not tokens:
-            return b"root:" + (salt or b"")
+            return _root_key(salt)
         hashes: list[bytes] = self.cache.block_hashes(tokens, salt)
         return hashes[-1]
 
     def metrics(self) -> dict[str, float]:
         stats = self.cache.stats()
-        hits = stats.hit_tokens + self.tail_hit_tokens
+        query = stats.query_tokens - self._promote_query_tokens
+        hits = stats.hit_tokens - self._promote_hit_tokens + self.partial_hit_tokens
+        disk = self.disk
         return {
             "blocks": stats.cached_blocks,
             "bytes": self.store.bytes_in_use,
             "capacity_blocks": stats.num_blocks,
-            "query_tokens": stats.query_tokens,
+            "query_tokens": query,
             "hit_tokens": hits,
-            "hit_ratio": hits / stats.query_tokens if stats.query_tokens else 0.0,
+            "hit_ratio": hits / query if query else 0.0,
             "evictions": stats.evictions,
             "faults": self.faults,
+            "disk_files": len(disk) if disk is not None else 0,
+            "disk_bytes": disk.bytes_in_use if disk is not None else 0,
+            "disk_capacity_bytes": disk.capacity_bytes if disk is not None else 0,
+            "disk_hit_tokens": disk.hit_tokens if disk is not None else 0,
+            "disk_read_bytes": disk.read_bytes if disk is not None else 0,
+            "disk_read_seconds": disk.read_seconds if disk is not None else 0.0,
+            "disk_writes": disk.writes if disk is not None else 0,
+            "disk_write_drops": disk.write_drops if disk is not None else 0,
+            "disk_faults": disk.faults if disk is not None else 0,
+            "disk_writing": float(disk.writing) if disk is not None else 0.0,
         }
 
     def preview(self, prompt: Seq[int], salt: bytes | None) -> tuple[int, int]:
@@ -165,13 +296,7 @@ class PrefixCaching:
         filled = self.cache.append(seq.request_id, list(tokens))
         seq.cache_appended += len(tokens)
         self._drop_evicted()
-        kv = request_kv(cache)
-        for block in filled:
-            if not block.is_new:
-                continue
-            self.store.store_block(block.block_id, kv, block.start_token)
-            _count_written(seq, block.start_token, block.start_token + self.block_size)
-        self._announce(seq, filled)
+        self._store_filled(seq, filled, request_kv(cache), 0)
         end = start + len(tokens)
         if self.hybrid and end % self.block_size == 0 and end > 0 and filled:
             known = seq.known_tokens(0, end)
@@ -213,11 +338,7 @@ class PrefixCaching:
         filled = self.cache.append(seq.request_id, fed)
         seq.cache_appended = with_kv
         self._drop_evicted()
-        for block in filled:
-            if block.is_new:
-                self.store.store_block(block.block_id, kv, block.start_token, row)
-                _count_written(seq, block.start_token, block.start_token + self.block_size)
-        self._announce(seq, filled)
+        self._store_filled(seq, filled, kv, row)
 
     def _store_tail(self, seq: Sequence, kv: AttentionKV, row: int) -> None:
         """Keep the tokens after the last full block (they have K/V up to
@@ -232,8 +353,10 @@ class PrefixCaching:
         covered = self.tails.covered(parent, tokens)
         if covered >= len(tokens):
             return
-        self.tails.store(parent, tokens, kv, full, row)
+        tail = self.tails.store(parent, tokens, kv, full, row)
         _count_written(seq, full + covered, end)
+        if self.disk is not None:
+            self.disk.put(tail_key(parent, tokens), parent_id(parent), tokens, tail.kv)
 
     def preempted(self, seq: Sequence) -> None:
         """Its cache is gone and it recomputes from 0: start a fresh table."""
@@ -250,34 +373,89 @@ class PrefixCaching:
         if self.events is not None:
             self.events.flush()
 
-    # ---- KV events ----------------------------------------------------------------------
+    # ---- stored and evicted blocks ----------------------------------------------------
+
+    def _store_filled(
+        self, seq: Sequence, filled: list[NewBlock], kv: AttentionKV, row: int
+    ) -> None:
+        """Copy the K/V of the blocks `append` newly filled; record their place in the
+        chain (one hash pass over the request's tokens), queue them for the disk tier and
+        tell KV event subscribers."""
+        new = [b for b in filled if b.is_new]
+        if not new:
+            if self.events is not None:
+                self.events.flush()
+            return
+        salt = seq.request.cache_salt
+        known = seq.known_tokens(0, new[-1].start_token + self.block_size)
+        hashes = self.cache.block_hashes(known, salt)
+        stored = []
+        for block in new:
+            start = block.start_token
+            self.store.store_block(block.block_id, kv, start, row)
+            _count_written(seq, start, start + self.block_size)
+            i = start // self.block_size
+            meta = self._register(
+                block.block_id, hashes, i, known, salt, self.store.block_kv(block.block_id)
+            )
+            stored.append(self._stored_event(block.block_id, meta, i))
+        if self.events is not None:
+            self.events.stored(stored)
+            self.events.flush()
+
+    def _register(
+        self,
+        block_id: int,
+        hashes: list[bytes],
+        i: int,
+        tokens: list[int],
+        salt: bytes | None,
+        kv: BlockKV,
+    ) -> _BlockMeta:
+        """Block `i` of a sequence (`hashes` its chain, `tokens` its tokens) is now cached
+        in RAM under `block_id`."""
+        bs = self.block_size
+        parent = hashes[i - 1] if i > 0 else _root_key(salt)
+        meta = _BlockMeta(hashes[i], parent, tuple(tokens[i * bs : (i + 1) * bs]))
+        self._forget(block_id)
+        self._meta[block_id] = meta
+        self._children.setdefault(parent, {})[block_id] = None
+        self._by_hash[meta.hash] = block_id
+        if self.disk is not None:
+            self.disk.put(meta.hash.hex(), parent_id(parent), meta.tokens, kv)
+        return meta
+
+    def _forget(self, block_id: int) -> None:
+        meta = self._meta.pop(block_id, None)
+        if meta is None:
+            return
+        children = self._children.get(meta.parent)
+        if children is not None:
+            children.pop(block_id, None)
+            if not children:
+                del self._children[meta.parent]
+        if self._by_hash.get(meta.hash) == block_id:
+            del self._by_hash[meta.hash]
+
+    def _stored_event(self, block_id: int, meta: _BlockMeta, i: int) -> StoredBlock:
+        return StoredBlock(block_id, meta.hash, meta.parent if i > 0 else None, list(meta.tokens))
 
     def _drop_evicted(self) -> None:
         evicted = self.cache.take_evicted()
         self.store.drop_blocks(evicted)
+        for block_id in evicted:
+            self._forget(block_id)
         if self.events is not None and evicted:
             self.events.removed(evicted)
 
-    def _announce(self, seq: Sequence, filled: list[NewBlock]) -> None:
-        """Tell KV event subscribers about the blocks just stored (one hash pass over
-        the request's tokens, only when events are on)."""
-        if self.events is None:
-            return
-        new = [b for b in filled if b.is_new]
-        if not new:
-            self.events.flush()
-            return
-        end = new[-1].start_token + self.block_size
-        known = seq.known_tokens(0, end)
-        hashes = self.cache.block_hashes(known, seq.request.cache_salt)
-        blocks = []
-        for b in new:
-            i = b.start_token // self.block_size
-            parent = hashes[i - 1] if i > 0 else None
-            tokens = known[b.start_token : b.start_token + self.block_size]
-            blocks.append(StoredBlock(b.block_id, hashes[i], parent, tokens))
-        self.events.stored(blocks)
-        self.events.flush()
+    def close(self) -> None:
+        """Finish queued disk writes (shutdown)."""
+        if self.disk is not None:
+            self.disk.close()
+
+
+def _root_key(salt: bytes | None) -> bytes:
+    return b"root:" + (salt or b"")
 
 
 def _count_written(seq: Sequence, start: int, end: int) -> None:

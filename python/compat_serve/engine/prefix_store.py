@@ -102,7 +102,13 @@ class PrefixStore:
 
     def store_block(self, block_id: int, kv: AttentionKV, start: int, row: int = 0) -> None:
         """Copy positions `[start, start + block_size)` of batch row `row` of `kv`."""
-        pieces = copy_positions(kv, row, start, start + self.block_size)
+        self.put_block(block_id, copy_positions(kv, row, start, start + self.block_size))
+
+    def block_kv(self, block_id: int) -> BlockKV:
+        return self._blocks[block_id]
+
+    def put_block(self, block_id: int, pieces: BlockKV) -> None:
+        """Keep already-copied pieces (promoted from disk) under `block_id`."""
         self.drop_blocks([block_id])
         self._blocks[block_id] = pieces
         size = kv_nbytes(pieces)

@@ -78,7 +78,7 @@ class TailStore:
 
     def store(
         self, parent: bytes, tokens: Sequence[int], kv: AttentionKV, start: int, row: int
-    ) -> None:
+    ) -> Tail:
         """Copy positions `[start, start + len(tokens))` of batch row `row` of `kv`."""
         tail = Tail(tuple(tokens), copy_positions(kv, row, start, start + len(tokens)))
         old = self._by_parent.pop(parent, [])
@@ -89,6 +89,7 @@ class TailStore:
         self._by_parent[parent] = kept
         self.bytes_in_use += sum(t.nbytes for t in kept)
         self._evict()
+        return tail
 
     def _evict(self) -> None:
         while self.bytes_in_use > self._budget and self._by_parent:
