@@ -16,6 +16,7 @@ from compat_serve.server.errors import ApiError, install_error_handlers, render_
 from compat_serve.server.generation import server_state
 from compat_serve.server.keys import presented_key
 from compat_serve.server.openai import routes as openai_routes
+from compat_serve.server.openapi import install_openapi
 from compat_serve.server.state import ServerState
 
 log = logging.getLogger("compat_serve.server")
@@ -49,6 +50,7 @@ def create_app(state: ServerState, *, manage_engine: bool = True) -> FastAPI:
     app = FastAPI(title="compat-serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.compat = state
     install_error_handlers(app)
+    install_openapi(app, state)
 
     @app.middleware("http")
     async def request_id_and_size(

@@ -28,7 +28,6 @@ _OPENAI_TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
-    422: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     503: "server_error",
@@ -95,11 +94,12 @@ def render_error(request: Request, error: ApiError) -> JSONResponse:
 
 
 def _location(loc: Sequence[Any]) -> str:
-    parts = [str(p) for p in loc if p not in ("body",)]
+    """`messages[0].content` for `("body", "messages", 0, "content")`; `body` for the body."""
+    parts = [str(p) for p in loc[1:]] if loc and loc[0] == "body" else [str(p) for p in loc]
     out = ""
     for part in parts:
         out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
-    return out
+    return out or (str(loc[0]) if loc else "")
 
 
 def validation_error(exc: RequestValidationError) -> ApiError:
@@ -135,7 +135,10 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"no such endpoint: {request.method} {request.url.path}"
         elif exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}"
-        return render_error(request, ApiError(exc.status_code, message))
+        # Starlette's 405 carries `Allow`; keep it (RFC 9110).
+        return render_error(
+            request, ApiError(exc.status_code, message, headers=dict(exc.headers or {}))
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

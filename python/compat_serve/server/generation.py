@@ -33,6 +33,7 @@ from compat_serve.server.lifecycle import check_admitting, shutdown_error
 from compat_serve.server.state import ServerState
 
 RETRY_AFTER_S = "2"
+MIN_TEMPERATURE = 1e-4
 
 
 def new_id(prefix: str) -> str:
@@ -60,6 +61,9 @@ async def build_chat_prompt(state: ServerState, chat: ChatRequest) -> Prompt:
         return await asyncio.to_thread(state.prompt_builder.build, chat)
     except PromptError as exc:
         raise ApiError(400, str(exc)) from exc
+    except ValueError as exc:
+        # Data the template engine cannot take (an integer beyond 64 bits in tool arguments).
+        raise ApiError(400, f"messages: cannot render the request: {exc}") from exc
 
 
 def submit(
@@ -77,6 +81,10 @@ def submit(
         sampling = dataclasses.replace(sampling, max_tokens=cap)
     if sampling.temperature is None and state.default_temperature is not None:
         sampling = dataclasses.replace(sampling, temperature=state.default_temperature)
+    if sampling.temperature is not None and 0 < sampling.temperature < MIN_TEMPERATURE:
+        # Greedy in the limit; dividing logits by 1e-135 overflows them to inf, and the
+        # NaNs that follow let a grammar-masked token through.
+        sampling = dataclasses.replace(sampling, temperature=0.0)
     try:
         return state.engine.submit(
             EngineRequest(

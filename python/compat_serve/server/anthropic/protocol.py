@@ -12,15 +12,19 @@ its position instead of a pydantic union error.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.config import JsonDict
 
 from compat_serve.engine.types import Usage
+from compat_serve.server.json_types import INTEGRAL, U32_MAX, JsonInt
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are ignored; known ones must have their documented JSON type
+    # (strict: no "1" for 1, no 0 for false), so the OpenAPI document tells the truth.
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class ContentBlock(BaseModel):
@@ -78,6 +82,90 @@ class ThinkingBlock(_Lenient):
     signature: str | None = None
 
 
+# The OpenAPI document's view of content blocks: per role, the types the adapter takes
+# (and those it ignores); the runtime keeps them loose so a 400 names the position.
+_NULL: JsonDict = {"type": "null"}
+_TEXT = {
+    "type": "object",
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    "required": ["type", "text"],
+}
+_IGNORED = {
+    "type": "object",
+    "description": "accepted and ignored (server-tool and redacted blocks)",
+    "properties": {
+        "type": {
+            "type": "string",
+            "pattern": "^(" + "|".join(sorted(IGNORED_BLOCKS)) + ")$|_tool_result$",
+        }
+    },
+    "required": ["type"],
+}
+_THINKING = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "thinking"},
+        "thinking": {"type": "string"},
+        "signature": {"anyOf": [{"type": "string"}, _NULL]},
+    },
+    "required": ["type", "thinking"],
+}
+_TOOL_USE = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "tool_use"},
+        "id": {"type": "string"},
+        "name": {"type": "string"},
+        "input": {"type": "object"},
+    },
+    "required": ["type", "id", "name", "input"],
+}
+_TOOL_RESULT = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "tool_result"},
+        "tool_use_id": {"type": "string"},
+        "content": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"anyOf": [_TEXT, _IGNORED]}},
+                _NULL,
+            ]
+        },
+        "is_error": {"anyOf": [{"type": "boolean"}, _NULL]},
+    },
+    "required": ["type", "tool_use_id"],
+}
+
+
+def _content(*blocks: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [{"type": "string"}, {"type": "array", "items": {"anyOf": list(blocks)}}]}
+
+
+def _message(roles: list[str], content: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"role": {"type": "string", "enum": roles}, "content": content},
+        "required": ["role", "content"],
+    }
+
+
+SYSTEM_CONTENT_SCHEMA = _content(_TEXT, _IGNORED)
+MESSAGES_SCHEMA = {
+    "type": "array",
+    "minItems": 1,
+    "items": {
+        "anyOf": [
+            _message(["user"], _content(_TEXT, _TOOL_RESULT, _IGNORED)),
+            _message(["assistant"], _content(_TEXT, _THINKING, _TOOL_USE, _IGNORED)),
+            _message(["system", "developer"], SYSTEM_CONTENT_SCHEMA),
+        ]
+    },
+    "description": "At least one message must have content; a final assistant message "
+    "(a prefill) cannot hold tool_use blocks nor end with whitespace.",
+}
+
+
 class InputMessage(_Lenient):
     # `system` is an inline system message (Claude Code sends one after the user turn);
     # `developer` is not Anthropic but is treated as `system` when a client sends it.
@@ -87,6 +175,28 @@ class InputMessage(_Lenient):
 
 class ToolDef(_Lenient):
     """A client tool (`type` absent or `custom`) or a server tool (`bash_20250124`, ...)."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        strict=True,
+        json_schema_extra={
+            "anyOf": [
+                {
+                    "description": "a client tool: input_schema required",
+                    "properties": {
+                        "type": {"anyOf": [{"const": "custom"}, _NULL]},
+                        "input_schema": {"type": "object"},
+                    },
+                    "required": ["input_schema"],
+                },
+                {
+                    "description": "a server tool (ignored)",
+                    "properties": {"type": {"type": "string", "not": {"const": "custom"}}},
+                    "required": ["type"],
+                },
+            ]
+        },
+    )
 
     type: str | None = None
     name: str
@@ -107,24 +217,67 @@ class ToolChoice(_Lenient):
 
 
 class ThinkingConfig(_Lenient):
+    model_config = ConfigDict(
+        extra="ignore",
+        strict=True,
+        json_schema_extra={
+            "anyOf": [
+                {
+                    "properties": {
+                        "type": {"const": "enabled"},
+                        "budget_tokens": {"type": "integer", "minimum": 1024},
+                    },
+                    "required": ["budget_tokens"],
+                    "description": "budget_tokens must be less than max_tokens",
+                },
+                {"properties": {"type": {"enum": ["disabled", "adaptive"]}}},
+            ]
+        },
+    )
+
     type: Literal["enabled", "disabled", "adaptive"]
     # Required (≥ 1024 and < max_tokens) when type is `enabled`; checked by the adapter.
-    budget_tokens: int | None = None
+    budget_tokens: JsonInt | None = None
     display: str | None = None
+
+
+OUTPUT_FORMAT_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {"type": {"const": "json_schema"}, "schema": {"type": "object"}},
+            "required": ["type", "schema"],
+        },
+        _NULL,
+    ]
+}
 
 
 class _MessagesBase(_Lenient):
     model: str
-    messages: list[InputMessage]
-    system: str | list[ContentBlock] | None = None
+    messages: Annotated[list[InputMessage], WithJsonSchema(MESSAGES_SCHEMA)]
+    system: Annotated[
+        str | list[ContentBlock] | None,
+        WithJsonSchema({"anyOf": [*SYSTEM_CONTENT_SCHEMA["anyOf"], _NULL]}),
+    ] = None
     tools: list[ToolDef] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
     # Structured outputs: `output_config.format` (GA) or the beta's top-level
     # `output_format`, both `{"type": "json_schema", "schema": {...}}`. The rest of
     # `output_config` (`effort`, ...) is accepted and ignored.
-    output_config: dict[str, Any] | None = None
-    output_format: dict[str, Any] | None = None
+    output_config: Annotated[
+        dict[str, Any] | None,
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "object", "properties": {"format": OUTPUT_FORMAT_SCHEMA}},
+                    _NULL,
+                ]
+            }
+        ),
+    ] = None
+    output_format: Annotated[dict[str, Any] | None, WithJsonSchema(OUTPUT_FORMAT_SCHEMA)] = None
 
 
 class CountTokensRequest(_MessagesBase):
@@ -135,11 +288,11 @@ class MessagesRequest(_MessagesBase):
     """`POST /v1/messages`."""
 
     # 0 is valid: only fill the prompt cache.
-    max_tokens: int = Field(ge=0)
+    max_tokens: Annotated[int, Field(ge=0, le=U32_MAX), INTEGRAL]
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: Annotated[int, Field(ge=0), INTEGRAL] | None = None
     stream: bool = False
     # `user_id` may be any JSON (Claude Code sends a JSON document as a string).
     metadata: dict[str, Any] | None = None

@@ -47,7 +47,7 @@ def sampling_params(
         temperature=body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=max(0, body.top_k or 0),
-        seed=body.seed,
+        seed=None if body.seed is None else body.seed % 2**64,
         stop_strings=tuple(s for s in stops if s),
         stop_token_ids=tuple(body.stop_token_ids or ()),
         stop_at_eos=not body.ignore_eos,

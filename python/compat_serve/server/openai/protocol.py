@@ -1,20 +1,113 @@
-"""OpenAI request bodies. Lenient: unknown fields are ignored, never an error."""
+"""OpenAI request bodies. Lenient: unknown fields are ignored, never an error.
+
+Fields the adapter checks itself (so its 400s name the field) keep a loose runtime type
+and declare what they accept in the OpenAPI document with `WithJsonSchema`.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+from compat_serve.server.json_types import INTEGRAL, U32_MAX, JsonInt
+
+_NULL = {"type": "null"}
+_JSON_OBJECT = {"type": "object", "additionalProperties": True}
+# What `tool_choice` accepts (the named function must be one of `tools`).
+TOOL_CHOICE_SCHEMA = {
+    "anyOf": [
+        {"type": "string", "enum": ["none", "auto", "required"]},
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "function"},
+                "function": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}},
+                    "required": ["name"],
+                },
+            },
+            "required": ["type", "function"],
+        },
+        _NULL,
+    ],
+    "description": "'required' needs tools; a named function must be one of tools.",
+}
+RESPONSE_FORMAT_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}},
+            "required": ["type"],
+        },
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "json_schema"},
+                "json_schema": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string"},
+                        "strict": {"anyOf": [{"type": "boolean"}, _NULL]},
+                        "schema": {**_JSON_OBJECT, "description": "a JSON schema"},
+                    },
+                    "required": ["schema"],
+                },
+            },
+            "required": ["type", "json_schema"],
+        },
+        _NULL,
+    ],
+    "description": "At most one of response_format, structured_outputs and guided_*.",
+}
+_STRUCTURED_KIND = {
+    "json": {"anyOf": [_JSON_OBJECT, {"type": "string"}], "description": "a JSON schema"},
+    "regex": {"type": "string", "description": "a regular expression"},
+    "grammar": {"type": "string", "description": "a Lark grammar"},
+    "choice": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+    "json_object": {"const": True},
+}
+STRUCTURED_OUTPUTS_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "description": "vLLM structured outputs: at most one constraint",
+            "properties": _STRUCTURED_KIND,
+            "maxProperties": 1,
+            "additionalProperties": False,
+        },
+        _NULL,
+    ]
+}
+
+
+def _guided(kind: str) -> Any:
+    return WithJsonSchema({"anyOf": [_STRUCTURED_KIND[kind], _NULL], "description": "vLLM"})
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are ignored; known ones must have their documented JSON type
+    # (strict: no "1" for 1, no 0 for false), so the OpenAPI document tells the truth.
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class FunctionCall(_Lenient):
     name: str
     # OpenAI sends a JSON string; some clients send an object.
-    arguments: str | dict[str, Any] = "{}"
+    arguments: Annotated[
+        str | dict[str, Any],
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "string", "contentMediaType": "application/json"},
+                    _JSON_OBJECT,
+                ],
+                "description": "a JSON object, or its JSON text (integers within 64 bits)",
+                "default": "{}",
+            }
+        ),
+    ] = "{}"
 
 
 class ToolCallIn(_Lenient):
@@ -24,7 +117,8 @@ class ToolCallIn(_Lenient):
 
 
 class ContentPart(_Lenient):
-    type: str
+    # Text-only model: any other part type is a 400 naming its position.
+    type: str = Field(json_schema_extra={"enum": ["text"]})
     text: str | None = None
 
 
@@ -54,39 +148,75 @@ class StreamOptions(_Lenient):
 
 class _SamplingFields(_Lenient):
     model: str
-    max_tokens: int | None = Field(default=None, ge=0)
+    max_tokens: Annotated[int, Field(ge=0, le=U32_MAX), INTEGRAL] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
-    seed: int | None = None
+    top_k: Annotated[int, Field(ge=-1), INTEGRAL] | None = None
+    # Any integer: the sampler takes it modulo 2**64.
+    seed: JsonInt | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=U32_MAX), INTEGRAL]] | None = None
     # vLLM-style extension: keep generating past the model's end-of-sequence tokens.
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1)
+    # Only n=1 is supported (the adapter answers other values with a 400 naming `n`).
+    n: Annotated[JsonInt, WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 1})] = Field(
+        default=1, ge=1
+    )
 
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessageIn] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: Annotated[int, Field(ge=0, le=U32_MAX), INTEGRAL] | None = None
     tools: list[ToolDef] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: Annotated[str | dict[str, Any] | None, WithJsonSchema(TOOL_CHOICE_SCHEMA)] = None
     parallel_tool_calls: bool | None = None
     # vLLM-style extension: extra variables for the chat template (e.g. enable_thinking).
     chat_template_kwargs: dict[str, Any] | None = None
     # Structured outputs: OpenAI's `response_format`, and vLLM's extensions (at most one
     # of them). Loosely typed: the adapter checks them and names the field in errors.
-    response_format: dict[str, Any] | None = None
-    structured_outputs: dict[str, Any] | None = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_grammar: Any = None
-    guided_choice: Any = None
+    response_format: Annotated[dict[str, Any] | None, WithJsonSchema(RESPONSE_FORMAT_SCHEMA)] = None
+    structured_outputs: Annotated[
+        dict[str, Any] | None, WithJsonSchema(STRUCTURED_OUTPUTS_SCHEMA)
+    ] = None
+    guided_json: Annotated[Any, _guided("json")] = None
+    guided_regex: Annotated[Any, _guided("regex")] = None
+    guided_grammar: Annotated[Any, _guided("grammar")] = None
+    guided_choice: Annotated[Any, _guided("choice")] = None
+
+
+# A token id; the OpenAPI document adds the loaded vocabulary's size as `maximum`.
+TOKEN_ID_SCHEMA: dict[str, Any] = {"type": "integer", "minimum": 0}
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # One prompt per request: a string or token ids (a one-item batch is accepted too).
+    prompt: Annotated[
+        str | list[str] | list[JsonInt] | list[list[JsonInt]],
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "string", "minLength": 1},
+                    {"type": "array", "items": TOKEN_ID_SCHEMA, "minItems": 1},
+                    {
+                        "type": "array",
+                        "items": {"type": "string", "minLength": 1},
+                        "minItems": 1,
+                        "maxItems": 1,
+                    },
+                    {
+                        "type": "array",
+                        "items": {"type": "array", "items": TOKEN_ID_SCHEMA, "minItems": 1},
+                        "minItems": 1,
+                        "maxItems": 1,
+                    },
+                ]
+            }
+        ),
+    ]
     echo: bool = False
-    suffix: str | None = None
+    # Not supported: a non-empty suffix is a 400.
+    suffix: Annotated[
+        str | None, WithJsonSchema({"anyOf": [{"type": "string", "maxLength": 0}, _NULL]})
+    ] = None
