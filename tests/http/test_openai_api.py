@@ -169,6 +169,27 @@ def test_client_disconnect_stops_generation(server: RunningServer) -> None:
     assert engine.status.snapshot() == []
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_client_disconnect_stops_a_non_streamed_request(server: RunningServer, path: str) -> None:
+    """The client gives up on a JSON response; generation stops within a few steps."""
+    engine = server.state.engine  # type: ignore[attr-defined]
+    body = {"model": "m", "messages": QUESTION, "max_tokens": 2000, "ignore_eos": True}
+    if path == "/v1/messages":
+        endless = {"type": "array", "items": {"type": "integer"}, "minItems": 5000}
+        body = {
+            "model": "m",
+            "messages": QUESTION,
+            "max_tokens": 2000,
+            "output_config": {"format": {"type": "json_schema", "schema": endless}},
+        }
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.base_url}{path}", json=body, timeout=3)
+    deadline = time.monotonic() + 10
+    while engine.status.snapshot() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.status.snapshot() == []
+
+
 def test_stop_token_ids_and_truncating_samplers(
     client: openai.OpenAI, server: RunningServer
 ) -> None:

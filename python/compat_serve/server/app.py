@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
-from starlette.responses import Response
 
 from compat_serve.server import common_routes, observability_routes, router_routes
 from compat_serve.server.anthropic import routes as anthropic_routes
-from compat_serve.server.errors import ApiError, install_error_handlers, render_error, request_id
+from compat_serve.server.errors import ApiError, install_error_handlers
 from compat_serve.server.generation import server_state
 from compat_serve.server.keys import presented_key
+from compat_serve.server.middleware import RequestIdAndSize
 from compat_serve.server.openai import routes as openai_routes
 from compat_serve.server.openapi import install_openapi
 from compat_serve.server.state import ServerState
@@ -52,25 +52,7 @@ def create_app(state: ServerState, *, manage_engine: bool = True) -> FastAPI:
     install_error_handlers(app)
     install_openapi(app, state)
 
-    @app.middleware("http")
-    async def request_id_and_size(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        rid = request_id(request)
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > state.max_request_bytes:
-            response: Response = render_error(
-                request,
-                ApiError(
-                    413,
-                    f"request body of {int(length)} bytes exceeds the "
-                    f"{state.max_request_bytes}-byte limit",
-                ),
-            )
-        else:
-            response = await call_next(request)
-        response.headers["request-id"] = rid
-        return response
+    app.add_middleware(RequestIdAndSize, max_request_bytes=state.max_request_bytes)
 
     authed = [Depends(require_api_key)]
     app.include_router(common_routes.health_router)

@@ -84,6 +84,8 @@ async def render_chat(body: ChatCompletionRequest, request: Request) -> dict[str
 async def render_completion(body: CompletionRequest, request: Request) -> list[dict[str, Any]]:
     state = server_state(request)
     check_model_name(state, body.model)
+    if body.suffix:  # as /v1/completions
+        raise ApiError(400, "suffix: not supported", param="suffix")
     prompt = adapter.completion_prompt(body)
     sampling = adapter.sampling_params(body, body.max_tokens, default_max_tokens=16)
     if isinstance(prompt, str):

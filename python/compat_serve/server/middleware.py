@@ -1,0 +1,43 @@
+"""The request-id header and the body-size limit, as a plain ASGI middleware.
+
+Not Starlette's `@app.middleware("http")` (BaseHTTPMiddleware): that wraps `receive`, so
+a handler polling `request.is_disconnected()` never sees the client leave, and a
+non-streamed request would run to completion after its client hung up.
+"""
+
+from __future__ import annotations
+
+from starlette.datastructures import MutableHeaders
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from compat_serve.server.errors import ApiError, render_error, request_id
+
+
+class RequestIdAndSize:
+    def __init__(self, app: ASGIApp, max_request_bytes: int) -> None:
+        self.app = app
+        self.max_request_bytes = max_request_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        rid = request_id(request)
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_request_bytes:
+            error = ApiError(
+                413,
+                f"request body of {int(length)} bytes exceeds the "
+                f"{self.max_request_bytes}-byte limit",
+            )
+            await render_error(request, error)(scope, receive, send)
+            return
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message)["request-id"] = rid
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
