@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +28,7 @@ from compat_serve.server.generation import (
 )
 from compat_serve.server.openai import adapter
 from compat_serve.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from compat_serve.server.openai.routes import completion_ids
 
 public_router = APIRouter()
 router = APIRouter()
@@ -88,10 +88,5 @@ async def render_completion(body: CompletionRequest, request: Request) -> list[d
         raise ApiError(400, "suffix: not supported", param="suffix")
     prompt = adapter.completion_prompt(body)
     sampling = adapter.sampling_params(body, body.max_tokens, default_max_tokens=16)
-    if isinstance(prompt, str):
-        if not prompt:
-            raise ApiError(400, "prompt: must not be empty", param="prompt")
-        ids = await asyncio.to_thread(state.prompt_builder.encode, prompt)
-    else:
-        ids = prompt
+    ids = await completion_ids(state, prompt)
     return [_generate_request(new_id("cmpl-"), ids, sampling, body.model)]

@@ -108,7 +108,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         raise ApiError(400, "suffix: not supported", param="suffix")
     prompt = adapter.completion_prompt(body)
     sampling = adapter.sampling_params(body, body.max_tokens, default_max_tokens=16)
-    prompt_ids = await _completion_ids(state, prompt)
+    prompt_ids = await completion_ids(state, prompt)
     response_id = new_id("cmpl-")
     salt = cache_salt(request, per_key=state.cache_salt_per_key)
     stream = submit(state, response_id, prompt_ids, sampling, cache_salt=salt)
@@ -134,11 +134,14 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     )
 
 
-async def _completion_ids(state: ServerState, prompt: str | list[int]) -> tuple[int, ...]:
+async def completion_ids(state: ServerState, prompt: str | list[int]) -> tuple[int, ...]:
+    """A completion prompt's token ids; 400 for an empty prompt or an id out of range."""
     if isinstance(prompt, str):
         if not prompt:
             raise ApiError(400, "prompt: must not be empty", param="prompt")
         return tuple(await asyncio.to_thread(state.prompt_builder.encode, prompt))
+    if not prompt:
+        raise ApiError(400, "prompt: must not be empty", param="prompt")
     vocab = state.engine.model.tokenizer.vocab_size
     bad = [t for t in prompt if not 0 <= t < vocab]
     if bad:
