@@ -113,7 +113,7 @@ class StepExecutor:
                 sorted(seq.stop_ids),
                 cached_tokens=cached,
             )
-        except (SchedulerError, ValueError) as exc:
+        except (SchedulerError, ValueError, OverflowError) as exc:  # bad counts: fail this one
             self._end(seq, FinishReason.ERROR, error=str(exc))
             return
         self._status.update(
