@@ -3,8 +3,10 @@
 
 - **admit**: the longest cached prefix (whole blocks, at least one token left to
   compute; on hybrid models only up to a block with a state snapshot) is held for the
-  request, and the scheduler starts its prefill after it. Blocks found only on disk
-  (`--cache-dir`) are promoted into RAM first. Then, on attention-only models, the
+  request, and the scheduler starts its prefill after it. The whole blocks that continue
+  it on disk (`--cache-dir`) are read and promoted into RAM blocks of the request's table
+  (as many as the RAM tier can hold; the rest are assembled straight from what was
+  read). Then, on attention-only models, the
   request takes the longest common prefix of its next tokens with any child block or
   tail of the last matched block (RAM or disk): a block's first k positions are valid
   for any sequence sharing its first k tokens, so every shared token is read.
@@ -30,6 +32,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import mlx.core as mx
+
 from compat_serve._native import NewBlock, PrefixCache
 from compat_serve.engine.kv_events import KVEventPublisher, StoredBlock
 from compat_serve.engine.prefix_disk import DiskStore, parent_id, tail_key
@@ -39,6 +43,7 @@ from compat_serve.engine.prefix_store import (
     LayerCaches,
     PrefixStore,
     batch_row_kv,
+    copy_positions,
     request_kv,
 )
 from compat_serve.engine.prefix_tails import TailStore, common_prefix
@@ -47,9 +52,6 @@ if TYPE_CHECKING:
     from compat_serve.engine.sequence import Sequence
 
 log = logging.getLogger("compat_serve.engine")
-
-# Table id for promoting disk blocks into RAM (never a request id: those are printable).
-_PROMOTE = "\x00promote"
 
 
 @dataclass(frozen=True)
@@ -92,9 +94,7 @@ class PrefixCaching:
         self._meta: dict[int, _BlockMeta] = {}
         self._children: dict[bytes, dict[int, None]] = {}
         self._by_hash: dict[bytes, int] = {}
-        # Promotion opens a table through `admit`, which counts as a query: not shown.
-        self._promote_query_tokens = 0
-        self._promote_hit_tokens = 0
+        self.promoted_hit_tokens = 0  # whole blocks read after the RAM prefix
         # Store/evict notifications for cache-aware routers (--kv-events-endpoint).
         self.events: KVEventPublisher | None = None
 
@@ -107,9 +107,6 @@ class PrefixCaching:
         limit = len(prompt)
         if self.hybrid:
             limit = self._last_snapshot_end(prompt, salt) + 1
-        promoted = (0, 0)
-        if self.disk is not None:
-            promoted = self._promote(prompt[:limit], salt)
         admission = self.cache.admit(seq.request_id, prompt[:limit], salt)
         blocks = list(admission.block_ids)
         usable = next((i for i, b in enumerate(blocks) if not self.store.has_block(b)), None)
@@ -122,20 +119,26 @@ class PrefixCaching:
             )
             blocks = list(admission.block_ids)
         cached = admission.cached_tokens
-        disk_tokens = max(0, min(cached, promoted[1]) - promoted[0])
-        seq.cache_tail = None
+        pieces: list[tuple[BlockKV, int]] = []  # assembled after `blocks`
+        disk_tokens = 0
+        if self.disk is not None:
+            promoted, overflow, disk_tokens = self._from_disk(seq, prompt[:limit], cached)
+            blocks += promoted
+            pieces += [(kv, self.block_size) for kv in overflow]
+            cached += (len(promoted) + len(overflow)) * self.block_size
         if not self.hybrid:
             hit = self._partial(
                 self._parent_key(prompt[:cached], salt), prompt[cached:], len(prompt) - 1 - cached
             )
             if hit is not None:
                 self.cache.append(seq.request_id, prompt[cached : cached + hit.length])
-                seq.cache_tail = (hit.kv, hit.length)
+                pieces.append((hit.kv, hit.length))
                 self.partial_hit_tokens += hit.length
                 disk_tokens += hit.length if hit.from_disk else 0
                 cached += hit.length
         if self.disk is not None:
             self.disk.hit_tokens += disk_tokens
+        seq.cache_tail = _joined(pieces)
         seq.cache_hit = "disk" if disk_tokens else "prefix"
         seq.cached_blocks = blocks
         seq.cached_tokens = cached
@@ -168,51 +171,48 @@ class PrefixCaching:
                     best, known = _Partial(entry.kv, length, from_disk=True), length
         return best
 
-    def _promote(self, prompt: list[int], salt: bytes | None) -> tuple[int, int]:
-        """Copy into RAM the run of whole blocks on disk that continues the prompt's RAM
-        prefix; returns the token range promoted (nothing is held afterwards)."""
+    def _from_disk(
+        self, seq: Sequence, prompt: list[int], cached: int
+    ) -> tuple[list[int], list[BlockKV], int]:
+        """Read the whole blocks after the first `cached` tokens that are on disk (or in
+        RAM out of the chain), up to the first missing one, leaving a token to compute.
+        They are appended to the request's table: those the pool has room for become RAM
+        blocks (their ids are returned), the rest come back as K/V to assemble. Also
+        returns how many tokens came from disk."""
         assert self.disk is not None
         bs = self.block_size
-        usable = (len(prompt) - 1) // bs
-        start = self.cache.lookup(prompt, salt) // bs
+        start, usable = cached // bs, (len(prompt) - 1) // bs
         if start >= usable:
-            return (0, 0)
-        hashes = self.cache.block_hashes(prompt[: usable * bs], salt)
-        pieces: list[BlockKV] = []
+            return [], [], 0
+        hashes = self.cache.block_hashes(prompt[: usable * bs], seq.request.cache_salt)
+        found: list[BlockKV] = []
+        from_disk = 0
         for i in range(start, usable):
             ram = self._by_hash.get(hashes[i])
             if ram is not None and self.store.has_block(ram):
-                pieces.append(self.store.block_kv(ram))
+                found.append(self.store.block_kv(ram))
                 continue
             entry = self.disk.load(hashes[i].hex())
             if entry is None or entry.tokens != tuple(prompt[i * bs : (i + 1) * bs]):
                 break
-            pieces.append(entry.kv)
-        if not pieces:
-            return (0, 0)
-        end = (start + len(pieces)) * bs
-        admission = self.cache.admit(_PROMOTE, prompt[: start * bs + 1], salt)
-        self._promote_query_tokens += start * bs + 1
-        self._promote_hit_tokens += admission.cached_tokens
-        try:
-            if admission.cached_tokens != start * bs:
-                return (0, 0)
-            filled = self.cache.append(_PROMOTE, prompt[start * bs : end])
-            self._drop_evicted()
-            stored = []
-            for block in filled:
-                if block.is_new:
-                    i = block.start_token // bs
-                    kv = pieces[i - start]
-                    self.store.put_block(block.block_id, kv)
-                    meta = self._register(block.block_id, hashes, i, prompt, salt, kv)
-                    stored.append(self._stored_event(block.block_id, meta, i))
-            if self.events is not None and stored:
-                self.events.stored(stored)
-            return (start * bs, start * bs + len(filled) * bs)
-        finally:
-            self.cache.release(_PROMOTE)
-            self._drop_evicted()
+            found.append(entry.kv)
+            from_disk += bs
+        if not found:
+            return [], [], 0
+        self.promoted_hit_tokens += len(found) * bs
+        filled = self.cache.append(seq.request_id, prompt[start * bs : (start + len(found)) * bs])
+        self._drop_evicted()
+        stored = []
+        for block in filled:
+            i = block.start_token // bs
+            if block.is_new:
+                self.store.put_block(block.block_id, found[i - start])
+                kv = found[i - start]
+                meta = self._register(block.block_id, hashes, i, prompt, seq.request.cache_salt, kv)
+                stored.append(self._stored_event(block.block_id, meta, i))
+        if self.events is not None and stored:
+            self.events.stored(stored)
+        return [b.block_id for b in filled], found[len(filled) :], from_disk
 
     def _parent_key(self, tokens: list[int], salt: bytes | None) -> bytes:
         """What a tail or child block after `tokens` (whole blocks) is stored under."""
@@ -223,8 +223,8 @@ class PrefixCaching:
 
     def metrics(self) -> dict[str, float]:
         stats = self.cache.stats()
-        query = stats.query_tokens - self._promote_query_tokens
-        hits = stats.hit_tokens - self._promote_hit_tokens + self.partial_hit_tokens
+        query = stats.query_tokens
+        hits = stats.hit_tokens + self.promoted_hit_tokens + self.partial_hit_tokens
         disk = self.disk
         return {
             "blocks": stats.cached_blocks,
@@ -296,8 +296,8 @@ class PrefixCaching:
         filled = self.cache.append(seq.request_id, list(tokens))
         seq.cache_appended += len(tokens)
         self._drop_evicted()
-        self._store_filled(seq, filled, request_kv(cache), 0)
         end = start + len(tokens)
+        self._store_filled(seq, filled, request_kv(cache), 0, (start, end))
         if self.hybrid and end % self.block_size == 0 and end > 0 and filled:
             known = seq.known_tokens(0, end)
             last = self.cache.block_hashes(known, seq.request.cache_salt)[-1]
@@ -334,11 +334,11 @@ class PrefixCaching:
         with_kv = seq.prompt_len + len(seq.generated) - 1
         if with_kv <= seq.cache_appended:
             return
-        fed = seq.known_tokens(seq.cache_appended, with_kv)
-        filled = self.cache.append(seq.request_id, fed)
+        start = seq.cache_appended
+        filled = self.cache.append(seq.request_id, seq.known_tokens(start, with_kv))
         seq.cache_appended = with_kv
         self._drop_evicted()
-        self._store_filled(seq, filled, kv, row)
+        self._store_filled(seq, filled, kv, row, (start, with_kv))
 
     def _store_tail(self, seq: Sequence, kv: AttentionKV, row: int) -> None:
         """Keep the tokens after the last full block (they have K/V up to
@@ -376,29 +376,48 @@ class PrefixCaching:
     # ---- stored and evicted blocks ----------------------------------------------------
 
     def _store_filled(
-        self, seq: Sequence, filled: list[NewBlock], kv: AttentionKV, row: int
+        self,
+        seq: Sequence,
+        filled: list[NewBlock],
+        kv: AttentionKV,
+        row: int,
+        appended: tuple[int, int],
     ) -> None:
-        """Copy the K/V of the blocks `append` newly filled; record their place in the
-        chain (one hash pass over the request's tokens), queue them for the disk tier and
-        tell KV event subscribers."""
+        """Tokens `appended` were added to the request's table and `append` filled
+        `filled`: copy the K/V of the new ones, record their place in the chain (one hash
+        pass over the request's tokens), queue them for the disk tier and tell KV event
+        subscribers. Blocks completed but not filled (the RAM tier had no room: every
+        block in use) go straight to disk."""
+        bs = self.block_size
         new = [b for b in filled if b.is_new]
-        if not new:
+        done = {b.start_token // bs for b in filled}
+        spill = []
+        if self.disk is not None and self.disk.writing:
+            spill = [i for i in range(appended[0] // bs, appended[1] // bs) if i not in done]
+        if not new and not spill:
             if self.events is not None:
                 self.events.flush()
             return
         salt = seq.request.cache_salt
-        known = seq.known_tokens(0, new[-1].start_token + self.block_size)
+        last = max([b.start_token // bs for b in new] + spill)
+        known = seq.known_tokens(0, (last + 1) * bs)
         hashes = self.cache.block_hashes(known, salt)
         stored = []
         for block in new:
             start = block.start_token
             self.store.store_block(block.block_id, kv, start, row)
-            _count_written(seq, start, start + self.block_size)
-            i = start // self.block_size
+            _count_written(seq, start, start + bs)
+            i = start // bs
             meta = self._register(
                 block.block_id, hashes, i, known, salt, self.store.block_kv(block.block_id)
             )
             stored.append(self._stored_event(block.block_id, meta, i))
+        for i in spill:
+            assert self.disk is not None
+            parent = hashes[i - 1] if i > 0 else _root_key(salt)
+            pieces = copy_positions(kv, row, i * bs, (i + 1) * bs)
+            self.disk.put(hashes[i].hex(), parent_id(parent), known[i * bs : (i + 1) * bs], pieces)
+            _count_written(seq, i * bs, (i + 1) * bs)
         if self.events is not None:
             self.events.stored(stored)
             self.events.flush()
@@ -452,6 +471,22 @@ class PrefixCaching:
         """Finish queued disk writes (shutdown)."""
         if self.disk is not None:
             self.disk.close()
+
+
+def _joined(pieces: list[tuple[BlockKV, int]]) -> tuple[BlockKV, int] | None:
+    """K/V pieces (the first n positions of each) as one run, for `PrefixStore.assemble`."""
+    if len(pieces) <= 1:
+        return pieces[0] if pieces else None
+    joined: BlockKV = []
+    for layer in range(len(pieces[0][0])):
+        parts = [(kv[layer], n) for kv, n in pieces]
+        if any(part is None for part, _ in parts):
+            joined.append(None)
+            continue
+        keys = mx.concatenate([p[0][:, :, :n] for p, n in parts if p is not None], axis=2)
+        values = mx.concatenate([p[1][:, :, :n] for p, n in parts if p is not None], axis=2)
+        joined.append((keys, values))
+    return joined, sum(n for _, n in pieces)
 
 
 def _root_key(salt: bytes | None) -> bytes:

@@ -299,7 +299,9 @@ class DiskStore:
     def _read_tokens(self, key: str, parent: str) -> tuple[int, ...] | None:
         try:
             with open(self._path(key, parent), "rb") as f:
-                head = f.read(64 * 1024)
+                head = f.read(len(MAGIC) + 4)
+                if len(head) == len(MAGIC) + 4:
+                    head += f.read(struct.unpack_from("<I", head, len(MAGIC))[0])
             header, _ = _header(head)
             listed: Any = header["tokens"]
             tokens: tuple[int, ...] = tuple(listed)
@@ -329,10 +331,18 @@ class DiskStore:
         try:
             with open(path, "rb") as f:
                 data = f.read()
+        except FileNotFoundError:  # deleted past the cap meanwhile: a miss, not a fault
+            with self._lock:
+                self._remove(key)
+            return None
+        except OSError as exc:
+            self._fault(key, exc)
+            return None
+        try:
             entry = decode(data)
             if entry.key != key or entry.parent != item.parent:
                 raise DiskFault("file renamed or misplaced")
-        except (OSError, DiskFault, KeyError, TypeError, ValueError) as exc:
+        except (DiskFault, KeyError, TypeError, ValueError) as exc:
             self._fault(key, exc)
             return None
         self.read_seconds += time.perf_counter() - started
