@@ -79,6 +79,7 @@ bench-python: build
 	$(PY) benches/load.py
 	$(PY) benches/speculative.py
 	$(PY) benches/soak.py
+	$(PY) benches/prefix_disk.py
 	$(PY) benches/router.py
 
 clean:
