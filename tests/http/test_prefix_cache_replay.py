@@ -1,6 +1,7 @@
 """Replay the multi-turn recipe_final Claude Code session through /v1/messages with the
 prefix cache: every turn reads from cache all it shares with earlier turns (whole blocks
-and the partial block after them), and the usage invariant holds on every response."""
+and the partial block after them), an exact repeat of each turn reads all but one token,
+and the usage invariant holds on every response."""
 
 from __future__ import annotations
 
@@ -86,6 +87,22 @@ def test_recipe_final_reads_everything_it_shares_from_the_cache(
     # The session's continuing turn (same conversation, one more exchange) is ≥ 90% cached.
     continuing = [r for r in report if r[2] >= 0.9 * r[1]]
     assert continuing and all(r[3] >= 0.9 * r[1] for r in continuing)
+    # An exact repeat of any finished request reads all of it but the token it computes,
+    # including the prompt's partial last block (in a tail or in a block its reply filled).
+    repeats = []
+    for captured, ids in zip(turns, seen, strict=True):
+        headers = {k: v for k, v in captured["headers"].items() if k.lower() not in DROP_HEADERS}
+        response = httpx.post(
+            f"{cache_server.base_url}/v1/messages",
+            content=captured["raw_body"].encode(),
+            headers=headers,
+            timeout=600,
+        )
+        assert response.status_code == 200, response.text[:300]
+        delta = next(d for n, d in parse_sse(response.text) if n == "message_delta")["usage"]
+        repeats.append((len(ids), delta["cache_read_input_tokens"]))
+    print("exact repeats (prompt, read):", repeats)
+    assert all(read == n - 1 for n, read in repeats)
 
 
 def test_count_tokens_matches_usage(cache_server: RunningServer) -> None:
