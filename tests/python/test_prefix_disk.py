@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -278,3 +279,43 @@ def test_kill_9_during_writes_leaves_nothing_read_as_valid(tmp_path: Path) -> No
             assert store.faults == 0
         finally:
             store.close()
+
+
+def test_a_hybrid_model_resumes_from_a_snapshot_on_disk_after_a_restart(
+    embedded_model: LoadedModel, tmp_path: Path
+) -> None:
+    from tests.tiny_models import tiny_model
+
+    hybrid = tiny_model("lfm2", embedded_model)
+    prompt = prompt_of(150, seed=7)
+    first = disk_engine(hybrid, tmp_path)
+    try:
+        assert first.prefix is not None and first.prefix.hybrid
+        tokens, usage = run(first, prompt)
+        assert usage.cached_tokens == 0
+    finally:
+        first.shutdown()
+    assert list(tmp_path.glob("*/snapshots_s*.kv"))  # the prompt's last full block
+    second = disk_engine(hybrid, tmp_path)
+    uncached = started(hybrid, prefix_cache=False)
+    try:
+        again, usage = run(second, prompt)
+        # Blocks and the state snapshot at the prompt's last full block, from disk.
+        assert usage.cached_tokens == len(prompt) // 16 * 16
+        assert second.prefix is not None
+        assert second.prefix.metrics()["disk_hit_tokens"] == usage.cached_tokens
+        assert second.prefix.faults == 0
+        assert again == tokens == run(uncached, prompt)[0]
+    finally:
+        second.shutdown()
+        uncached.shutdown()
+
+
+def test_the_disk_size_flag_is_bytes_or_a_share_of_free_space(tmp_path: Path) -> None:
+    from compat_serve.bootstrap import ServeOptions, _disk_size
+
+    free = shutil.disk_usage(tmp_path).free
+    share = _disk_size(ServeOptions(cache_dir=str(tmp_path / "c"), cache_disk_size="10%"))
+    assert share is not None and abs(share - free / 10) < free / 100
+    assert _disk_size(ServeOptions(cache_dir=str(tmp_path), cache_disk_size="2GiB")) == 2 * 2**30
+    assert _disk_size(ServeOptions()) is None

@@ -228,15 +228,12 @@ class Engine:
             hybrid=hybrid,
             hash_kind=config.cache_hash,
             snapshot_budget_bytes=budget // 4,
-            disk=self._disk_store(hybrid),
+            disk=self._disk_store(),
         )
 
-    def _disk_store(self, hybrid: bool) -> DiskStore | None:
+    def _disk_store(self) -> DiskStore | None:
         config = self.config
         if config.cache_dir is None:
-            return None
-        if hybrid:
-            log.warning("--cache-dir: not yet for hybrid models (state snapshots); RAM only")
             return None
         loaded = self.model
         fingerprint = model_fingerprint(

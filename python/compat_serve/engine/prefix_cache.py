@@ -87,8 +87,8 @@ class PrefixCaching:
         self.tails = None if hybrid else TailStore(snapshot_budget_bytes)
         self.partial_hit_tokens = 0  # read from child blocks and tails
         self.faults = 0
-        # The disk tier (attention-only models).
-        self.disk = None if hybrid else disk
+        # The disk tier (blocks, tails, and state snapshots of hybrid models).
+        self.disk = disk
         # Python's view of the RAM blocks: content and place in the chain, for partial
         # matches inside child blocks and for promotion from disk.
         self._meta: dict[int, _BlockMeta] = {}
@@ -261,8 +261,11 @@ class PrefixCaching:
         """End of the last block with a state snapshot, leaving a token to compute."""
         hashes = self.cache.block_hashes(prompt, salt)
         usable = min(len(hashes), (len(prompt) - 1) // self.block_size)
+        disk = self.disk
         for i in range(usable - 1, -1, -1):
-            if self.store.has_snapshot(hashes[i]):
+            if self.store.has_snapshot(hashes[i]) or (
+                disk is not None and disk.has(_snapshot_key(hashes[i]))
+            ):
                 return (i + 1) * self.block_size
         return 0
 
@@ -270,9 +273,13 @@ class PrefixCaching:
         """Assemble the held prefix into the request's fresh cache (may raise)."""
         self.store.assemble(seq.cached_blocks, cache, seq.cache_tail)
         seq.cache_tail = None
-        if self.hybrid and seq.cached_blocks:
+        if self.hybrid and seq.cached_tokens:
             prompt = list(seq.request.prompt_ids[: seq.cached_tokens])
             last = self.cache.block_hashes(prompt, seq.request.cache_salt)[-1]
+            if not self.store.has_snapshot(last) and self.disk is not None:
+                entry = self.disk.load(_snapshot_key(last))
+                if entry is not None and entry.snapshot is not None:
+                    self.store.put_snapshot(last, entry.snapshot)
             self.store.restore_snapshot(last, cache)
 
     def fault(self, seq: Sequence, exc: BaseException) -> None:
@@ -303,6 +310,9 @@ class PrefixCaching:
             last = self.cache.block_hashes(known, seq.request.cache_salt)[-1]
             if not self.store.has_snapshot(last):
                 self.store.store_snapshot(last, cache)
+                if self.disk is not None:
+                    snapshot = self.store.snapshot_states(last)
+                    self.disk.put(_snapshot_key(last), _SNAPSHOTS, (), [], snapshot)
 
     def finished(
         self,
@@ -487,6 +497,14 @@ def _joined(pieces: list[tuple[BlockKV, int]]) -> tuple[BlockKV, int] | None:
         values = mx.concatenate([p[1][:, :, :n] for p, n in parts if p is not None], axis=2)
         joined.append((keys, values))
     return joined, sum(n for _, n in pieces)
+
+
+# Parent id of snapshot files: never a digest, so never anyone's child.
+_SNAPSHOTS = "snapshots"
+
+
+def _snapshot_key(block_hash: bytes) -> str:
+    return "s" + block_hash.hex()
 
 
 def _root_key(salt: bytes | None) -> bytes:

@@ -6,18 +6,20 @@ eviction from RAM and restarts.
   with the process, is already on disk. Until written, a queued entry is served from the
   queue itself. A full queue drops the write (counted); a full disk (or any write error)
   stops writing, with one warning.
-- **Files.** `DIR/<model fingerprint>/<parent id>_<key>.kv`, one per block or tail. The
+- **Files.** `DIR/<model fingerprint>/<parent id>_<key>.kv`, one per block, tail or
+  state snapshot (hybrid models; parent id `snapshots`, key `s` + the block hash). The
   fingerprint covers the model, its dtype, the block size, the hash function and the
   format version, so files of another model are never even listed. `key` is the block's
   chained hash (hex) or, for a tail, a digest of its parent and tokens; `parent id` a
   digest of the parent block's chained hash (or of the root key), which gives the
   children of a block without opening files.
 - **Format** (little-endian): magic, header length (u32), JSON header (key, parent,
-  tokens, per layer dtype and shapes or null), the raw K/V bytes, and a CRC-32 of
-  everything before it. A file is written under a temporary name and renamed into place,
-  so a kill -9 mid-write leaves only a temporary file (deleted at the next start); a
-  truncated or corrupted file fails its length or checksum check, is logged, deleted
-  and never served.
+  tokens, per layer dtype and shapes or null; for a snapshot, per layer the cache class,
+  meta state and state tree), the raw array bytes, and a CRC-32 of everything before
+  it. A file is written under a temporary name and renamed into place, so a kill -9
+  mid-write leaves only a temporary file (deleted at the next start); a truncated or
+  corrupted file fails its length or checksum check, is logged, deleted and never
+  served.
 - **Index.** Rebuilt at startup from the file names alone (one directory scan), least
   recently modified first; a hit touches its file. Past the size cap, the least recently
   used files are deleted.
@@ -29,6 +31,7 @@ import collections
 import contextlib
 import errno
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -111,6 +114,8 @@ class DiskEntry:
     parent: str  # parent_id of the parent key
     tokens: tuple[int, ...]
     kv: BlockKV
+    # A hybrid model's state snapshot (`PrefixStore` layout), for snapshot entries.
+    snapshot: list[Any] | None = None
 
 
 @dataclass
@@ -123,24 +128,86 @@ class DiskFault(RuntimeError):
     """A file that fails its checks; it is deleted and never served."""
 
 
-def encode(key: str, parent: str, tokens: Sequence[int], kv: BlockKV) -> list[bytes]:
+def encode(
+    key: str, parent: str, tokens: Sequence[int], kv: BlockKV, snapshot: list[Any] | None = None
+) -> list[bytes]:
     layers: list[list[object] | None] = []
-    payload: list[bytes] = []
+    arrays: list[mx.array] = []
     for piece in kv:
         if piece is None:
             layers.append(None)
             continue
         k, v = piece
         layers.append([str(k.dtype), list(k.shape), str(v.dtype), list(v.shape)])
-        payload += [raw_bytes(k), raw_bytes(v)]
-    header = json.dumps(
-        {"key": key, "parent": parent, "tokens": list(tokens), "layers": layers}
-    ).encode()
-    parts = [MAGIC, struct.pack("<I", len(header)), header, *payload]
+        arrays += [k, v]
+    fields: dict[str, object] = {"key": key, "parent": parent, "tokens": list(tokens)}
+    fields["layers"] = layers
+    if snapshot is not None:
+        fields["snapshot"] = [
+            None
+            if saved is None
+            else {
+                "type": f"{saved[0].__module__}:{saved[0].__qualname__}",
+                "meta": saved[2],
+                "tree": _skeleton(saved[1], arrays),
+            }
+            for saved in snapshot
+        ]
+    header = json.dumps(fields).encode()
+    parts = [MAGIC, struct.pack("<I", len(header)), header, *[raw_bytes(a) for a in arrays]]
     crc = 0
     for part in parts:
         crc = zlib.crc32(part, crc)
     return [*parts, struct.pack("<I", crc)]
+
+
+def _skeleton(value: Any, arrays: list[mx.array]) -> Any:
+    """A state tree as JSON, its arrays replaced by their dtype and shape (appended to
+    `arrays`, whose bytes follow in the file in that order)."""
+    if isinstance(value, mx.array):
+        arrays.append(value)
+        return {"a": [str(value.dtype), list(value.shape)]}
+    if isinstance(value, (list, tuple)):
+        return {"l" if isinstance(value, list) else "t": [_skeleton(v, arrays) for v in value]}
+    if value is None or isinstance(value, (int, float, str, bool)):
+        return {"v": value}
+    raise TypeError(f"cannot persist a {type(value).__name__} in a state snapshot")
+
+
+class _Payload:
+    def __init__(self, data: bytes | bytearray, pos: int) -> None:
+        self.raw = np.frombuffer(data, dtype=np.uint8)
+        self.pos = pos
+
+    def array(self, dtype_name: str, shape: list[int]) -> mx.array:
+        dtype = _DTYPES.get(dtype_name)
+        if dtype is None:
+            raise DiskFault(f"unknown dtype {dtype_name}")
+        size = int(np.prod(shape)) * dtype.size
+        chunk = self.raw[self.pos : self.pos + size]
+        self.pos += size
+        if chunk.size != size:
+            raise DiskFault("payload shorter than its header says")
+        return mx.array(chunk).view(dtype).reshape(shape)
+
+    def tree(self, skeleton: Any) -> Any:
+        if "a" in skeleton:
+            return self.array(*skeleton["a"])
+        if "l" in skeleton:
+            return [self.tree(s) for s in skeleton["l"]]
+        if "t" in skeleton:
+            return tuple(self.tree(s) for s in skeleton["t"])
+        return skeleton["v"]
+
+
+def _layer_type(name: str) -> type:
+    module, _, qualname = name.partition(":")
+    value: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        value = getattr(value, part)
+    if not isinstance(value, type):
+        raise DiskFault(f"{name} is not a cache class")
+    return value
 
 
 def _header(data: bytes | bytearray | memoryview) -> tuple[dict[str, object], int]:
@@ -166,27 +233,26 @@ def decode(data: bytes | bytearray) -> DiskEntry:
     if zlib.crc32(memoryview(data)[:-4]) != crc:
         raise DiskFault("checksum mismatch (truncated or corrupted)")
     header, pos = _header(data)
+    payload = _Payload(data, pos)
     kv: BlockKV = []
-    raw = np.frombuffer(data, dtype=np.uint8)
     for layer in header["layers"]:  # type: ignore[attr-defined]
         if layer is None:
             kv.append(None)
             continue
-        pieces = []
-        for dtype_name, shape in ((layer[0], layer[1]), (layer[2], layer[3])):
-            dtype = _DTYPES[dtype_name]
-            size = int(np.prod(shape)) * dtype.size
-            chunk = raw[pos : pos + size]
-            pos += size
-            if chunk.size != size:
-                raise DiskFault("payload shorter than its header says")
-            pieces.append(mx.array(chunk).view(dtype).reshape(shape))
-        kv.append((pieces[0], pieces[1]))
-    if pos != len(data) - 4:
+        kv.append((payload.array(layer[0], layer[1]), payload.array(layer[2], layer[3])))
+    snapshot: list[Any] | None = None
+    if "snapshot" in header:
+        snapshot = [
+            None
+            if saved is None
+            else (_layer_type(saved["type"]), payload.tree(saved["tree"]), saved["meta"])
+            for saved in header["snapshot"]  # type: ignore[attr-defined]
+        ]
+    if payload.pos != len(data) - 4:
         raise DiskFault("payload length does not match its header")
     mx.eval([a for p in kv if p is not None for a in p])
     tokens: Any = header["tokens"]
-    return DiskEntry(str(header["key"]), str(header["parent"]), tuple(tokens), kv)
+    return DiskEntry(str(header["key"]), str(header["parent"]), tuple(tokens), kv, snapshot)
 
 
 class DiskStore:
@@ -342,7 +408,7 @@ class DiskStore:
             entry = decode(data)
             if entry.key != key or entry.parent != item.parent:
                 raise DiskFault("file renamed or misplaced")
-        except (DiskFault, KeyError, TypeError, ValueError) as exc:
+        except (DiskFault, KeyError, TypeError, ValueError, ImportError, AttributeError) as exc:
             self._fault(key, exc)
             return None
         self.read_seconds += time.perf_counter() - started
@@ -359,18 +425,25 @@ class DiskStore:
 
     # ---- writes ---------------------------------------------------------------------------
 
-    def put(self, key: str, parent: str, tokens: Sequence[int], kv: BlockKV) -> None:
+    def put(
+        self,
+        key: str,
+        parent: str,
+        tokens: Sequence[int],
+        kv: BlockKV,
+        snapshot: list[Any] | None = None,
+    ) -> None:
         """Queue an entry for writing (never blocks; dropped if the queue is full)."""
         if not self.writing:
             return
-        size = sum(p[0].nbytes + p[1].nbytes for p in kv if p is not None)
+        size = _nbytes(kv)
         with self._lock:
             if key in self._index or key in self._pending:
                 return
             if self._pending_bytes + size > MAX_PENDING_BYTES:
                 self.write_drops += 1
                 return
-            self._pending[key] = DiskEntry(key, parent, tuple(tokens), kv)
+            self._pending[key] = DiskEntry(key, parent, tuple(tokens), kv, snapshot)
             self._pending_bytes += size
             self._idle.clear()
         self._queue.put(key)
@@ -396,9 +469,7 @@ class DiskStore:
             with self._lock:
                 if entry is not None:
                     self._pending.pop(key, None)
-                    self._pending_bytes -= sum(
-                        p[0].nbytes + p[1].nbytes for p in entry.kv if p is not None
-                    )
+                    self._pending_bytes -= _nbytes(entry.kv)
                 if not self._pending:
                     self._idle.set()
 
@@ -408,12 +479,17 @@ class DiskStore:
         final = self._path(entry.key, entry.parent)
         temp = final.with_name(final.name + f".{os.getpid()}{TMP_SUFFIX}")
         try:
-            parts = encode(entry.key, entry.parent, entry.tokens, entry.kv)
+            parts = encode(entry.key, entry.parent, entry.tokens, entry.kv, entry.snapshot)
             size = sum(len(p) for p in parts)
             with open_temp(temp) as f:
                 for part in parts:
                     f.write(part)
             os.replace(temp, final)
+        except TypeError as exc:  # a state this format cannot hold: RAM only
+            _unlink(temp)
+            self.write_drops += 1
+            log.warning("prefix cache disk: not writing %s (%s)", entry.key, exc)
+            return
         except OSError as exc:
             _unlink(temp)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS):
@@ -436,6 +512,10 @@ class DiskStore:
         with self._lock:
             for key in list(self._index):
                 self._remove(key)
+
+
+def _nbytes(kv: BlockKV) -> int:
+    return sum(p[0].nbytes + p[1].nbytes for p in kv if p is not None)
 
 
 def _unlink(path: Path) -> None:

@@ -159,6 +159,15 @@ class PrefixStore:
             states.append((type(layer), state, meta))
             arrays += _arrays(state)
         mx.eval(arrays)
+        self.put_snapshot(block_hash, states)
+
+    def snapshot_states(self, block_hash: bytes) -> list[Any]:
+        """Per layer: None (attention) or (cache class, state tree, meta state)."""
+        return self._snapshots[block_hash]
+
+    def put_snapshot(self, block_hash: bytes, states: list[Any]) -> None:
+        """Keep already-copied states (read back from disk) under `block_hash`."""
+        arrays = [a for saved in states if saved is not None for a in _arrays(saved[1])]
         self.drop_snapshot(block_hash)
         self._snapshots[block_hash] = states
         size = sum(a.nbytes for a in arrays)
