@@ -158,7 +158,7 @@ def spill_row(model_dir: Path, counter: TokenCounter, tmp: Path) -> None:
 def rebuild_row(tmp: Path, blocks: int) -> None:
     import mlx.core as mx
 
-    from compat_serve.engine.prefix_disk import DiskStore
+    from compat_serve.engine.prefix.disk import DiskStore
 
     root = tmp / "rebuild"
     # Rebuilding reads names and sizes only, so small files (4 KiB of K/V) stand in for

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import pytest
 
-from compat_serve.engine import prefix_disk
 from compat_serve.engine.engine import Engine
-from compat_serve.engine.prefix_disk import DiskStore, decode, encode
+from compat_serve.engine.prefix import disk as prefix_disk
+from compat_serve.engine.prefix.disk import DiskStore, decode, encode
 from tests.python.test_prefix_cache import check_usage, run, started
 from tests.tiny_models import tiny_llama
 
@@ -241,7 +241,7 @@ def test_a_full_disk_stops_writes_with_a_warning(
 WRITER = """
 import sys
 import mlx.core as mx
-from compat_serve.engine.prefix_disk import DiskStore
+from compat_serve.engine.prefix.disk import DiskStore
 store = DiskStore(sys.argv[1], "fp", None)
 kv = [(mx.random.normal((1, 8, 16, 4096)), mx.random.normal((1, 8, 16, 4096)))] * 2
 mx.eval(kv)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from compat_serve.engine.prefix_store import AttentionKV, CacheFault
-from compat_serve.engine.prefix_tails import TAILS_PER_PARENT, TailStore, common_prefix
+from compat_serve.engine.prefix.store import AttentionKV, CacheFault
+from compat_serve.engine.prefix.tails import TAILS_PER_PARENT, TailStore, common_prefix
 
 
 def positions_kv(n: int, layers: int = 2) -> AttentionKV:

@@ -26,9 +26,9 @@ from compat_serve.engine.executor import StepExecutor
 from compat_serve.engine.kv_events import check_kv_events_config, open_kv_events
 from compat_serve.engine.memory import physical_memory_bytes
 from compat_serve.engine.metrics import EngineMetrics
-from compat_serve.engine.prefix_cache import PrefixCaching
-from compat_serve.engine.prefix_disk import DiskStore, model_fingerprint, weights_digest
-from compat_serve.engine.prefix_store import is_attention_cache
+from compat_serve.engine.prefix.cache import PrefixCaching
+from compat_serve.engine.prefix.disk import DiskStore, model_fingerprint, weights_digest
+from compat_serve.engine.prefix.store import is_attention_cache
 from compat_serve.engine.runner import ModelRunner
 from compat_serve.engine.sequence import Sequence
 from compat_serve.engine.speculation import SpeculationConfig
@@ -68,7 +68,7 @@ class EngineConfig:
     block_size: int = 16
     cache_memory_bytes: int | None = None
     cache_hash: str = "xxh3"
-    # Disk tier of the prefix cache (engine/prefix_disk.py): a directory, and its size
+    # Disk tier of the prefix cache (engine/prefix/disk.py): a directory, and its size
     # cap in bytes (None = a share of the free disk). Off when `cache_dir` is None.
     cache_dir: str | None = None
     cache_disk_bytes: int | None = None

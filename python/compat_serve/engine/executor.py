@@ -22,7 +22,7 @@ from compat_serve._native import GrammarError, Scheduler, SchedulerError
 from compat_serve.engine.batch import DecodeBatch, can_rollback
 from compat_serve.engine.constraints import masked_logits
 from compat_serve.engine.metrics import EngineMetrics
-from compat_serve.engine.prefix_cache import PrefixCaching
+from compat_serve.engine.prefix.cache import PrefixCaching
 from compat_serve.engine.runner import ModelRunner, plain_kv
 from compat_serve.engine.sampling import RequestSampler, accept_draft, sample_rows
 from compat_serve.engine.sequence import Phase, Sequence

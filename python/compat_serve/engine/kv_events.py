@@ -46,7 +46,7 @@ from compat_serve.engine.metrics import format_labels
 if TYPE_CHECKING:
     from compat_serve.engine.engine import EngineConfig
     from compat_serve.engine.metrics import EngineMetrics
-    from compat_serve.engine.prefix_cache import PrefixCaching
+    from compat_serve.engine.prefix.cache import PrefixCaching
 
 log = logging.getLogger("compat_serve.kv_events")
 

@@ -23,7 +23,7 @@ from compat_serve.engine.metrics import EngineMetrics, escape_help, format_label
 
 if TYPE_CHECKING:
     from compat_serve.engine.engine import EngineConfig
-    from compat_serve.engine.prefix_cache import PrefixCaching
+    from compat_serve.engine.prefix.cache import PrefixCaching
 
 
 @dataclass

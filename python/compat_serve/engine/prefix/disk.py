@@ -49,7 +49,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from compat_serve.engine.prefix_store import BlockKV
+from compat_serve.engine.prefix.store import BlockKV
 
 log = logging.getLogger("compat_serve.engine")
 

@@ -18,7 +18,7 @@ import collections
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from compat_serve.engine.prefix_store import AttentionKV, BlockKV, copy_positions, kv_nbytes
+from compat_serve.engine.prefix.store import AttentionKV, BlockKV, copy_positions, kv_nbytes
 
 # Tails kept per parent block: the most recent few conversations branching there.
 TAILS_PER_PARENT = 4

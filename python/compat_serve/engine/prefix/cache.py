@@ -36,8 +36,8 @@ import mlx.core as mx
 
 from compat_serve._native import NewBlock, PrefixCache
 from compat_serve.engine.kv_events import KVEventPublisher, StoredBlock
-from compat_serve.engine.prefix_disk import DiskStore, parent_id, tail_key
-from compat_serve.engine.prefix_store import (
+from compat_serve.engine.prefix.disk import DiskStore, parent_id, tail_key
+from compat_serve.engine.prefix.store import (
     AttentionKV,
     BlockKV,
     LayerCaches,
@@ -46,7 +46,7 @@ from compat_serve.engine.prefix_store import (
     copy_positions,
     request_kv,
 )
-from compat_serve.engine.prefix_tails import TailStore, common_prefix
+from compat_serve.engine.prefix.tails import TailStore, common_prefix
 
 if TYPE_CHECKING:
     from compat_serve.engine.sequence import Sequence
