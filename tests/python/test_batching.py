@@ -12,6 +12,7 @@ import pytest
 
 from compat_serve.engine.engine import Engine, EngineConfig
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
+from tests.chat_prompts import chat_ids
 from tests.tiny_models import HYBRID_CONFIGS, tiny_model
 
 if TYPE_CHECKING:
@@ -30,11 +31,6 @@ PROMPTS = [
 # Greedy outputs may differ where the top two logits are closer than this: batched
 # matmuls sum in another order (floating-point reordering, not a mixed-up batch).
 NEAR_TIE = 1e-3
-
-
-def chat_ids(model: LoadedModel, text: str) -> tuple[int, ...]:
-    prompt = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-    return tuple(model.tokenizer.encode(prompt))
 
 
 def greedy(max_tokens: int, **extra: Any) -> SamplingParams:

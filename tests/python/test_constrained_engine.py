@@ -24,6 +24,7 @@ from compat_serve.engine.types import (
     Grammar,
     SamplingParams,
 )
+from tests.chat_prompts import chat_ids
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -53,11 +54,6 @@ def engine(embedded_model: LoadedModel) -> Iterator[Engine]:
     eng.start()
     yield eng
     eng.shutdown()
-
-
-def chat_ids(model: LoadedModel, text: str) -> tuple[int, ...]:
-    prompt = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-    return tuple(model.tokenizer.encode(prompt))
 
 
 def request(

@@ -13,6 +13,7 @@ from compat_serve.engine.detokenizer import IncrementalDetokenizer
 from compat_serve.engine.engine import Engine, EngineConfig
 from compat_serve.engine.errors import EngineOverloaded, PromptTooLong
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
+from tests.chat_prompts import chat_ids
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -33,11 +34,6 @@ def engine(embedded_model: LoadedModel) -> Iterator[Engine]:
     eng.start()
     yield eng
     eng.shutdown()
-
-
-def chat_ids(model: LoadedModel, text: str) -> tuple[int, ...]:
-    prompt = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-    return tuple(model.tokenizer.encode(prompt))
 
 
 async def run(engine: Engine, request: EngineRequest) -> list[EngineEvent]:

@@ -13,6 +13,7 @@ import pytest
 from compat_serve.engine.engine import Engine, EngineConfig
 from compat_serve.engine.stream import RequestStream
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
+from tests.chat_prompts import chat_ids
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -24,11 +25,6 @@ def engine(embedded_model: LoadedModel) -> Iterator[Engine]:
     eng.start()
     yield eng
     eng.shutdown()
-
-
-def chat_ids(model: LoadedModel, text: str) -> tuple[int, ...]:
-    prompt = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-    return tuple(model.tokenizer.encode(prompt))
 
 
 def test_a_failing_decode_step_fails_only_its_requests_and_frees_them(
