@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
 from tests.conftest import start_server
+from tests.shared_data import shared_dir
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
     from tests.conftest import RunningServer
 
 OK_MESSAGES = [{"role": "user", "content": "hi"}]
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+SHARED = shared_dir()
 
 
 def post(server: RunningServer, path: str, **kwargs: Any) -> httpx.Response:

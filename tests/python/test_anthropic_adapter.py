@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,8 +13,9 @@ from compat_serve.chat.types import ChatRequest
 from compat_serve.server.anthropic.adapter import to_chat_request
 from compat_serve.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from compat_serve.server.errors import ApiError
+from tests.shared_data import shared_dir
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+SHARED = shared_dir()
 CAPTURES = SHARED / "claude_code"
 # The captures documented in shared/claude_code/README.md, with their request counts.
 KNOWN_CAPTURES = {

@@ -7,7 +7,6 @@ import copy
 import functools
 import itertools
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,10 +28,9 @@ from compat_serve.parsers.setup import RequestTools
 from compat_serve.server.anthropic.adapter import to_chat_request
 from compat_serve.server.anthropic.protocol import MessagesRequest
 from tests.python.grammar_walk import embedded_vocab, random_walk
+from tests.shared_data import shared_dir
 
-CAPTURE = (
-    Path(__file__).resolve().parents[2].parent / "shared" / "claude_code" / "sys_terse_bash.jsonl"
-)
+CAPTURE = shared_dir() / "claude_code" / "sys_terse_bash.jsonl"
 
 
 def tool(name: str, description: str = "", **properties: Any) -> dict[str, Any]:
