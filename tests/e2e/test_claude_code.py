@@ -33,17 +33,22 @@ RECIPE_ENV = {
     "BASH_MAX_OUTPUT_LENGTH": "2000",
 }
 PORT = 8123
-SCRIPT = """
+# Shell lines that wait (up to 60 s) until the server on {port} answers /health.
+WAIT_FOR_SERVER = """for _ in $(seq 1 120); do
+  "$PYTHON" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:{port}/health')" \\
+    2>/dev/null && break
+  sleep 0.5
+done
+"""
+SCRIPT = (
+    """
 set -u
 ip link set lo up
 "$SERVE" --port {port} --max-output-tokens 256 --default-temperature 0 > "$WORK/server.log" 2>&1 &
 server=$!
-for _ in $(seq 1 120); do
-  "$PYTHON" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:{port}/health')" \
-    2>/dev/null && break
-  sleep 0.5
-done
-for caps in unset set; do
+"""
+    + WAIT_FOR_SERVER
+    + """for caps in unset set; do
   home=$(mktemp -d -p "$WORK")
   cd "$home"
   if [ "$caps" = set ]; then export CLAUDE_CODE_MODEL_CAPABILITIES=-mid_conv_system; fi
@@ -55,8 +60,9 @@ for caps in unset set; do
   unset CLAUDE_CODE_MODEL_CAPABILITIES
 done
 kill $server
-wait $server || true  # uvicorn re-raises SIGTERM after its graceful shutdown
+wait $server || true
 """
+)
 
 
 def claude_binary() -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_claude_code import RECIPE_ENV, claude_binary
+from tests.e2e.test_claude_code import RECIPE_ENV, WAIT_FOR_SERVER, claude_binary
 from tests.shared_data import templates_dir
 
 PORT = 8124
@@ -30,19 +30,17 @@ CALL = (
 FINAL = "The command printed: hi"
 # The final answer only once the tool's output ("hi") is in the prompt.
 REPLIES = [["<tool_response>\nhi\n</tool_response>", FINAL], ["", CALL]]
-SCRIPT = """
+SCRIPT = (
+    """
 set -u
 ip link set lo up
 cd "$REPO"
 "$PYTHON" -m tests.e2e.scripted_serve --port {port} --template "$TEMPLATE" \
   --replies "$WORK/replies.json" > "$WORK/server.log" 2>&1 &
 server=$!
-for _ in $(seq 1 120); do
-  "$PYTHON" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:{port}/health')" \
-    2>/dev/null && break
-  sleep 0.5
-done
-home=$(mktemp -d -p "$WORK")
+"""
+    + WAIT_FOR_SERVER
+    + """home=$(mktemp -d -p "$WORK")
 cd "$home"
 HOME="$home" ANTHROPIC_BASE_URL=http://127.0.0.1:{port} timeout 300 "$CLAUDE" \
   -p "Run echo hi with Bash." --output-format json --bare --model local-model \
@@ -52,6 +50,7 @@ echo "$?" > "$WORK/exit"
 kill $server
 wait $server || true
 """
+)
 
 
 def test_claude_code_runs_a_scripted_bash_call(tmp_path: Path) -> None:
@@ -86,18 +85,16 @@ def test_claude_code_runs_a_scripted_bash_call(tmp_path: Path) -> None:
     assert " 500 " not in server_log
 
 
-MODEL_SCRIPT = """
+MODEL_SCRIPT = (
+    """
 set -u
 ip link set lo up
 cd "$REPO"
 "$SERVE" --port {port} --max-output-tokens 256 --default-temperature 0 > "$WORK/server.log" 2>&1 &
 server=$!
-for _ in $(seq 1 120); do
-  "$PYTHON" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:{port}/health')" \
-    2>/dev/null && break
-  sleep 0.5
-done
-home=$(mktemp -d -p "$WORK")
+"""
+    + WAIT_FOR_SERVER
+    + """home=$(mktemp -d -p "$WORK")
 cd "$home"
 HOME="$home" ANTHROPIC_BASE_URL=http://127.0.0.1:{port} timeout 400 "$CLAUDE" \
   -p "Use the Bash tool to run: echo hi" --output-format json --bare --model local-model \
@@ -107,6 +104,7 @@ echo "$?" > "$WORK/exit"
 kill $server
 wait $server || true
 """
+)
 
 
 def test_the_embedded_model_calls_bash_through_the_envelope(tmp_path: Path) -> None:

@@ -224,10 +224,7 @@ class StepExecutor:
             mx.eval(tokens)
             values: list[int] = tokens.tolist()  # type: ignore[assignment]
         except Exception as exc:  # the batch is lost with the forward that failed
-            log.exception("a decode step of %d requests failed", len(seqs))
-            for seq in seqs:
-                self._fail(seq, exc)
-            self._batch.clear()
+            self._fail_batch(seqs, exc, "a decode step")
             return
         for seq, token, grammar_error in zip(seqs, values, grammar_errors, strict=True):
             if grammar_error is not None:
@@ -286,10 +283,7 @@ class StepExecutor:
             # token is, as always, fed next step).
             self._batch.rollback([width - _kept(tokens) for tokens in emitted])
         except Exception as exc:  # the batch is lost with the forward that failed
-            log.exception("a speculative decode step of %d requests failed", len(seqs))
-            for seq in seqs:
-                self._fail(seq, exc)
-            self._batch.clear()
+            self._fail_batch(seqs, exc, "a speculative decode step")
             return
         stats = self.spec_stats
         stats.steps += 1
@@ -576,6 +570,13 @@ class StepExecutor:
         return masked, errors
 
     # ---- endings -------------------------------------------------------------------------
+
+    def _fail_batch(self, seqs: list[Sequence], exc: BaseException, what: str) -> None:
+        """A batched forward failed: its rows fail, and the batch (its K/V) is dropped."""
+        log.exception("%s of %d requests failed", what, len(seqs))
+        for seq in seqs:
+            self._fail(seq, exc)
+        self._batch.clear()
 
     def _fail(self, seq: Sequence, exc: BaseException) -> None:
         self._scheduler.finish(seq.request_id, "external")

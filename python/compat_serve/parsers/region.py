@@ -201,12 +201,12 @@ class Region:
             yield from self.skip_ws()
             if (yield from self.accept("}")):
                 break
-            key = _json_string((yield from self.read_json_value()))
+            key = json_string((yield from self.read_json_value()))
             yield from self.skip_ws()
             if key is None or not (yield from self.accept(":")):
                 break
             if key == "name" and not opened:
-                name = _json_string((yield from self.read_json_value()))
+                name = json_string((yield from self.read_json_value()))
                 if name is None or not self.sink.known(name):
                     return Outcome.REJECT
                 self.sink.open_call(name)
@@ -235,7 +235,8 @@ class Region:
         return Outcome.DONE
 
 
-def _json_string(raw: str | None) -> str | None:
+def json_string(raw: str | None) -> str | None:
+    """The string a raw JSON value stands for, or None when it is not a JSON string."""
     if raw is None:
         return None
     try:
@@ -247,7 +248,7 @@ def _json_string(raw: str | None) -> str | None:
 
 def _decode_encoded_arguments(raw: str | None) -> str:
     """`"{\\"a\\": 1}"` → `{"a": 1}`; anything that is not an encoded object → `{}`."""
-    inner = _json_string(raw)
+    inner = json_string(raw)
     if inner is None:
         return "{}"
     try:

@@ -27,7 +27,7 @@ from compat_serve.parsers.events import (
     ToolCallEnd,
     ToolCallStart,
 )
-from compat_serve.parsers.region import Outcome, Region
+from compat_serve.parsers.region import Outcome, Region, json_string
 from compat_serve.parsers.request_tools import RequestTools
 from compat_serve.parsers.scan import WHITESPACE
 from compat_serve.parsers.tool_calls import ToolFormat
@@ -120,7 +120,7 @@ class EnvelopeRegion(Region):
         if not (yield from self.accept("{")):
             return Outcome.REJECT
         yield from self.skip_ws()
-        key = _string_value((yield from self.read_json_value()))
+        key = json_string((yield from self.read_json_value()))
         yield from self.skip_ws()
         if key not in (CALLS_KEY, RESPONSE_KEY) or not (yield from self.accept(":")):
             return Outcome.REJECT
@@ -253,16 +253,6 @@ def _hex(text: str) -> int | None:
     if len(text) != 4 or any(c not in _HEX for c in text):
         return None
     return int(text, 16)
-
-
-def _string_value(raw: str | None) -> str | None:
-    if raw is None:
-        return None
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        return None
-    return value if isinstance(value, str) else None
 
 
 class EnvelopeParser:
