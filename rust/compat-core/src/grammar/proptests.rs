@@ -35,9 +35,12 @@ fn validates(schema: &Value, value: &Value) -> bool {
         return options.contains(value);
     }
     match schema["type"].as_str() {
-        Some("integer") => value.as_i64().is_some_and(|n| {
-            schema["minimum"].as_i64().is_none_or(|lo| n >= lo)
-                && schema["maximum"].as_i64().is_none_or(|hi| n <= hi)
+        // JSON Schema's integer is any number with no fractional part: `-0` is one
+        // (serde_json reads it as the float -0.0; Python's json reads it as 0).
+        Some("integer") => value.as_f64().is_some_and(|n| {
+            n.fract() == 0.0
+                && schema["minimum"].as_f64().is_none_or(|lo| n >= lo)
+                && schema["maximum"].as_f64().is_none_or(|hi| n <= hi)
         }),
         Some("boolean") => value.is_boolean(),
         Some("string") => value.as_str().is_some_and(|s| {
