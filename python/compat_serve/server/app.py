@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 
-from compat_serve.server import common_routes, observability_routes, router_routes
+from compat_serve.server import common_routes, discovery, observability_routes, router_routes
 from compat_serve.server.anthropic import routes as anthropic_routes
 from compat_serve.server.errors import ApiError, install_error_handlers
 from compat_serve.server.generation import server_state
@@ -57,6 +57,7 @@ def create_app(state: ServerState, *, manage_engine: bool = True) -> FastAPI:
     authed = [Depends(require_api_key)]
     app.include_router(common_routes.health_router)
     app.include_router(common_routes.router, dependencies=authed)
+    app.include_router(discovery.router, dependencies=authed)
     app.include_router(openai_routes.router, dependencies=authed)
     app.include_router(anthropic_routes.router, dependencies=authed)
     app.include_router(observability_routes.router, dependencies=authed)

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from compat_serve.server.discovery import context_fields
 from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import server_state
 
@@ -26,8 +27,7 @@ def _model_card(request: Request) -> dict[str, Any]:
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(_STARTED)),
         "display_name": state.served_model_name,
         "owned_by": "compat-serve",
-        "context_length": state.context_length,
-        "max_model_len": state.context_length,
+        **context_fields(state),
         "inline_system_policy": state.inline_system_policy,
     }
 

@@ -189,6 +189,13 @@ SCHEMAS: dict[str, JsonSchema] = {
             "owned_by": _STR,
             "context_length": _INT,
             "max_model_len": _INT,
+            "max_context_length": _INT,
+            "loaded_context_length": _INT,
+            "context_window": _INT,
+            "top_provider": _object(
+                {"context_length": _INT, "max_completion_tokens": _NULL},
+            ),
+            "meta": _object({"n_ctx_train": _INT, "n_ctx": _INT, "n_vocab": _INT}),
             "inline_system_policy": _STR,
         }
     ),
