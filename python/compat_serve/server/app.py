@@ -17,6 +17,7 @@ from compat_serve.server.keys import presented_key
 from compat_serve.server.middleware import RequestIdAndSize
 from compat_serve.server.openai import routes as openai_routes
 from compat_serve.server.openapi import install_openapi
+from compat_serve.server.responses import routes as responses_routes
 from compat_serve.server.state import ServerState
 
 log = logging.getLogger("compat_serve.server")
@@ -59,6 +60,7 @@ def create_app(state: ServerState, *, manage_engine: bool = True) -> FastAPI:
     app.include_router(common_routes.router, dependencies=authed)
     app.include_router(discovery.router, dependencies=authed)
     app.include_router(openai_routes.router, dependencies=authed)
+    app.include_router(responses_routes.router, dependencies=authed)
     app.include_router(anthropic_routes.router, dependencies=authed)
     app.include_router(observability_routes.router, dependencies=authed)
     router_routes.install(app, authed)

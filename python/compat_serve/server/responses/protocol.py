@@ -1,0 +1,67 @@
+"""OpenAI Responses request body (`POST /v1/responses`). Lenient: unknown fields are
+ignored, never an error.
+
+`input`, `tools`, `tool_choice`, `text` and `reasoning` keep loose runtime types: the
+adapter (items.py, tools.py, adapter.py) checks them itself so that its 400s name the
+exact field (`input[3].call_id`, `tools[1].format.syntax`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+from compat_serve.server.json_types import INTEGRAL, U32_MAX
+
+_NULL = {"type": "null"}
+_ITEMS = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "object", "additionalProperties": True}},
+    ],
+    "description": "a user message, or input items (message, function_call, "
+    "function_call_output, custom_tool_call, custom_tool_call_output, reasoning)",
+}
+_OBJECTS = {
+    "anyOf": [
+        {"type": "array", "items": {"type": "object", "additionalProperties": True}},
+        _NULL,
+    ]
+}
+_TOOL_CHOICE = {
+    "anyOf": [
+        {"type": "string", "enum": ["none", "auto", "required"]},
+        {"type": "object", "additionalProperties": True},
+        _NULL,
+    ]
+}
+_OBJECT = {"anyOf": [{"type": "object", "additionalProperties": True}, _NULL]}
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str
+    input: Annotated[str | list[Any], WithJsonSchema(_ITEMS)] = ""
+    instructions: str | None = None
+    tools: Annotated[list[Any] | None, WithJsonSchema(_OBJECTS)] = None
+    tool_choice: Annotated[str | dict[str, Any] | None, WithJsonSchema(_TOOL_CHOICE)] = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: Annotated[int, Field(ge=1, le=U32_MAX), INTEGRAL] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    # An extension (vLLM accepts it too): stop strings.
+    stop: str | list[str] | None = None
+    reasoning: Annotated[dict[str, Any] | None, WithJsonSchema(_OBJECT)] = None
+    text: Annotated[dict[str, Any] | None, WithJsonSchema(_OBJECT)] = None
+    include: list[str] | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    previous_response_id: str | None = None
+    prompt_cache_key: str | None = None
+    stream: bool = False
+    # Accepted and ignored (Codex sends them): the server has one tier, no truncation.
+    service_tier: str | None = None
+    truncation: str | None = None
+    user: str | None = None
