@@ -1,0 +1,209 @@
+"""The model families people serve, as permanent tests (issue #14 item 4).
+
+Each family is a tiny randomly initialised model of the real mlx-lm class, written to a
+directory the way a user's download looks (config.json, safetensors, tokenizer files;
+4-bit variants quantized by mlx-lm's own `quantize_model`) and loaded through our loader.
+On each: the loaded model computes what the source model computes, greedy output batched
+equals output alone, and a second turn reads the first from the prefix cache with the
+output (and next-token logits) of an uncached run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
+from compat_serve.models.loader import load_model
+from tests.chat_prompts import chat_ids
+from tests.python.test_batching import (
+    DecodeSpy,
+    assert_same_or_near_tie,
+    greedy,
+    run_alone_then_together,
+)
+from tests.tiny_models import FAMILY_CONFIGS, SLIDING_WINDOW, write_model_dir
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
+
+BLOCK = 16
+CHUNK = 32
+QUANTIZED = ("qwen3_moe", "gpt_oss")
+FAMILIES = [*sorted(FAMILY_CONFIGS), *(f"{name}-4bit" for name in QUANTIZED)]
+# The cache kinds each family must bring (so the test covers what it claims to).
+CACHE_KINDS = {
+    "gemma3_text": {"RotatingKVCache", "KVCache"},
+    "gpt_oss": {"RotatingKVCache", "KVCache"},
+    "ministral3": {"RotatingKVCache", "KVCache"},
+    "nemotron_h": {"ArraysCache", "KVCache"},
+    "qwen3_5": {"ArraysCache", "KVCache"},
+    "lfm2": {"ArraysCache", "KVCache"},
+    "qwen3_next": {"ArraysCache", "KVCache"},
+}
+PROMPTS = ["Name three colours.", "What is 2+2?", "Write a haiku about rain."]
+TURN2 = "<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n"
+# Setup and test seconds per family, printed at the end of the module (-s shows them).
+TIMES: dict[str, float] = {}
+
+
+@dataclass
+class Family:
+    name: str
+    model_type: str
+    loaded: LoadedModel
+    source: Any  # the mlx-lm model that was written to the directory
+    cached: Engine
+    uncached: Engine
+
+
+def engine(loaded: LoadedModel, **config: Any) -> Engine:
+    started = Engine(loaded, EngineConfig(prefill_chunk=CHUNK, block_size=BLOCK, **config))
+    started.start()
+    return started
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(
+    request: pytest.FixtureRequest, embedded_model: LoadedModel, tmp_path_factory: Any
+) -> Iterator[Family]:
+    name: str = request.param
+    model_type, _, quant = name.partition("-")
+    bits = int(quant.removesuffix("bit")) if quant else None
+    t0 = time.perf_counter()
+    out = tmp_path_factory.mktemp("families") / name
+    source = write_model_dir(out, model_type, embedded_model, bits=bits)
+    # A quantized checkpoint runs quantized (as on a GPU); dense ones as loaded on the CPU.
+    loaded = load_model(str(out), dtype="quantized" if bits else None)
+    fam = Family(
+        name, model_type, loaded, source, engine(loaded), engine(loaded, prefix_cache=False)
+    )
+    yield fam
+    fam.cached.shutdown()
+    fam.uncached.shutdown()
+    TIMES[name] = time.perf_counter() - t0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_times() -> Iterator[None]:
+    yield
+    total = sum(TIMES.values())
+    print("\nfamily seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in TIMES.items()))
+    print(f"family total: {total:.1f}s")
+
+
+_ids = iter(range(10**9))
+SYSTEM = (
+    "<|im_start|>system\nYou are a careful assistant. Answer in one short sentence.<|im_end|>\n"
+)
+
+
+def prompt_ids(loaded: LoadedModel, text: str) -> tuple[int, ...]:
+    """A system and a user turn asking for the assistant's reply (longer than the window)."""
+    return tuple(loaded.tokenizer.encode(SYSTEM)) + chat_ids(loaded, text)
+
+
+def run(engine: Engine, prompt: tuple[int, ...], max_tokens: int) -> tuple[list[int], Usage]:
+    async def go() -> tuple[list[int], Usage]:
+        request = EngineRequest(
+            f"f{next(_ids)}",
+            prompt,
+            SamplingParams(max_tokens=max_tokens, temperature=0, stop_at_eos=False),
+        )
+        events = [e async for e in engine.submit(request)]
+        assert events[-1].finish_reason is not FinishReason.ERROR, events[-1].error
+        assert events[-1].usage is not None
+        return [t for e in events for t in e.token_ids], events[-1].usage
+
+    return asyncio.run(go())
+
+
+def test_the_directory_loads_as_the_model_that_was_written(family: Family) -> None:
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    loaded = family.loaded
+    assert loaded.model_type == family.model_type
+    kinds = {type(c).__name__ for c in make_prompt_cache(loaded.model)}
+    assert kinds == CACHE_KINDS.get(family.model_type, {"KVCache"})
+    x = mx.array([chat_ids(loaded, PROMPTS[0])])
+    got, expected = loaded.model(x), family.source(x)
+    # Same weights; the CPU fast paths sum in another order.
+    assert mx.abs(got - expected).max().item() < 1e-3
+    assert mx.array_equal(mx.argmax(got, axis=-1), mx.argmax(expected, axis=-1)).item()
+    if family.name.endswith("-4bit"):
+        assert loaded.dtype == "quantized-4bit"
+        switches = [
+            m for _, m in loaded.model.named_modules() if isinstance(m, QuantizedSwitchLinear)
+        ]
+        assert switches, "the experts were not quantized"
+        # The default load on the CPU dequantizes every layer, experts included.
+        dense = load_model(family.loaded.extra["model_dir"])
+        assert dense.dtype == "float32"
+        assert not [m for _, m in dense.model.named_modules() if "Quantized" in type(m).__name__]
+        assert mx.abs(dense.model(x) - got).max().item() < 1e-3
+    else:
+        assert loaded.dtype == "float32"
+
+
+def test_greedy_output_batched_equals_alone(family: Family) -> None:
+    loaded = family.loaded
+    spy = DecodeSpy(family.uncached)
+    # Different prompt and output lengths: rows join with left padding and leave while
+    # others keep decoding; outputs run past the sliding window.
+    requests = [
+        EngineRequest(
+            f"{family.name}-{i}", prompt_ids(loaded, text), greedy(6 + 4 * i, stop_at_eos=False)
+        )
+        for i, text in enumerate(PROMPTS)
+    ]
+    assert all(len(r.prompt_ids) > SLIDING_WINDOW for r in requests)
+    alone, together = run_alone_then_together(family.uncached, requests)
+    assert max(spy.rows) == len(requests), spy.rows
+    for request, a, b in zip(requests, alone, together, strict=True):
+        assert_same_or_near_tie(loaded, request.prompt_ids, a, b)
+
+
+def test_turn_two_reads_turn_one_from_the_cache(family: Family) -> None:
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    loaded, cached = family.loaded, family.cached
+    tokenizer = loaded.tokenizer
+    turn1 = prompt_ids(loaded, "Tell me about rivers and the sea, in a few words.")
+    reply, first = run(cached, turn1, max_tokens=8)
+    assert first.cached_tokens == 0
+    turn2 = turn1 + tuple(reply) + tuple(tokenizer.encode(TURN2))
+    tokens, second = run(cached, turn2, max_tokens=8)
+    prefix = cached.prefix
+    assert prefix is not None
+    if prefix.hybrid:  # state snapshots at block boundaries of turn 1's prompt
+        assert second.cached_tokens == len(turn1) // BLOCK * BLOCK
+    else:  # blocks and the finished request's tail: turn 1 and its reply
+        assert second.cached_tokens >= len(turn1) + len(reply) - 1
+    assert tokens == run(family.uncached, turn2, max_tokens=8)[0]
+
+    # Next-token logits from the cached blocks (and snapshot) equal a full forward.
+    model: Any = loaded.model
+    n = second.cached_tokens // BLOCK
+    admission = prefix.cache.admit("probe", list(turn2[: n * BLOCK + 1]), None)
+    try:
+        assert admission.cached_tokens == n * BLOCK
+        cache = make_prompt_cache(model)
+        prefix.store.assemble(list(admission.block_ids), cache)
+        if prefix.hybrid:
+            last = prefix.cache.block_hashes(list(turn2[: n * BLOCK]), None)[-1]
+            prefix.store.restore_snapshot(last, cache)
+        warm = model(mx.array([turn2[n * BLOCK :]]), cache=cache)[0, -1]
+        cold = model(mx.array([turn2]), cache=make_prompt_cache(model))[0, -1]
+        assert mx.abs(cold).max().item() > 0.1  # logits of a size 1e-3 can tell apart
+        assert mx.abs(warm - cold).max().item() < 1e-3
+    finally:
+        prefix.cache.release("probe")
