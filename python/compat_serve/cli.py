@@ -21,7 +21,8 @@ def build_serve_parser() -> argparse.ArgumentParser:
         prog="compat-serve",
         description=(
             "Serve an MLX model over the Anthropic Messages API and the OpenAI API.\n"
-            "Subcommand: `compat-serve convert-gguf IN.gguf OUT_DIR` (see its --help)."
+            "Subcommands: `compat-serve convert-gguf IN.gguf OUT_DIR`, `compat-serve "
+            "codex-config` (a Codex CLI profile for this server); see their --help."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -256,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "convert-gguf":
         return _convert(build_convert_parser().parse_args(args[1:]))
+    if args and args[0] == "codex-config":
+        return _codex_config(args[1:])
     return _serve(build_serve_parser().parse_args(args))
 
 
@@ -268,6 +271,18 @@ def _convert(ns: argparse.Namespace) -> int:
 
     convert_gguf(ns.src, ns.out_dir, dtype=ns.dtype)
     print(f"wrote {ns.out_dir}")
+    return 0
+
+
+def _codex_config(args: list[str]) -> int:
+    from compat_serve.codex_config import CodexConfigError, build_parser, write_codex_config
+
+    try:
+        messages = write_codex_config(build_parser().parse_args(args))
+    except CodexConfigError as exc:
+        print(f"compat-serve codex-config: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(messages))
     return 0
 
 
