@@ -21,6 +21,7 @@ __all__ = [
     "__version__",
     "attention_decode",
     "fill_masks",
+    "image_hash",
     "matmul_kernel",
     "matmul_nt",
     "swiglu_mlp",
@@ -73,6 +74,9 @@ class GrammarMatcher:
     def consumed(self) -> int: ...
     @property
     def mask_words(self) -> int: ...
+
+def image_hash(data: bytes) -> bytes:
+    """xxh3-128 (the block hasher's seed) of an image's bytes: 16 bytes, big-endian."""
 
 def fill_masks(matchers: list[GrammarMatcher | None], words: int) -> tuple[bytes, list[str | None]]:
     """One mask row per matcher (None: all allowed) and each row's error."""
@@ -271,14 +275,26 @@ class PrefixCache:
     def num_blocks(self) -> int: ...
     @property
     def hash_kind(self) -> str: ...
-    def lookup(self, tokens: Sequence[int], extra: bytes | None = None) -> int:
+    def lookup(
+        self,
+        tokens: Sequence[int],
+        extra: bytes | None = None,
+        images: Sequence[tuple[int, int, bytes]] | None = None,
+    ) -> int:
         """Prompt tokens `admit` would serve from cache now (capped the same way);
         acquires nothing."""
 
-    def admit(self, id: str, tokens: Sequence[int], extra: bytes | None = None) -> Admission:
+    def admit(
+        self,
+        id: str,
+        tokens: Sequence[int],
+        extra: bytes | None = None,
+        images: Sequence[tuple[int, int, bytes]] | None = None,
+    ) -> Admission:
         """Opens request `id`'s table with the longest cached prefix of `tokens` (capped to
         leave at least one token to compute) and holds its blocks. `extra` (image
-        hashes, a per-key cache salt) separates chains."""
+        hashes, a per-key cache salt) separates chains. `images`: `(start, length,
+        hash)` of each image's placeholder tokens, keys of every block they overlap."""
 
     def append(self, id: str, tokens: Sequence[int]) -> list[NewBlock]:
         """Records request `id`'s next computed tokens (after those admitted or appended
@@ -301,7 +317,12 @@ class PrefixCache:
         table is not open."""
 
     def stats(self) -> PrefixCacheStats: ...
-    def block_hashes(self, tokens: Sequence[int], extra: bytes | None = None) -> list[bytes]:
+    def block_hashes(
+        self,
+        tokens: Sequence[int],
+        extra: bytes | None = None,
+        images: Sequence[tuple[int, int, bytes]] | None = None,
+    ) -> list[bytes]:
         """The chained hash of every full block of `tokens` (16 bytes for xxh3, 32 for
         sha256), as `admit` computes them."""
 

@@ -36,7 +36,7 @@ mod proptests;
 #[cfg(test)]
 mod tests;
 
-pub use hash::{BlockHash, BlockHasher, HashKind, XXH3_SEED};
+pub use hash::{image_hash, BlockHash, BlockHasher, HashKind, MediaSpan, XXH3_SEED};
 pub use pool::BlockId;
 use pool::BlockPool;
 
@@ -99,6 +99,8 @@ struct Table {
     partial: Vec<u32>,
     /// Mixed into block 0's hash.
     extra: Box<[u8]>,
+    /// Images in the prompt: their keys enter the hash of every block they overlap.
+    media: Box<[MediaSpan]>,
     /// Cleared when a block could not be allocated: later blocks would be unreachable
     /// without it, so the request stops caching.
     caching: bool,
@@ -154,14 +156,34 @@ impl PrefixCache {
 
     /// The chained hashes of every full block of `tokens` (for cache-aware routing).
     pub fn block_hashes(&self, tokens: &[u32], extra: &[u8]) -> Result<Vec<BlockHash>, CoreError> {
+        self.media_block_hashes(tokens, extra, &[])
+    }
+
+    /// [`Self::block_hashes`] of a prompt holding the images `media`.
+    pub fn media_block_hashes(
+        &self,
+        tokens: &[u32],
+        extra: &[u8],
+        media: &[MediaSpan],
+    ) -> Result<Vec<BlockHash>, CoreError> {
         check_extra(extra)?;
-        Ok(BlockHasher::new(self.kind).chain(self.block_size, tokens, extra))
+        Ok(BlockHasher::new(self.kind).chain_media(self.block_size, tokens, extra, media))
     }
 
     /// Prompt tokens `admit` would serve from cache now (same cap), acquiring nothing.
     pub fn lookup(&self, tokens: &[u32], extra: &[u8]) -> Result<usize, CoreError> {
+        self.media_lookup(tokens, extra, &[])
+    }
+
+    /// [`Self::lookup`] of a prompt holding the images `media`.
+    pub fn media_lookup(
+        &self,
+        tokens: &[u32],
+        extra: &[u8],
+        media: &[MediaSpan],
+    ) -> Result<usize, CoreError> {
         check_extra(extra)?;
-        Ok(self.cached_prefix(tokens, extra).len() * self.block_size)
+        Ok(self.cached_prefix(tokens, extra, media).len() * self.block_size)
     }
 
     /// Opens `request_id`'s table with the longest cached prefix of `tokens` (capped to
@@ -172,11 +194,23 @@ impl PrefixCache {
         tokens: &[u32],
         extra: &[u8],
     ) -> Result<Admission, CoreError> {
+        self.admit_media(request_id, tokens, extra, &[])
+    }
+
+    /// [`Self::admit`] of a prompt holding the images `media` (their keys also enter
+    /// the blocks `append` fills later).
+    pub fn admit_media(
+        &mut self,
+        request_id: &str,
+        tokens: &[u32],
+        extra: &[u8],
+        media: &[MediaSpan],
+    ) -> Result<Admission, CoreError> {
         if self.tables.contains_key(request_id) {
             return Err(CoreError::DuplicateRequest(request_id.to_owned()));
         }
         check_extra(extra)?;
-        let hits = self.cached_prefix(tokens, extra);
+        let hits = self.cached_prefix(tokens, extra, media);
         let block_ids: Vec<BlockId> = hits.iter().map(|&(id, _)| id).collect();
         for &id in &block_ids {
             self.pool.acquire(id);
@@ -190,6 +224,7 @@ impl PrefixCache {
             num_tokens: cached_tokens,
             partial: Vec::with_capacity(self.block_size),
             extra: extra.into(),
+            media: media.into(),
             caching: true,
         };
         self.tables.insert(request_id.to_owned(), table);
@@ -229,7 +264,13 @@ impl PrefixCache {
             };
             let index = table.blocks.len();
             let extra: &[u8] = if index == 0 { &table.extra } else { &[] };
-            let hash = hasher.hash_block(table.last_hash.as_ref(), block, extra);
+            let hash = hasher.hash_media_block(
+                table.last_hash.as_ref(),
+                block,
+                extra,
+                &table.media,
+                index * bs,
+            );
             table.partial.clear();
             let (block_id, is_new) = if let Some(id) = self.pool.find(&hash) {
                 self.pool.acquire(id);
@@ -242,6 +283,7 @@ impl PrefixCache {
                 self.stats.uncached_blocks += 1;
                 table.caching = false;
                 table.extra = Box::default();
+                table.media = Box::default();
                 break;
             };
             table.blocks.push(block_id);
@@ -303,7 +345,12 @@ impl PrefixCache {
 
     /// The cached blocks at the start of `tokens` with their hashes, capped to leave
     /// at least one token uncached.
-    fn cached_prefix(&self, tokens: &[u32], extra: &[u8]) -> Vec<(BlockId, BlockHash)> {
+    fn cached_prefix(
+        &self,
+        tokens: &[u32],
+        extra: &[u8],
+        media: &[MediaSpan],
+    ) -> Vec<(BlockId, BlockHash)> {
         let max_blocks = tokens.len().saturating_sub(1) / self.block_size;
         let mut hasher = BlockHasher::new(self.kind);
         let mut hits: Vec<(BlockId, BlockHash)> = Vec::new();
@@ -313,7 +360,8 @@ impl PrefixCache {
             .enumerate()
         {
             let parent = hits.last().map(|(_, h)| h);
-            let hash = hasher.hash_block(parent, block, if i == 0 { extra } else { &[] });
+            let extra = if i == 0 { extra } else { &[] };
+            let hash = hasher.hash_media_block(parent, block, extra, media, i * self.block_size);
             match self.pool.find(&hash) {
                 Some(id) => hits.push((id, hash)),
                 None => break,

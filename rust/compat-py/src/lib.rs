@@ -25,6 +25,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<grammar::TokenTable>()?;
     m.add_class::<grammar::GrammarMatcher>()?;
     m.add_function(wrap_pyfunction!(grammar::fill_masks, m)?)?;
+    m.add_function(wrap_pyfunction!(prefix_cache::image_hash, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::matmul_nt, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::swiglu_mlp, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::attention_decode, m)?)?;

@@ -7,10 +7,10 @@
 use std::sync::Mutex;
 
 use compat_core::prefix_cache::{
-    Admission as CoreAdmission, BlockId, CacheStats, HashKind, NewBlock as CoreNewBlock,
-    PrefixCache as CorePrefixCache,
+    image_hash as core_image_hash, Admission as CoreAdmission, BlockId, CacheStats, HashKind,
+    MediaSpan, NewBlock as CoreNewBlock, PrefixCache as CorePrefixCache,
 };
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -131,6 +131,29 @@ impl PrefixCache {
     }
 }
 
+/// An image in a prompt as Python passes it: `(start, length, 16-byte hash)`.
+type PyMedia = (usize, usize, Vec<u8>);
+
+fn media_spans(images: Option<Vec<PyMedia>>) -> PyResult<Vec<MediaSpan>> {
+    images
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(start, len, hash)| {
+            let hash: [u8; 16] = hash.as_slice().try_into().map_err(|_| {
+                PyValueError::new_err(format!("an image hash is 16 bytes, got {}", hash.len()))
+            })?;
+            Ok(MediaSpan { start, len, hash })
+        })
+        .collect()
+}
+
+/// xxh3-128 (the block hasher's seed) of an image's bytes: 16 bytes, big-endian.
+#[pyfunction]
+pub fn image_hash<'py>(py: Python<'py>, data: &[u8]) -> Bound<'py, PyBytes> {
+    let digest = py.detach(|| core_image_hash(data));
+    PyBytes::new(py, &digest)
+}
+
 // pyo3 extracts a list of ints into an owned `Vec`, never into a slice.
 #[allow(clippy::needless_pass_by_value)]
 #[pymethods]
@@ -163,28 +186,40 @@ impl PrefixCache {
 
     /// Prompt tokens `admit` would serve from cache now (capped the same way);
     /// acquires nothing.
-    #[pyo3(signature = (tokens, extra = None))]
-    fn lookup(&self, py: Python<'_>, tokens: Vec<u32>, extra: Option<&[u8]>) -> PyResult<usize> {
+    #[pyo3(signature = (tokens, extra = None, images = None))]
+    fn lookup(
+        &self,
+        py: Python<'_>,
+        tokens: Vec<u32>,
+        extra: Option<&[u8]>,
+        images: Option<Vec<PyMedia>>,
+    ) -> PyResult<usize> {
         let extra = extra.unwrap_or_default();
+        let media = media_spans(images)?;
         Ok(self
-            .with(py, tokens.len(), |c| c.lookup(&tokens, extra))?
+            .with(py, tokens.len(), |c| c.media_lookup(&tokens, extra, &media))?
             .map_err(PyCoreError)?)
     }
 
     /// Opens request `id`'s table with the longest cached prefix of `tokens` (capped to
     /// leave at least one token to compute) and holds its blocks. `extra` (image
-    /// hashes, a per-key cache salt) separates chains.
-    #[pyo3(signature = (id, tokens, extra = None))]
+    /// hashes, a per-key cache salt) separates chains. `images`: `(start, length,
+    /// hash)` of each image's placeholder tokens, keys of every block they overlap.
+    #[pyo3(signature = (id, tokens, extra = None, images = None))]
     fn admit(
         &self,
         py: Python<'_>,
         id: &str,
         tokens: Vec<u32>,
         extra: Option<&[u8]>,
+        images: Option<Vec<PyMedia>>,
     ) -> PyResult<Admission> {
         let extra = extra.unwrap_or_default();
+        let media = media_spans(images)?;
         let admission = self
-            .with(py, tokens.len(), |c| c.admit(id, &tokens, extra))?
+            .with(py, tokens.len(), |c| {
+                c.admit_media(id, &tokens, extra, &media)
+            })?
             .map_err(PyCoreError)?;
         Ok(admission.into())
     }
@@ -230,16 +265,18 @@ impl PrefixCache {
 
     /// The chained hash of every full block of `tokens` (16 bytes for xxh3, 32 for
     /// sha256), as `admit` computes them.
-    #[pyo3(signature = (tokens, extra = None))]
+    #[pyo3(signature = (tokens, extra = None, images = None))]
     fn block_hashes<'py>(
         &self,
         py: Python<'py>,
         tokens: Vec<u32>,
         extra: Option<&[u8]>,
+        images: Option<Vec<PyMedia>>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let extra = extra.unwrap_or_default();
+        let media = media_spans(images)?;
         let (kind, hashes) = self.with(py, tokens.len(), |c| {
-            (c.hash_kind(), c.block_hashes(&tokens, extra))
+            (c.hash_kind(), c.media_block_hashes(&tokens, extra, &media))
         })?;
         let hashes = hashes.map_err(PyCoreError)?;
         Ok(hashes

@@ -9,7 +9,14 @@
 //! tokens          u32 each
 //! extra length    u32: extra.len() for block 0, 0 for every later block
 //! extra           the bytes (block 0 only)
+//! media keys      only for a block an image overlaps: u32 count, then per image
+//!                 its 16-byte hash and i64 offset (image start - block start)
 //! ```
+//!
+//! A block no image overlaps has no media keys, so text before the first image
+//! hashes exactly as in a text-only prompt; a block holding (part of) an image hashes
+//! that image's identity and place, so a different image never shares it (vLLM's
+//! extra keys).
 //!
 //! `extra` (image hashes, a per-API-key cache salt) enters block 0 only: every later
 //! hash chains through block 0's, so it separates the whole chain at the cost of one
@@ -108,6 +115,31 @@ impl fmt::Debug for BlockHash {
     }
 }
 
+/// An image's placeholder tokens `[start, start + len)` in a prompt and its hash
+/// ([`image_hash`] of its decoded pixels and processor settings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MediaSpan {
+    pub start: usize,
+    pub len: usize,
+    pub hash: [u8; 16],
+}
+
+/// xxh3-128 (seed [`XXH3_SEED`], canonical big-endian digest) of an image's bytes.
+pub fn image_hash(data: &[u8]) -> [u8; 16] {
+    xxh3_128_with_seed(data, XXH3_SEED).to_be_bytes()
+}
+
+/// The spans of `media` that overlap tokens `[block_start, block_start + block_len)`.
+fn overlapping(
+    media: &[MediaSpan],
+    block_start: usize,
+    block_len: usize,
+) -> impl Iterator<Item = &MediaSpan> {
+    media.iter().filter(move |m| {
+        m.len > 0 && m.start < block_start + block_len && block_start < m.start + m.len
+    })
+}
+
 /// Hashes blocks, reusing one byte buffer.
 #[derive(Debug, Clone)]
 pub struct BlockHasher {
@@ -136,6 +168,19 @@ impl BlockHasher {
         tokens: &[u32],
         extra: &[u8],
     ) -> BlockHash {
+        self.hash_media_block(parent, tokens, extra, &[], 0)
+    }
+
+    /// [`Self::hash_block`] for the block starting at prompt token `block_start`, with
+    /// the media keys of every span in `media` that overlaps it.
+    pub fn hash_media_block(
+        &mut self,
+        parent: Option<&BlockHash>,
+        tokens: &[u32],
+        extra: &[u8],
+        media: &[MediaSpan],
+        block_start: usize,
+    ) -> BlockHash {
         let d = self.kind.digest_len();
         let buf = &mut self.buf;
         buf.clear();
@@ -150,6 +195,16 @@ impl BlockHasher {
         }
         buf.extend_from_slice(&(extra.len() as u32).to_le_bytes());
         buf.extend_from_slice(extra);
+        let keys: Vec<&MediaSpan> = overlapping(media, block_start, tokens.len()).collect();
+        if !keys.is_empty() {
+            buf.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+            for m in keys {
+                buf.extend_from_slice(&m.hash);
+                #[allow(clippy::cast_possible_wrap)]
+                let offset = m.start as i64 - block_start as i64;
+                buf.extend_from_slice(&offset.to_le_bytes());
+            }
+        }
         let mut out = [0u8; 32];
         match self.kind {
             HashKind::Xxh3 => {
@@ -162,9 +217,21 @@ impl BlockHasher {
 
     /// The chained hashes of every full block of `tokens`.
     pub fn chain(&mut self, block_size: usize, tokens: &[u32], extra: &[u8]) -> Vec<BlockHash> {
+        self.chain_media(block_size, tokens, extra, &[])
+    }
+
+    /// [`Self::chain`] with the media keys of `media` in the blocks images overlap.
+    pub fn chain_media(
+        &mut self,
+        block_size: usize,
+        tokens: &[u32],
+        extra: &[u8],
+        media: &[MediaSpan],
+    ) -> Vec<BlockHash> {
         let mut hashes: Vec<BlockHash> = Vec::with_capacity(tokens.len() / block_size);
         for (i, block) in tokens.chunks_exact(block_size).enumerate() {
-            let hash = self.hash_block(hashes.last(), block, if i == 0 { extra } else { &[] });
+            let extra = if i == 0 { extra } else { &[] };
+            let hash = self.hash_media_block(hashes.last(), block, extra, media, i * block_size);
             hashes.push(hash);
         }
         hashes
@@ -272,6 +339,45 @@ mod tests {
             base.digest(HashKind::Xxh3),
             &s.hash_block(None, &[1, 2], b"").digest(HashKind::Sha256)[..16]
         );
+    }
+
+    #[test]
+    fn media_keys_touch_only_the_blocks_an_image_overlaps() {
+        let tokens: Vec<u32> = (0..16).collect();
+        let image = |hash: u8, start: usize| MediaSpan {
+            start,
+            len: 6,
+            hash: [hash; 16],
+        };
+        for kind in [HashKind::Xxh3, HashKind::Sha256] {
+            let mut h = BlockHasher::new(kind);
+            let plain = h.chain(4, &tokens, b"");
+            // Image tokens 5..11 overlap blocks 1 and 2.
+            let a = h.chain_media(4, &tokens, b"", &[image(1, 5)]);
+            assert_eq!(a[0], plain[0], "text before the image hashes as text-only");
+            assert_ne!(a[1], plain[1]);
+            assert_ne!(a[2], plain[2]);
+            assert_ne!(a[3], plain[3], "later blocks chain through the image");
+            // The same image again: the same chain; a different one shares block 0 only.
+            assert_eq!(h.chain_media(4, &tokens, b"", &[image(1, 5)]), a);
+            let b = h.chain_media(4, &tokens, b"", &[image(2, 5)]);
+            assert_eq!(b[0], a[0]);
+            assert!(b[1..].iter().zip(&a[1..]).all(|(x, y)| x != y));
+            // The same image one token later: a different offset inside block 1.
+            let moved = h.chain_media(4, &tokens, b"", &[image(1, 6)]);
+            assert_ne!(moved[1], a[1]);
+            // An image after the last full block changes nothing.
+            assert_eq!(h.chain_media(4, &tokens, b"", &[image(1, 16)]), plain);
+        }
+    }
+
+    #[test]
+    fn image_hash_is_xxh3_128_with_the_seed() {
+        assert_eq!(
+            image_hash(b"pixels"),
+            xxh3_128_with_seed(b"pixels", XXH3_SEED).to_be_bytes()
+        );
+        assert_ne!(image_hash(b"pixels"), image_hash(b"pixelz"));
     }
 
     #[test]

@@ -271,3 +271,28 @@ fn a_long_prompt_in_small_blocks() {
     let (b, _) = run(&mut c, "b", &next, b"");
     assert_eq!(b.cached_tokens, prompt.len());
 }
+
+#[test]
+fn an_image_is_part_of_the_blocks_it_overlaps() {
+    let mut c = cache(32);
+    let image = |hash: u8| MediaSpan {
+        start: 5,
+        len: 6,
+        hash: [hash; 16],
+    };
+    // Tokens 5..11 are one image's placeholders (the same ids for every image).
+    let prompt = toks(0..18);
+    let a = c.admit_media("a", &prompt, b"", &[image(1)]).unwrap();
+    assert_eq!(a.cached_tokens, 0);
+    c.append("a", &prompt).unwrap();
+    c.release("a");
+    // The same image re-sent: every full block hits, past the image.
+    assert_eq!(c.media_lookup(&prompt, b"", &[image(1)]).unwrap(), 16);
+    // A different image with the same tokens: only the block before it.
+    assert_eq!(c.media_lookup(&prompt, b"", &[image(2)]).unwrap(), 4);
+    // The same tokens as text: only the block before the image.
+    assert_eq!(c.lookup(&prompt, b"").unwrap(), 4);
+    let hashes = c.media_block_hashes(&prompt, b"", &[image(1)]).unwrap();
+    assert_eq!(hashes[0], c.block_hashes(&prompt, b"").unwrap()[0]);
+    c.check_invariants().unwrap();
+}
