@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from compat_serve.engine.vision import VisionInput
 
 
 class FinishReason(enum.Enum):
@@ -74,6 +78,8 @@ class EngineRequest:
     cache_salt: bytes | None = None
     # Constrained decoding: every generated token is drawn from what this allows.
     grammar: Grammar | None = None
+    # Images of a vision-language model's prompt (engine/vision.py); None: text only.
+    vision: VisionInput | None = None
 
 
 @dataclass(frozen=True)
