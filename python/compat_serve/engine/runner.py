@@ -10,6 +10,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from compat_serve.engine.batch import merge_caches
 from compat_serve.engine.metrics import kv_bytes_per_token
+from compat_serve.engine.vision import FeatureCache, VisionInput, chunk_inputs
 from compat_serve.models.types import LoadedModel
 
 
@@ -21,6 +22,29 @@ class ModelRunner:
         # Width of the model's logits (may exceed the tokenizer's vocabulary); measured by
         # `measure_kv_bytes_per_token`, which the engine runs at start.
         self.logits_width = loaded.tokenizer.vocab_size
+        # Vision-language models (models/vlm.py): image rows prefill from embeddings.
+        self.features: FeatureCache | None = None
+        if hasattr(self._model, "encode_image"):
+            self.features = FeatureCache(self._model)  # type: ignore[arg-type]
+
+    def _forward(
+        self, cache: list[Any], token_ids: list[int], vision: VisionInput | None, start: int
+    ) -> mx.array:
+        """One batch-1 forward of tokens `[start, start + len)`; an image row's go in as
+        embeddings with their M-RoPE positions."""
+        if vision is None:
+            out: mx.array = self._model(mx.array(token_ids, dtype=mx.uint32)[None], cache=cache)
+            return out
+        assert self.features is not None, "images sent to a text-only model"
+        ids, embeddings, positions = chunk_inputs(
+            self.features,
+            self._model,  # type: ignore[arg-type]
+            vision,
+            start,
+            token_ids,
+        )
+        out = self._model(ids, cache=cache, input_embeddings=embeddings, positions=positions)
+        return out
 
     def new_cache(self) -> list[Any]:
         return make_prompt_cache(self._model)
@@ -33,12 +57,25 @@ class ModelRunner:
         self.logits_width = int(logits.shape[-1])
         return kv_bytes_per_token(cache)
 
-    def prefill(self, cache: list[Any], token_ids: list[int]) -> None:
-        """Feed tokens whose logits we do not need; materialise the cache."""
-        self._model(mx.array(token_ids, dtype=mx.uint32)[None], cache=cache)
+    def prefill(
+        self,
+        cache: list[Any],
+        token_ids: list[int],
+        vision: VisionInput | None = None,
+        start: int = 0,
+    ) -> None:
+        """Feed tokens whose logits we do not need; materialise the cache. `vision` and
+        `start` (the chunk's first position): an image row's images and positions."""
+        self._forward(cache, token_ids, vision, start)
         mx.eval([c.state for c in cache])
 
-    def last_logits(self, cache: list[Any], token_ids: list[int]) -> mx.array:
+    def last_logits(
+        self,
+        cache: list[Any],
+        token_ids: list[int],
+        vision: VisionInput | None = None,
+        start: int = 0,
+    ) -> mx.array:
         """Feed tokens and return the (lazy) logits of the last position, shape [1, vocab].
 
         All but the last token go through the model with their logits left unevaluated
@@ -47,8 +84,8 @@ class ModelRunner:
         prefill).
         """
         if len(token_ids) > 1:
-            self._model(mx.array(token_ids[:-1], dtype=mx.uint32)[None], cache=cache)
-        logits: mx.array = self._model(mx.array(token_ids[-1:], dtype=mx.uint32)[None], cache=cache)
+            self._forward(cache, token_ids[:-1], vision, start)
+        logits = self._forward(cache, token_ids[-1:], vision, start + len(token_ids) - 1)
         return logits[:, -1, :]
 
     def last_logits_together(
@@ -83,20 +120,37 @@ class ModelRunner:
         own = [[layer.extract(row) for layer in merged] for row in range(len(token_lists))]
         return logits[:, -1, :], own
 
-    def decode_logits(self, batch_cache: list[Any], tokens: Sequence[int]) -> mx.array:
-        """One decode step for every row of the batch: logits of shape [rows, vocab]."""
+    def _deltas(self, rope_deltas: Sequence[int] | None) -> dict[str, Any]:
+        """Per-row M-RoPE deltas of image rows, for models that take them."""
+        if rope_deltas is None or self.features is None or not any(rope_deltas):
+            return {}
+        return {"rope_deltas": list(rope_deltas)}
+
+    def decode_logits(
+        self,
+        batch_cache: list[Any],
+        tokens: Sequence[int],
+        rope_deltas: Sequence[int] | None = None,
+    ) -> mx.array:
+        """One decode step for every row of the batch: logits of shape [rows, vocab].
+        `rope_deltas`: each row's M-RoPE position delta (vision-language models)."""
         inputs = mx.array(list(tokens), dtype=mx.uint32)[:, None]
-        logits: mx.array = self._model(inputs, cache=batch_cache)
+        logits: mx.array = self._model(inputs, cache=batch_cache, **self._deltas(rope_deltas))
         return logits[:, -1, :]
 
-    def verify_logits(self, batch_cache: list[Any], rows: Sequence[Sequence[int]]) -> mx.array:
+    def verify_logits(
+        self,
+        batch_cache: list[Any],
+        rows: Sequence[Sequence[int]],
+        rope_deltas: Sequence[int] | None = None,
+    ) -> mx.array:
         """Speculative verification: each row's last token and its draft in one forward
         over the batch, rows right-padded to the longest (the padding comes after a
         row's real tokens, so the causal mask keeps it out of their attention; the
         caller rolls it back with the rejected drafts). Logits `[rows, longest, vocab]`."""
         longest = max(len(row) for row in rows)
         inputs = mx.array([[*row, *([0] * (longest - len(row)))] for row in rows], dtype=mx.uint32)
-        logits: mx.array = self._model(inputs, cache=batch_cache)
+        logits: mx.array = self._model(inputs, cache=batch_cache, **self._deltas(rope_deltas))
         return logits
 
 

@@ -30,19 +30,31 @@ class SamplingParams:
     """Per-request sampling settings (never shared across a batch)."""
 
     max_tokens: int
-    # None: not set by the client; the server's --default-temperature or else 1.0 applies.
+    # None: not set by the client; the server fills in its defaults
+    # (server/sampling_defaults.py), else 1.0 / 1.0 (off) / 0 (off) apply.
     temperature: float | None = None
-    top_p: float = 1.0
-    top_k: int = 0
+    top_p: float | None = None
+    top_k: int | None = None
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     # When False the model's own end-of-sequence ids do not stop generation.
     stop_at_eos: bool = True
+    # Log probability of each generated token plus this many most likely alternatives
+    # (0..20, engine/logprobs.py); None: not computed, at no cost.
+    logprobs: int | None = None
 
     @property
     def effective_temperature(self) -> float:
         return 1.0 if self.temperature is None else self.temperature
+
+    @property
+    def effective_top_p(self) -> float:
+        return 1.0 if self.top_p is None else self.top_p
+
+    @property
+    def effective_top_k(self) -> int:
+        return 0 if self.top_k is None else self.top_k
 
     @property
     def greedy(self) -> bool:
@@ -82,6 +94,19 @@ class EngineRequest:
     vision: VisionInput | None = None
 
 
+# Most alternatives a request may ask for at each token (OpenAI's and vLLM's limit).
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log probability and the most likely alternatives there."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(frozen=True)
 class Usage:
     prompt_tokens: int
@@ -111,6 +136,8 @@ class EngineEvent:
     stop_token_id: int | None = None
     usage: Usage | None = None
     error: str | None = None
+    # One per id in token_ids when the request asked for logprobs.
+    logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def finished(self) -> bool:

@@ -1,0 +1,121 @@
+"""Images in the engine: what a request carries (`VisionInput`), the vision-encoder
+feature LRU, and the input embeddings and positions of a prefill chunk of an image row.
+
+The engine sees embeddings and positions, never HTTP or PIL. A chunk may start or end
+inside an image: the image's features are computed once (whole image) and sliced.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import mlx.core as mx
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """An image's placeholder tokens `[start, start + length)` in the prompt."""
+
+    start: int
+    length: int
+    hash: bytes  # 16 bytes: the prefix cache's per-block key and the feature LRU's key
+    pixel_values: Any  # what the model's vision tower takes (numpy)
+    grid: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class VisionInput:
+    """A request's images and its M-RoPE positions (`[3, prompt_len]` numpy), plus the
+    delta every position after the prompt gets (generated tokens)."""
+
+    spans: tuple[ImageSpan, ...]
+    positions: Any
+    rope_delta: int
+
+    def cache_keys(self) -> list[tuple[int, int, bytes]]:
+        """`(start, length, hash)` per image: the prefix cache's `images=`."""
+        return [(s.start, s.length, s.hash) for s in self.spans]
+
+    def first_image_at_or_after(self, position: int) -> int | None:
+        starts = [s.start for s in self.spans if s.start >= position]
+        return min(starts) if starts else None
+
+
+class ImageEncoder(Protocol):
+    def embed(self, inputs: mx.array) -> mx.array: ...
+
+    def encode_image(self, pixel_values: Any, grid: tuple[int, int, int]) -> mx.array: ...
+
+
+class FeatureCache:
+    """Vision-encoder features by image hash, least recently used out first, so a turn
+    that re-sends an image whose tokens are not all cached does not re-run the
+    encoder."""
+
+    def __init__(self, encoder: ImageEncoder, capacity: int = 32) -> None:
+        self._encoder = encoder
+        self._capacity = capacity
+        self._features: OrderedDict[bytes, mx.array] = OrderedDict()
+        self.encoder_runs = 0
+        self.hits = 0
+
+    def get(self, span: ImageSpan) -> mx.array:
+        found = self._features.get(span.hash)
+        if found is not None:
+            self._features.move_to_end(span.hash)
+            self.hits += 1
+            return found
+        features = self._encoder.encode_image(span.pixel_values, span.grid)
+        mx.eval(features)
+        if features.shape[0] != span.length:
+            raise ValueError(
+                f"the vision encoder gave {features.shape[0]} features for {span.length} "
+                "image tokens"
+            )
+        self.encoder_runs += 1
+        self._features[span.hash] = features
+        while len(self._features) > self._capacity:
+            self._features.popitem(last=False)
+        return features
+
+    def render_metrics(self) -> str:
+        return (
+            "# HELP compat_vision_encoder_runs_total Vision-encoder forward passes.\n"
+            "# TYPE compat_vision_encoder_runs_total counter\n"
+            f"compat_vision_encoder_runs_total {self.encoder_runs}\n"
+            "# HELP compat_vision_feature_hits_total Images whose features came from the LRU.\n"
+            "# TYPE compat_vision_feature_hits_total counter\n"
+            f"compat_vision_feature_hits_total {self.hits}\n"
+        )
+
+
+def chunk_inputs(
+    features: FeatureCache,
+    encoder: ImageEncoder,
+    vision: VisionInput,
+    start: int,
+    tokens: Sequence[int],
+) -> tuple[mx.array, mx.array, mx.array]:
+    """Token ids `[1, L]`, input embeddings `[1, L, D]` (image features where the chunk
+    overlaps an image) and M-RoPE positions `[3, 1, L]` of tokens `[start, start + L)`."""
+    end = start + len(tokens)
+    ids = mx.array(list(tokens), dtype=mx.uint32)[None]
+    embeddings = encoder.embed(ids)
+    for span in vision.spans:
+        a, b = max(span.start, start), min(span.start + span.length, end)
+        if a >= b:
+            continue
+        image = features.get(span)[a - span.start : b - span.start]
+        embeddings[:, a - start : b - start, :] = image.astype(embeddings.dtype)[None]
+    prompt_positions = np.asarray(vision.positions)
+    prompt_len = prompt_positions.shape[1]
+    head = prompt_positions[:, start : min(end, prompt_len)]
+    if end > prompt_len:  # a preempted request recomputes generated tokens too
+        after = np.arange(max(start, prompt_len), end, dtype=np.int32) + vision.rope_delta
+        head = np.concatenate([head, np.tile(after, (3, 1))], axis=1)
+    positions = mx.array(head.astype(np.int32))[:, None, :]
+    return ids, embeddings, positions
