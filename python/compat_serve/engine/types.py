@@ -11,6 +11,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from compat_serve.engine.vision import VisionInput
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from compat_serve.engine.vision import VisionInput
 
 
 class FinishReason(enum.Enum):
@@ -30,31 +34,19 @@ class SamplingParams:
     """Per-request sampling settings (never shared across a batch)."""
 
     max_tokens: int
-    # None: not set by the client; the server fills in its defaults
-    # (server/sampling_defaults.py), else 1.0 / 1.0 (off) / 0 (off) apply.
+    # None: not set by the client; the server's --default-temperature or else 1.0 applies.
     temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    top_p: float = 1.0
+    top_k: int = 0
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     # When False the model's own end-of-sequence ids do not stop generation.
     stop_at_eos: bool = True
-    # Log probability of each generated token plus this many most likely alternatives
-    # (0..20, engine/logprobs.py); None: not computed, at no cost.
-    logprobs: int | None = None
 
     @property
     def effective_temperature(self) -> float:
         return 1.0 if self.temperature is None else self.temperature
-
-    @property
-    def effective_top_p(self) -> float:
-        return 1.0 if self.top_p is None else self.top_p
-
-    @property
-    def effective_top_k(self) -> int:
-        return 0 if self.top_k is None else self.top_k
 
     @property
     def greedy(self) -> bool:
@@ -92,19 +84,8 @@ class EngineRequest:
     grammar: Grammar | None = None
     # Images of a vision-language model's prompt (engine/vision.py); None: text only.
     vision: VisionInput | None = None
-
-
-# Most alternatives a request may ask for at each token (OpenAI's and vLLM's limit).
-MAX_TOP_LOGPROBS = 20
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """A generated token's log probability and the most likely alternatives there."""
-
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
+    # Images of a vision-language model's prompt (engine/vision.py); None: text only.
+    vision: VisionInput | None = None
 
 
 @dataclass(frozen=True)
@@ -136,8 +117,6 @@ class EngineEvent:
     stop_token_id: int | None = None
     usage: Usage | None = None
     error: str | None = None
-    # One per id in token_ids when the request asked for logprobs.
-    logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def finished(self) -> bool:
