@@ -11,10 +11,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from compat_serve.engine.vision import VisionInput
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from compat_serve.engine.vision import VisionInput
 
 
 class FinishReason(enum.Enum):
@@ -82,8 +78,6 @@ class EngineRequest:
     cache_salt: bytes | None = None
     # Constrained decoding: every generated token is drawn from what this allows.
     grammar: Grammar | None = None
-    # Images of a vision-language model's prompt (engine/vision.py); None: text only.
-    vision: VisionInput | None = None
     # Images of a vision-language model's prompt (engine/vision.py); None: text only.
     vision: VisionInput | None = None
 
