@@ -218,7 +218,9 @@ class StepExecutor:
             self._decode_speculative(seqs, drafts, sampled)
             return
         try:
-            logits = self._runner.decode_logits(self._batch.cache, [s.generated[-1] for s in seqs])
+            logits = self._runner.decode_logits(
+                self._batch.cache, [s.generated[-1] for s in seqs], _rope_deltas(seqs)
+            )
             logits, grammar_errors = self._constrain(logits, seqs)
             tokens = sample_rows(logits, [_sampler(s) for s in seqs])
             mx.eval(tokens)
@@ -275,7 +277,7 @@ class StepExecutor:
         the model's next token, and its rejected positions are rolled back."""
         try:
             rows = [[seq.generated[-1], *draft] for seq, draft in zip(seqs, drafts, strict=True)]
-            logits = self._runner.verify_logits(self._batch.cache, rows)
+            logits = self._runner.verify_logits(self._batch.cache, rows, _rope_deltas(seqs))
             mx.eval(logits)
             emitted = self._verify(logits, seqs, drafts)
             width = max(len(row) for row in rows)
@@ -396,7 +398,7 @@ class StepExecutor:
         """Whether this chunk can join a batched prefill (`_prefill_together`): the last
         chunk of a request that starts now and has a token to sample, on a plain-attention
         model, short enough that padding it to its neighbours wastes little."""
-        if self.prefix is not None and self.prefix.hybrid:
+        if (self.prefix is not None and self.prefix.hybrid) or seq.request.vision is not None:
             return False
         fresh = seq.cache is None and start == seq.cached_tokens
         return (
@@ -481,14 +483,14 @@ class StepExecutor:
             boundary = (start + len(tokens)) // prefix.block_size * prefix.block_size
             if start < boundary < start + len(tokens):
                 head, tokens = tokens[: boundary - start], tokens[boundary - start :]
-                self._runner.prefill(seq.cache, head)
+                self._runner.prefill(seq.cache, head, seq.request.vision, start)
                 self._cache_computed(seq, start, head)
                 start = boundary
         if not is_last:
-            self._runner.prefill(seq.cache, tokens)
+            self._runner.prefill(seq.cache, tokens, seq.request.vision, start)
             self._cache_computed(seq, start, tokens)
             return None
-        logits = self._runner.last_logits(seq.cache, tokens)
+        logits = self._runner.last_logits(seq.cache, tokens, seq.request.vision, start)
         token: int | None = None
         if seq.request.sampling.max_tokens == 0:
             mx.eval(logits)
@@ -526,7 +528,8 @@ class StepExecutor:
             seq.cache = self._runner.new_cache()
             prompt = list(seq.request.prompt_ids[: seq.cached_tokens])
             for i in range(0, len(prompt), self._prefill_chunk):
-                self._runner.prefill(seq.cache, prompt[i : i + self._prefill_chunk])
+                chunk = prompt[i : i + self._prefill_chunk]
+                self._runner.prefill(seq.cache, chunk, seq.request.vision, i)
 
     def _accept_token(self, seq: Sequence, token: int) -> None:
         now = time.monotonic()
@@ -656,6 +659,12 @@ def _sampler(seq: Sequence) -> RequestSampler:
     if seq.sampler is None:
         seq.sampler = RequestSampler(seq.request.sampling)
     return seq.sampler
+
+
+def _rope_deltas(seqs: list[Sequence]) -> list[int] | None:
+    """Each row's M-RoPE position delta (image rows of vision-language models)."""
+    deltas = [s.request.vision.rope_delta if s.request.vision is not None else 0 for s in seqs]
+    return deltas if any(deltas) else None
 
 
 def _kept(tokens: list[int] | GrammarError) -> int:
