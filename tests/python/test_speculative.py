@@ -17,7 +17,12 @@ import pytest
 from compat_serve.engine.batch import DecodeBatch, can_rollback
 from compat_serve.engine.engine import Engine, EngineConfig
 from compat_serve.engine.sampling import accept_draft
-from compat_serve.engine.speculation import NGramDrafter, RowState, SpeculationConfig
+from compat_serve.engine.speculation import (
+    NGramDrafter,
+    RowState,
+    SpeculationConfig,
+    StepCosts,
+)
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, Grammar
 from tests.python.test_batching import assert_same_or_near_tie, chat_ids, greedy
 from tests.tiny_models import HYBRID_CONFIGS, tiny_model
@@ -103,9 +108,21 @@ def test_greedy_output_is_the_same_alone_and_batched_with_mixed_rows(
     status = spec.speculation_status()
     assert status["accepted_tokens"] > 20, status  # the copy prompts were drafted
     assert "compat_spec_accepted_tokens_total" in spec.metrics.render()
-    # Usage counts every emitted token once.
-    final = outputs(spec, reqs[:1])[0][-1]
+    # Usage counts every emitted token once; /v1/status shows the request's own counters.
+    again = EngineRequest("g-status", reqs[0].prompt_ids, reqs[0].sampling)
+
+    async def watched() -> tuple[list[EngineEvent], list[dict[str, Any]]]:
+        events, rows = [], []
+        async for event in spec.submit(again):
+            events.append(event)
+            rows += [r for r in spec.status.snapshot() if r["request_id"] == "g-status"]
+        return events, rows
+
+    events, rows = asyncio.run(watched())
+    final = events[-1]
     assert final.usage is not None and final.usage.completion_tokens == len(together[0])
+    assert rows and rows[-1]["accepted_tokens"] > 0
+    assert all(0 <= r["accepted_tokens"] <= r["draft_tokens"] for r in rows)
 
 
 def test_stop_strings_and_max_tokens_end_at_the_same_token(
@@ -260,3 +277,48 @@ def test_speculative_sampling_rule_keeps_the_target_distribution(deterministic: 
         counts[accept_draft(p, draft, rng, q_rows)[0]] += 1
     observed = counts / n
     assert np.abs(observed - p[0]).max() < 0.01, observed
+
+
+# ---- cost-aware policy -----------------------------------------------------------------
+
+
+def test_step_costs_draft_only_when_the_expected_tokens_pay_for_the_verify() -> None:
+    drafts = [[1, 2, 3, 4], [5, 6], []]
+    costs = StepCosts()
+    assert costs.choose_width(drafts, [0.5] * 3) == 4  # nothing measured: try it
+    costs.observe(3, 5, 0.2)
+    assert costs.choose_width(drafts, [0.5] * 3) == 0  # then measure a plain step
+    costs.observe(3, 1, 0.1)
+    assert costs.choose_width(drafts, [0.5] * 3) == 3  # unmeasured widths are tried once
+    for width in (2, 3, 4):
+        costs.observe(3, width, 0.2)
+    # A verify step costs twice a plain one (this CPU): 3 rows emit 3 tokens plainly;
+    # drafts right 90% of the time emit ~6.8 at cap 4, drafts right 10% of the time ~3.3.
+    assert costs.choose_width(drafts, [0.9, 0.9, 0.0]) == 4
+    assert costs.choose_width(drafts, [0.1, 0.1, 0.1]) == 0
+    # Where a verify costs about one step (a GPU), even a poor draft pays.
+    gpu = StepCosts()
+    gpu.observe(3, 1, 0.1)
+    for width in (2, 3, 4, 5):
+        gpu.observe(3, width, 0.101)
+    assert gpu.choose_width(drafts, [0.2, 0.2, 0.2]) == 4
+    # An unmeasured width is estimated at least as dear as a measured narrower one.
+    costs.observe(3, 6, 0.3)
+    assert costs.estimate(3, 7) == 0.3
+    assert costs.choose_width(drafts, [0.5, 0.5, 0.5]) == 0
+    # A shape left alone is tried again after a while (a load spike does not stick).
+    for _ in range(StepCosts.REEXPLORE_EVERY - 1):
+        assert costs.choose_width(drafts, [0.5, 0.5, 0.5]) == 0
+    assert costs.choose_width(drafts, [0.5, 0.5, 0.5]) == 4
+    assert set(costs.status()) == {"3x1", "3x2", "3x3", "3x4", "3x5", "3x6"}
+
+
+def test_row_rate_follows_recent_acceptance() -> None:
+    state = RowState(4)
+    assert state.rate == 0.5
+    for _ in range(5):
+        state.record(4, 4)
+    high = state.rate
+    for _ in range(10):
+        state.record(1, 0)
+    assert high > 0.9 and state.rate < 0.4

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import mlx.core as mx
+
 LayerCaches = list[Any]
 
 
@@ -94,9 +96,11 @@ class DecodeBatch:
     def rollback(self, rejected: Sequence[int]) -> None:
         """Drop the last `rejected[i]` positions of row `i` (speculated tokens the model
         did not accept, and padding). Rows lose different amounts: the shared part is
-        trimmed, then each row's remaining garbage is rolled to its left padding (as
-        mlx-lm's batched prefill does with right padding), so every row ends at the
-        batch's last position again. Only for `BatchKVCache` layers (`can_rollback`)."""
+        trimmed, then each row's remaining garbage is turned into left padding by moving
+        its real positions right in place (one slice copy per shifted row and layer;
+        mlx-lm's `dynamic_roll` would gather the whole buffer, capacity included, for every
+        row: ~4x the time), so every row ends at the batch's last position again. Only for
+        `BatchKVCache` layers (`can_rollback`)."""
         if len(rejected) != len(self._ids):
             raise ValueError(f"{len(rejected)} rollbacks for {len(self._ids)} rows")
         low = min(rejected)
@@ -105,14 +109,31 @@ class DecodeBatch:
             if low:
                 layer.trim(low)
             if any(shifts):
-                layer.prepare(right_padding=shifts)
-                layer.finalize()
-                shared = min(layer.left_padding.tolist())
-                if shared > 0:  # every row has padding in front: drop it
-                    layer.keys = layer.keys[..., shared:, :]
-                    layer.values = layer.values[..., shared:, :]
-                    layer._idx -= shared
-                    layer.left_padding = layer.left_padding - shared
+                _shift_rows_right(layer, shifts)
 
     def clear(self) -> None:
         self._ids, self._cache = [], None
+
+
+def _shift_rows_right(layer: Any, shifts: list[int]) -> None:
+    """Move row `i`'s positions of a `BatchKVCache` right by `shifts[i]`, dropping its
+    last `shifts[i]` positions and growing its left padding by as much; then drop the
+    padding every row has in front."""
+    end = layer._idx
+    padding: list[int] = layer.left_padding.tolist()
+    for row, (shift, start) in enumerate(zip(shifts, padding, strict=True)):
+        if shift:
+            for name in ("keys", "values"):
+                buffer = getattr(layer, name)
+                buffer[row : row + 1, :, start + shift : end, :] = buffer[
+                    row : row + 1, :, start : end - shift, :
+                ]
+    moved = mx.array(shifts)
+    layer.offset = layer.offset - moved
+    layer.left_padding = layer.left_padding + moved
+    shared = min(p + s for p, s in zip(padding, shifts, strict=True))
+    if shared > 0:  # every row has padding in front: drop it
+        layer.keys = layer.keys[..., shared:, :]
+        layer.values = layer.values[..., shared:, :]
+        layer._idx -= shared
+        layer.left_padding = layer.left_padding - shared

@@ -215,8 +215,13 @@ class StepExecutor:
         self._metrics.on_decode_step(len(seqs))
         drafts = self._drafts(seqs) if self._drafter is not None else None
         if drafts is not None and any(drafts):
-            self._decode_speculative(seqs, drafts, sampled)
-            return
+            stats = self.spec_stats
+            rates = [stats.per_row[seq.request_id].rate for seq in seqs]
+            cap = stats.costs.choose_width(drafts, rates)
+            if cap:
+                self._decode_speculative(seqs, [d[:cap] for d in drafts], sampled)
+                return
+        started = time.perf_counter()
         try:
             logits = self._runner.decode_logits(
                 self._batch.cache, [s.generated[-1] for s in seqs], _rope_deltas(seqs)
@@ -228,6 +233,8 @@ class StepExecutor:
         except Exception as exc:  # the batch is lost with the forward that failed
             self._fail_batch(seqs, exc, "a decode step")
             return
+        if self._drafter is not None:
+            self.spec_stats.costs.observe(len(seqs), 1, time.perf_counter() - started)
         for seq, token, grammar_error in zip(seqs, values, grammar_errors, strict=True):
             if grammar_error is not None:
                 self._fail(seq, GrammarError(grammar_error))
@@ -275,6 +282,7 @@ class StepExecutor:
     ) -> None:
         """One forward verifies every row's draft; each row emits its accepted drafts plus
         the model's next token, and its rejected positions are rolled back."""
+        started = time.perf_counter()
         try:
             rows = [[seq.generated[-1], *draft] for seq, draft in zip(seqs, drafts, strict=True)]
             logits = self._runner.verify_logits(self._batch.cache, rows, _rope_deltas(seqs))
@@ -288,6 +296,7 @@ class StepExecutor:
             self._fail_batch(seqs, exc, "a speculative decode step")
             return
         stats = self.spec_stats
+        stats.costs.observe(len(seqs), width, time.perf_counter() - started)
         stats.steps += 1
         for seq, draft, tokens in zip(seqs, drafts, emitted, strict=True):
             if isinstance(tokens, GrammarError):
@@ -297,7 +306,13 @@ class StepExecutor:
             stats.drafted += len(draft)
             stats.accepted += accepted
             stats.emitted += len(tokens)
-            stats.per_row[seq.request_id].record(len(draft), accepted)
+            row = stats.per_row[seq.request_id]
+            row.record(len(draft), accepted)
+            row.drafted += len(draft)
+            row.accepted += accepted
+            self._status.update(
+                seq.request_id, draft_tokens=row.drafted, accepted_tokens=row.accepted
+            )
             for token in tokens:
                 sampled.append((seq.request_id, token))
                 self._accept_token(seq, token)
@@ -317,6 +332,7 @@ class StepExecutor:
         for i, (seq, draft) in enumerate(zip(seqs, drafts, strict=True)):
             positions = len(draft) + 1
             if plain_greedy[i]:
+                _record_logprobs(seq, logits[i, :positions])
                 out.append(_greedy_accept(argmax[i][:positions], draft))
                 continue
             row = logits[i, :positions]
@@ -326,6 +342,7 @@ class StepExecutor:
                     out.append(masked)
                     continue
                 row = masked
+            _record_logprobs(seq, row)  # the verified tokens' own
             sampler = _sampler(seq)
             if sampler.greedy:
                 targets: list[int] = mx.argmax(row, axis=-1).tolist()  # type: ignore[assignment]
@@ -347,11 +364,17 @@ class StepExecutor:
         consumed = 0
         try:
             for j in range(len(draft) + 1):
+                if j and (draft[j - 1] in seq.stop_ids or matcher.is_stopped()):
+                    # The request ends at draft j - 1 if it is accepted (as in
+                    # `_accept_token`, a stop token is never consumed): what follows is
+                    # never emitted, so it is left unmasked.
+                    masked.append(row[j:])
+                    break
                 logits, (error,) = masked_logits(row[j : j + 1], [matcher])
                 if error is not None:
                     return GrammarError(error)
                 masked.append(logits)
-                if j < len(draft):
+                if j < len(draft) and draft[j] not in seq.stop_ids:
                     matcher.consume(draft[j])
                     consumed += 1
         except GrammarError as exc:
@@ -538,6 +561,8 @@ class StepExecutor:
             self._status.update(seq.request_id, ttft_s=round(now - seq.timings.submitted, 4))
         seq.generated.append(token)
         self._metrics.on_token(seq.request_id, now)
+        recorder = seq.sampler.logprobs if seq.sampler is not None else None
+        logprob = recorder.take(token) if recorder is not None else None
         if token in seq.stop_ids:
             return  # the scheduler ends it in update(); the token is never shown
         if seq.constraint is not None:
@@ -549,7 +574,14 @@ class StepExecutor:
         match = seq.stops.feed(seq.detokenizer.add(token))
         # One event per token, even when its text is still held back (partial character,
         # possible stop-string prefix): consumers see every id the model produced.
-        seq.stream.push(EngineEvent(seq.request_id, text=match.emit, token_ids=(token,)))
+        seq.stream.push(
+            EngineEvent(
+                seq.request_id,
+                text=match.emit,
+                token_ids=(token,),
+                logprobs=() if logprob is None else (logprob,),
+            )
+        )
         if match.matched is not None:
             self._scheduler.finish(seq.request_id, "external")
             self._end(seq, FinishReason.STOP_STRING, matched_stop=match.matched)
@@ -659,6 +691,12 @@ def _sampler(seq: Sequence) -> RequestSampler:
     if seq.sampler is None:
         seq.sampler = RequestSampler(seq.request.sampling)
     return seq.sampler
+
+
+def _record_logprobs(seq: Sequence, logits: mx.array) -> None:
+    recorder = _sampler(seq).logprobs
+    if recorder is not None:
+        recorder.record(logits)
 
 
 def _rope_deltas(seqs: list[Sequence]) -> list[int] | None:

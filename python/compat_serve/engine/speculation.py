@@ -100,15 +100,26 @@ class NGramDrafter:
 @dataclass
 class RowState:
     """Adaptive draft length per row: grows while drafts are accepted, halves on a miss;
-    a row that misses again and again drafts nothing for a growing number of steps."""
+    a row that misses again and again drafts nothing for a growing number of steps.
+    `rate` estimates the chance that the next drafted token is accepted (per-token
+    hits over trials, decayed so it follows the row's recent text)."""
 
     limit: int
     k: int = 0
     misses: int = 0
     cooldown: int = 0
+    hits: float = 0.0
+    trials: float = 0.0
+    # The request's totals, for /v1/status.
+    drafted: int = 0
+    accepted: int = 0
 
     def __post_init__(self) -> None:
         self.k = self.limit
+
+    @property
+    def rate(self) -> float:
+        return (self.hits + 1.0) / (self.trials + 2.0)
 
     def wants_draft(self) -> bool:
         if self.cooldown > 0:
@@ -119,6 +130,10 @@ class RowState:
     def record(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
             return
+        # Drafts are accepted token by token until the first miss: `accepted` hits, and
+        # one failed trial unless the whole draft was kept.
+        self.hits = RATE_DECAY * self.hits + accepted
+        self.trials = RATE_DECAY * self.trials + accepted + (accepted < drafted)
         if accepted == drafted:
             self.k = min(self.limit, self.k + 1)
             self.misses = 0
@@ -132,6 +147,78 @@ class RowState:
             self.misses = 0
 
 
+RATE_DECAY = 0.8
+
+
+class StepCosts:
+    """Wall time of a decode forward of `rows` rows by `width` positions (1: a plain step;
+    more: a verify step, its rollback included), measured online as a moving average.
+
+    What a verify step costs against a plain one depends on the platform and the shape:
+    on a GPU a few more positions cost about nothing (decode reads the weights once
+    either way), on a CPU whose plain step has a one-position fast path they can cost
+    twice a step. So nothing is assumed: `choose_width` compares measured costs, and an
+    unmeasured shape is tried once (estimated at a plain step's cost, the GPU case), and
+    again every `REEXPLORE_EVERY` steps so a cost measured under a load spike does not
+    stick."""
+
+    SMOOTHING = 0.3
+    REEXPLORE_EVERY = 64
+
+    def __init__(self) -> None:
+        self._mean: dict[tuple[int, int], float] = {}
+        self._plain_since_verify = 0
+
+    def observe(self, rows: int, width: int, seconds: float) -> None:
+        key = (rows, width)
+        old = self._mean.get(key)
+        self._mean[key] = seconds if old is None else old + self.SMOOTHING * (seconds - old)
+        if width > 1:
+            self._plain_since_verify = 0
+
+    def estimate(self, rows: int, width: int) -> float | None:
+        """The measured cost, else the dearest measured narrower shape of as many rows
+        (a wider forward costs no less), else None."""
+        exact = self._mean.get((rows, width))
+        if exact is not None:
+            return exact
+        known = [c for (r, w), c in self._mean.items() if r == rows and w <= width]
+        return max(known) if known else None
+
+    def choose_width(self, drafts: list[list[int]], rates: list[float]) -> int:
+        """How many drafted tokens per row to verify this step (0: a plain step): the cap
+        that maximises expected emitted tokens per second. A row with draft `d` and
+        acceptance rate `a` emits `1 + a + a^2 + ... + a^min(cap, len(d))` tokens."""
+        rows = len(drafts)
+        plain = self.estimate(rows, 1)
+        longest = max((len(d) for d in drafts), default=0)
+        if longest == 0:
+            return 0
+        if plain is None:  # try speculation first, then measure a plain step
+            return 0 if any(r == rows for r, _ in self._mean) else longest
+        explore = self._plain_since_verify >= self.REEXPLORE_EVERY
+        best, best_rate = 0, rows / plain
+        for cap in range(1, longest + 1):
+            cost = None if explore else self._mean.get((rows, cap + 1))
+            if cost is None and not explore:
+                narrower = self.estimate(rows, cap + 1)
+                cost = plain if narrower is None else max(narrower, plain)
+            expected = sum(
+                sum(rate**j for j in range(min(cap, len(draft)) + 1))
+                for draft, rate in zip(drafts, rates, strict=True)
+            )
+            tokens_per_s = expected / (cost if cost is not None else plain)
+            if tokens_per_s > best_rate:
+                best, best_rate = cap, tokens_per_s
+        if best == 0:
+            self._plain_since_verify += 1
+        return best
+
+    def status(self) -> dict[str, float]:
+        """Measured costs in ms by shape, e.g. `{"4x1": 61.2, "4x5": 118.0}`."""
+        return {f"{r}x{w}": round(c * 1000, 1) for (r, w), c in sorted(self._mean.items())}
+
+
 @dataclass
 class SpeculationStats:
     """Counters for /metrics and /v1/status (written by the engine thread)."""
@@ -143,6 +230,7 @@ class SpeculationStats:
     emitted: int = 0
     disabled_reason: str | None = None
     per_row: dict[str, RowState] = field(default_factory=dict)
+    costs: StepCosts = field(default_factory=StepCosts)
 
     def status(self) -> dict[str, object]:
         rate = self.accepted / self.drafted if self.drafted else None
@@ -154,6 +242,7 @@ class SpeculationStats:
             "accepted_tokens": self.accepted,
             "acceptance_rate": round(rate, 4) if rate is not None else None,
             "tokens_per_verify_step": round(self.emitted / self.steps, 3) if self.steps else None,
+            "step_costs_ms": self.costs.status(),
         }
 
     def render(self) -> list[str]:

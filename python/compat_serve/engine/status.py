@@ -21,6 +21,9 @@ class RequestStatus:
     submitted_at: float = 0.0
     ttft_s: float | None = None
     decode_tokens_per_s: float | None = None
+    # Speculative decoding: tokens drafted for this request and accepted by the model.
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 class StatusBoard:
