@@ -224,7 +224,7 @@ class StepExecutor:
         started = time.perf_counter()
         try:
             logits = self._runner.decode_logits(
-                self._batch.cache, [s.generated[-1] for s in seqs], _rope_deltas(seqs)
+                self._batch.cache, [s.generated[-1] for s in seqs], *_rope_args(seqs)
             )
             logits, grammar_errors = self._constrain(logits, seqs)
             tokens = sample_rows(logits, [_sampler(s) for s in seqs])
@@ -285,7 +285,7 @@ class StepExecutor:
         started = time.perf_counter()
         try:
             rows = [[seq.generated[-1], *draft] for seq, draft in zip(seqs, drafts, strict=True)]
-            logits = self._runner.verify_logits(self._batch.cache, rows, _rope_deltas(seqs))
+            logits = self._runner.verify_logits(self._batch.cache, rows, *_rope_args(seqs))
             mx.eval(logits)
             emitted = self._verify(logits, seqs, drafts)
             width = max(len(row) for row in rows)
@@ -699,10 +699,11 @@ def _record_logprobs(seq: Sequence, logits: mx.array) -> None:
         recorder.record(logits)
 
 
-def _rope_deltas(seqs: list[Sequence]) -> list[int] | None:
-    """Each row's M-RoPE position delta (image rows of vision-language models)."""
+def _rope_args(seqs: list[Sequence]) -> tuple[list[int], ...]:
+    """`(deltas,)`: each row's M-RoPE position delta when a row has one (image rows of
+    vision-language models); `()` otherwise, so text batches call exactly as before."""
     deltas = [s.request.vision.rope_delta if s.request.vision is not None else 0 for s in seqs]
-    return deltas if any(deltas) else None
+    return (deltas,) if any(deltas) else ()
 
 
 def _kept(tokens: list[int] | GrammarError) -> int:
