@@ -21,6 +21,10 @@ from compat_serve.parsers.registry import (
     resolve_reasoning,
     resolve_tool_format,
 )
+from compat_serve.server.sampling_defaults import (
+    check_sampling_flags,
+    resolve_sampling_defaults,
+)
 from compat_serve.server.state import ServerState
 
 log = logging.getLogger("compat_serve")
@@ -58,6 +62,8 @@ class ServeOptions:
     max_output_tokens: int | None = None
     max_request_bytes: int = 32 * 1024 * 1024
     default_temperature: float | None = None
+    default_top_p: float | None = None
+    default_top_k: int | None = None
     tool_parser: str = "auto"
     reasoning_parser: str = "auto"
 
@@ -106,8 +112,7 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         raise ValueError("--max-output-tokens must be at least 1")
     if options.max_request_bytes < 1024:
         raise ValueError("--max-request-bytes must be at least 1024")
-    if options.default_temperature is not None and not 0 <= options.default_temperature <= 2:
-        raise ValueError("--default-temperature must be between 0 and 2")
+    check_sampling_flags(options.default_temperature, options.default_top_p, options.default_top_k)
     if options.max_queue < 1:
         raise ValueError("--max-queue must be at least 1")
     engine_config = _engine_config(options)
@@ -145,6 +150,14 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
                 options.tool_parser,
             )
     traits = builder.traits
+    sampling_defaults = resolve_sampling_defaults(
+        loaded.generation_config,
+        loaded.generation_config_source,
+        temperature=options.default_temperature,
+        top_p=options.default_top_p,
+        top_k=options.default_top_k,
+    )
+    log.info("sampling defaults for requests that send none: %s", sampling_defaults.describe())
     engine = Engine(loaded, engine_config)
     name = options.served_model_name or loaded.name
     engine.vllm_metrics.model_name = name
@@ -169,7 +182,7 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         inline_system_policy=traits.inline_system,
         max_request_bytes=options.max_request_bytes,
         max_output_tokens=options.max_output_tokens,
-        default_temperature=options.default_temperature,
+        sampling_defaults=sampling_defaults,
         output_parsing=output_parsing,
         cache_salt_per_key=options.cache_salt_per_key,
     )

@@ -189,8 +189,21 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--default-temperature",
         type=float,
-        help="temperature for requests that set none (default 1.0, as both APIs specify); "
-        "0 makes agents that never send one, like Claude Code, deterministic",
+        help="temperature for requests that set none (default: the model's "
+        "generation_config.json, else 1.0 as both APIs specify); 0 makes agents that "
+        "never send one, like Claude Code, deterministic",
+    )
+    p.add_argument(
+        "--default-top-p",
+        type=float,
+        help="top_p for requests that set none (default: the model's "
+        "generation_config.json, else 1.0)",
+    )
+    p.add_argument(
+        "--default-top-k",
+        type=int,
+        help="top_k for requests that set none, 0 = off (default: the model's "
+        "generation_config.json, else off)",
     )
     p.add_argument(
         "--max-request-bytes",
@@ -331,6 +344,8 @@ def _serve(ns: argparse.Namespace) -> int:
                 max_output_tokens=ns.max_output_tokens,
                 max_request_bytes=ns.max_request_bytes,
                 default_temperature=ns.default_temperature,
+                default_top_p=ns.default_top_p,
+                default_top_k=ns.default_top_k,
                 tool_parser=ns.tool_parser,
                 reasoning_parser=ns.reasoning_parser,
             )

@@ -398,9 +398,15 @@ def test_empty_messages_are_rejected() -> None:
 
 def test_sampling_params() -> None:
     s = chat([user("hi")]).sampling
-    # Unset temperature stays unset (the server default applies), effectively 1.0.
-    assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.stop_strings) == (2048, None, 1, 0, ())
-    assert s.effective_temperature == 1.0
+    # Unset sampling fields stay unset (the server's defaults apply), effectively 1.0/1.0/off.
+    assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.stop_strings) == (
+        2048,
+        None,
+        None,
+        None,
+        (),
+    )
+    assert (s.effective_temperature, s.effective_top_p, s.effective_top_k) == (1.0, 1.0, 0)
     stops = ["END", "", "##"]
     s = chat([user("hi")], temperature=0.2, top_p=0.9, top_k=40, stop_sequences=stops).sampling
     assert (s.temperature, s.top_p, s.top_k, s.stop_strings) == (0.2, 0.9, 40, ("END", "##"))

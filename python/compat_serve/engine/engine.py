@@ -150,6 +150,8 @@ class Engine:
         self.status = StatusBoard()
         self.metrics = EngineMetrics(loaded.name)
         self._runner = ModelRunner(loaded)
+        if self._runner.features is not None:
+            self.metrics.extra_renderers.append(self._runner.features.render_metrics)
         tokenizer = loaded.tokenizer
         self._eos_ids = frozenset(tokenizer.eos_token_ids)
         self._special_ids = frozenset(tokenizer.special_token_ids)
@@ -267,6 +269,11 @@ class Engine:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def vision_encoder_runs(self) -> int:
+        """Vision-encoder forward passes so far (0 for text-only models)."""
+        return self._runner.features.encoder_runs if self._runner.features is not None else 0
+
     def submit(
         self, request: EngineRequest, loop: asyncio.AbstractEventLoop | None = None
     ) -> RequestStream:
@@ -278,6 +285,8 @@ class Engine:
             raise PromptTooLong(len(request.prompt_ids), max_prompt)
         if not request.prompt_ids:
             raise ValueError("the prompt is empty")
+        if request.vision is not None and self._runner.features is None:
+            raise ValueError("this model is text-only and cannot read images")
         constraint = self.compile_grammar(request.grammar) if request.grammar else None
         with self._queued_lock:
             if self._queued >= self.config.max_queue:
@@ -285,7 +294,10 @@ class Engine:
             self._queued += 1
         stream = RequestStream(request.request_id, loop or asyncio.get_running_loop(), self.abort)
         if self.prefix is not None:
-            stream.cache_preview = self.prefix.preview(request.prompt_ids, request.cache_salt)
+            images = request.vision.cache_keys() if request.vision is not None else None
+            stream.cache_preview = self.prefix.preview(
+                request.prompt_ids, request.cache_salt, images
+            )
         seq = Sequence(
             request=request,
             stream=stream,

@@ -25,7 +25,7 @@ class ModelRunner:
         # Vision-language models (models/vlm.py): image rows prefill from embeddings.
         self.features: FeatureCache | None = None
         if hasattr(self._model, "encode_image"):
-            self.features = FeatureCache(self._model)  # type: ignore[arg-type]
+            self.features = FeatureCache(self._model)
 
     def _forward(
         self, cache: list[Any], token_ids: list[int], vision: VisionInput | None, start: int
@@ -38,7 +38,7 @@ class ModelRunner:
         assert self.features is not None, "images sent to a text-only model"
         ids, embeddings, positions = chunk_inputs(
             self.features,
-            self._model,  # type: ignore[arg-type]
+            self._model,
             vision,
             start,
             token_ids,

@@ -54,8 +54,8 @@ class RequestSampler:
         if p.greedy:
             return mx.argmax(logits, axis=-1)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        logprobs = _mask_top_k(logprobs, p.top_k)
-        logprobs = _mask_top_p(logprobs, p.top_p)
+        logprobs = _mask_top_k(logprobs, p.effective_top_k)
+        logprobs = _mask_top_p(logprobs, p.effective_top_p)
         self._key, step_key = mx.random.split(self._key)
         return mx.random.categorical(logprobs * (1.0 / p.effective_temperature), key=step_key)
 
@@ -65,8 +65,8 @@ class RequestSampler:
         p = self._params
         logprobs = logits.astype(mx.float32)
         logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
-        logprobs = _mask_top_k(logprobs, p.top_k)
-        logprobs = _mask_top_p(logprobs, p.top_p)
+        logprobs = _mask_top_k(logprobs, p.effective_top_k)
+        logprobs = _mask_top_p(logprobs, p.effective_top_p)
         return mx.softmax(logprobs * (1.0 / p.effective_temperature), axis=-1)
 
 

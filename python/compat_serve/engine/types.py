@@ -30,10 +30,11 @@ class SamplingParams:
     """Per-request sampling settings (never shared across a batch)."""
 
     max_tokens: int
-    # None: not set by the client; the server's --default-temperature or else 1.0 applies.
+    # None: not set by the client; the server fills in its defaults
+    # (server/sampling_defaults.py), else 1.0 / 1.0 (off) / 0 (off) apply.
     temperature: float | None = None
-    top_p: float = 1.0
-    top_k: int = 0
+    top_p: float | None = None
+    top_k: int | None = None
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -43,6 +44,14 @@ class SamplingParams:
     @property
     def effective_temperature(self) -> float:
         return 1.0 if self.temperature is None else self.temperature
+
+    @property
+    def effective_top_p(self) -> float:
+        return 1.0 if self.top_p is None else self.top_p
+
+    @property
+    def effective_top_k(self) -> int:
+        return 0 if self.top_k is None else self.top_k
 
     @property
     def greedy(self) -> bool:

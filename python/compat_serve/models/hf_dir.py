@@ -119,6 +119,19 @@ def load_hf_dir(
     model_dir = Path(path)
     if not (model_dir / "config.json").is_file():
         raise ModelLoadError(f"{model_dir}: not a model directory (no config.json)")
+    config_json = read_config(model_dir)
+    if isinstance(config_json.get("vision_config"), dict):
+        from compat_serve.models.vlm import load_vlm_dir
+
+        vlm = load_vlm_dir(
+            model_dir,
+            config_json,
+            dtype=dtype,
+            source=source or str(model_dir),
+            name=name or model_dir.resolve().name,
+        )
+        if vlm is not None:
+            return vlm
     plan = resolve_dtype(dtype)
     t0 = time.perf_counter()
     logger.info("loading model directory %s", model_dir)
@@ -151,6 +164,7 @@ def load_hf_dir(
         source=source or str(model_dir),
         dtype=dtype_name,
         model_type=model_type,
+        generation_config=read_json(model_dir / "generation_config.json"),
         extra={
             "format": "mlx-dir",
             "config": config,

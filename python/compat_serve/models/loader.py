@@ -65,7 +65,9 @@ def load_model(
     resolve_dtype(dtype, warn=False)
     override = read_chat_template_file(chat_template_path) if chat_template_path else None
     loaded = _dispatch(spec, dtype)
-    if compute_backend() == "cpu":
+    # The CPU fast paths rewrite mlx-lm modules; a vision-language model runs as mlx-vlm
+    # wrote it.
+    if compute_backend() == "cpu" and loaded.extra.get("vision") is None:
         kernel = kernel_available()
         if kernel:
             routed = install_skinny_linears(loaded.model)
@@ -100,11 +102,20 @@ def replace_chat_template(loaded: LoadedModel, template: str, origin: str) -> Lo
 
 def _dispatch(spec: str | None, dtype: str | None) -> LoadedModel:
     if spec is None or spec == "":
-        from compat_serve.models.embedded import EMBEDDED_FILE, embedded_model_path
+        from compat_serve.models.embedded import (
+            EMBEDDED_FILE,
+            EMBEDDED_GENERATION_CONFIG,
+            EMBEDDED_GENERATION_SOURCE,
+            embedded_model_path,
+        )
         from compat_serve.models.gguf import load_gguf
 
         path = embedded_model_path()
-        return load_gguf(str(path), dtype=dtype, source=f"embedded:{EMBEDDED_FILE}")
+        return dataclasses.replace(
+            load_gguf(str(path), dtype=dtype, source=f"embedded:{EMBEDDED_FILE}"),
+            generation_config=dict(EMBEDDED_GENERATION_CONFIG),
+            generation_config_source=EMBEDDED_GENERATION_SOURCE,
+        )
     path = Path(spec).expanduser()
     if path.is_file():
         if path.suffix.lower() == ".gguf":

@@ -33,3 +33,7 @@ class LoadedModel:
     # Architecture id as mlx-lm knows it ("llama", "qwen3", ...).
     model_type: str
     extra: dict[str, Any] = field(default_factory=dict)
+    # Sampling the publisher recommends (`generation_config.json`: temperature, top_p,
+    # top_k), and where it was read from; requests that send none get it.
+    generation_config: dict[str, Any] = field(default_factory=dict)
+    generation_config_source: str = "generation_config.json"

@@ -29,6 +29,7 @@ def _model_card(request: Request) -> dict[str, Any]:
         "owned_by": "compat-serve",
         **context_fields(state),
         "inline_system_policy": state.inline_system_policy,
+        "sampling_defaults": state.sampling_defaults.as_dict(),
     }
 
 

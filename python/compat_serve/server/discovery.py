@@ -140,9 +140,9 @@ async def llama_props(request: Request) -> dict[str, Any]:
             "n_ctx": state.context_length,
             "model": state.served_model_name,
             "params": {
-                "temperature": 1.0
-                if state.default_temperature is None
-                else state.default_temperature,
+                "temperature": state.sampling_defaults.temperature,
+                "top_p": state.sampling_defaults.top_p,
+                "top_k": state.sampling_defaults.top_k,
                 "n_predict": -1 if state.max_output_tokens is None else state.max_output_tokens,
             },
         },

@@ -79,8 +79,7 @@ def submit(
     cap = state.max_output_tokens
     if cap is not None and sampling.max_tokens > cap:
         sampling = dataclasses.replace(sampling, max_tokens=cap)
-    if sampling.temperature is None and state.default_temperature is not None:
-        sampling = dataclasses.replace(sampling, temperature=state.default_temperature)
+    sampling = state.sampling_defaults.apply(sampling)
     if sampling.temperature is not None and 0 < sampling.temperature < MIN_TEMPERATURE:
         # Greedy in the limit; dividing logits by 1e-135 overflows them to inf, and the
         # NaNs that follow let a grammar-masked token through.

@@ -34,6 +34,7 @@ async def status(request: Request) -> dict[str, Any]:
         "kv_tokens_reserved": int(engine.metrics.kv_tokens_reserved.value()),
         "kv_tokens_capacity": engine.kv_capacity_tokens,
         "speculation": engine.speculation_status(),
+        "sampling_defaults": state.sampling_defaults.as_dict(),
         "requests": rows,
     }
 

@@ -35,6 +35,16 @@ def _object(properties: dict[str, JsonSchema], *, optional: tuple[str, ...] = ()
     return {"type": "object", "properties": properties, "required": required}
 
 
+# What requests that send no temperature / top_p / top_k get, and where each came from.
+_SAMPLING_DEFAULTS = _object(
+    {
+        "temperature": {"type": "number"},
+        "top_p": {"type": "number"},
+        "top_k": _INT,
+        "sources": _object({"temperature": _STR, "top_p": _STR, "top_k": _STR}),
+    }
+)
+
 _OPENAI_USAGE = _object(
     {
         "prompt_tokens": _INT,
@@ -197,6 +207,7 @@ SCHEMAS: dict[str, JsonSchema] = {
             ),
             "meta": _object({"n_ctx_train": _INT, "n_ctx": _INT, "n_vocab": _INT}),
             "inline_system_policy": _STR,
+            "sampling_defaults": _SAMPLING_DEFAULTS,
         }
     ),
     "ModelList": _object(
@@ -218,6 +229,7 @@ SCHEMAS: dict[str, JsonSchema] = {
             "decode_batch_size": _INT,
             "kv_tokens_reserved": _INT,
             "kv_tokens_capacity": _INT,
+            "sampling_defaults": _SAMPLING_DEFAULTS,
             "requests": {"type": "array", "items": {"type": "object"}},
         }
     ),

@@ -58,8 +58,8 @@ def _generate_request(
         "sampling_params": {
             "max_tokens": sampling.max_tokens,
             "temperature": sampling.effective_temperature,
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k,
+            "top_p": sampling.effective_top_p,
+            "top_k": sampling.effective_top_k,
             "seed": sampling.seed,
             "stop": list(sampling.stop_strings),
             "stop_token_ids": list(sampling.stop_token_ids),
@@ -77,7 +77,8 @@ async def render_chat(body: ChatCompletionRequest, request: Request) -> dict[str
     check_model_name(state, body.model)
     chat = adapter.chat_request(body, default_max_tokens=state.context_length)
     prompt = await build_chat_prompt(state, chat)
-    return _generate_request(new_id("chatcmpl-"), prompt.token_ids, chat.sampling, body.model)
+    sampling = state.sampling_defaults.apply(chat.sampling)
+    return _generate_request(new_id("chatcmpl-"), prompt.token_ids, sampling, body.model)
 
 
 @router.post("/v1/completions/render")
@@ -87,6 +88,8 @@ async def render_completion(body: CompletionRequest, request: Request) -> list[d
     if body.suffix:  # as /v1/completions
         raise ApiError(400, "suffix: not supported", param="suffix")
     prompt = adapter.completion_prompt(body)
-    sampling = adapter.sampling_params(body, body.max_tokens, default_max_tokens=16)
+    sampling = state.sampling_defaults.apply(
+        adapter.sampling_params(body, body.max_tokens, default_max_tokens=16)
+    )
     ids = await completion_ids(state, prompt)
     return [_generate_request(new_id("cmpl-"), ids, sampling, body.model)]

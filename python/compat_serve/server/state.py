@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from compat_serve.server.sampling_defaults import SamplingDefaults
 
 if TYPE_CHECKING:
     from compat_serve.chat.prompt import PromptBuilder
@@ -27,8 +29,9 @@ class ServerState:
     # Seconds between Anthropic `ping` events while a stream waits for tokens: Claude
     # Code abandons a request after ~300 s without a byte.
     ping_interval_s: float = 10.0
-    # Temperature for requests that set none (Claude Code never does); None: 1.0.
-    default_temperature: float | None = None
+    # Temperature / top_p / top_k for requests that set none (Claude Code never sends a
+    # temperature): flags, else the model's generation_config, else 1.0 / 1.0 / off.
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     # Salt prefix-cache hashes with the presented API key (--cache-salt-per-key).
     cache_salt_per_key: bool = False
     # How this model writes tool calls and reasoning (None: all output is text).

@@ -104,10 +104,11 @@ class PrefixCaching:
         """Open the request's table; returns how many prompt tokens are cached."""
         prompt = list(seq.request.prompt_ids)
         salt = seq.request.cache_salt
+        images = _images(seq)
         limit = len(prompt)
         if self.hybrid:
-            limit = self._last_snapshot_end(prompt, salt) + 1
-        admission = self.cache.admit(seq.request_id, prompt[:limit], salt)
+            limit = self._last_snapshot_end(prompt, salt, images) + 1
+        admission = self.cache.admit(seq.request_id, prompt[:limit], salt, images)
         blocks = list(admission.block_ids)
         usable = next((i for i, b in enumerate(blocks) if not self.store.has_block(b)), None)
         if usable is not None:  # tensors missing: serve only what is really there
@@ -115,7 +116,7 @@ class PrefixCaching:
             log.warning("%s: prefix cache block without tensors; recomputing", seq.request_id)
             self.cache.release(seq.request_id)
             admission = self.cache.admit(
-                seq.request_id, prompt[: usable * self.block_size + 1], salt
+                seq.request_id, prompt[: usable * self.block_size + 1], salt, images
             )
             blocks = list(admission.block_ids)
         cached = admission.cached_tokens
@@ -127,8 +128,15 @@ class PrefixCaching:
             pieces += [(kv, self.block_size) for kv in overflow]
             cached += (len(promoted) + len(overflow)) * self.block_size
         if not self.hybrid:
+            limit = len(prompt) - 1 - cached
+            vision = seq.request.vision
+            image_at = vision.first_image_at_or_after(cached) if vision is not None else None
+            if image_at is not None:
+                # Tails and child blocks match by token ids, and an image's placeholder
+                # ids are the same for every image: never read into an image this way.
+                limit = min(limit, image_at - cached)
             hit = self._partial(
-                self._parent_key(prompt[:cached], salt), prompt[cached:], len(prompt) - 1 - cached
+                self._parent_key(prompt[:cached], salt, images), prompt[cached:], limit
             )
             if hit is not None:
                 self.cache.append(seq.request_id, prompt[cached : cached + hit.length])
@@ -184,7 +192,9 @@ class PrefixCaching:
         start, usable = cached // bs, (len(prompt) - 1) // bs
         if start >= usable:
             return [], [], 0
-        hashes = self.cache.block_hashes(prompt[: usable * bs], seq.request.cache_salt)
+        hashes = self.cache.block_hashes(
+            prompt[: usable * bs], seq.request.cache_salt, _images(seq)
+        )
         found: list[BlockKV] = []
         from_disk = 0
         for i in range(start, usable):
@@ -214,11 +224,11 @@ class PrefixCaching:
             self.events.stored(stored)
         return [b.block_id for b in filled], found[len(filled) :], from_disk
 
-    def _parent_key(self, tokens: list[int], salt: bytes | None) -> bytes:
+    def _parent_key(self, tokens: list[int], salt: bytes | None, images: _Images = None) -> bytes:
         """What a tail or child block after `tokens` (whole blocks) is stored under."""
         if not tokens:
             return _root_key(salt)
-        hashes: list[bytes] = self.cache.block_hashes(tokens, salt)
+        hashes: list[bytes] = self.cache.block_hashes(tokens, salt, images)
         return hashes[-1]
 
     def metrics(self) -> dict[str, float]:
@@ -247,19 +257,23 @@ class PrefixCaching:
             "disk_writing": float(disk.writing) if disk is not None else 0.0,
         }
 
-    def preview(self, prompt: Seq[int], salt: bytes | None) -> tuple[int, int]:
+    def preview(
+        self, prompt: Seq[int], salt: bytes | None, images: _Images = None
+    ) -> tuple[int, int]:
         """(read, creation) tokens a request would get now; safe from any thread."""
         tokens = list(prompt)
         if self.hybrid:
-            read = self._last_snapshot_end(tokens, salt)
+            read = self._last_snapshot_end(tokens, salt, images)
         else:
-            read = self.cache.lookup(tokens, salt)
+            read = self.cache.lookup(tokens, salt, images)
         full = len(tokens) // self.block_size * self.block_size
         return read, max(0, full - read)
 
-    def _last_snapshot_end(self, prompt: list[int], salt: bytes | None) -> int:
+    def _last_snapshot_end(
+        self, prompt: list[int], salt: bytes | None, images: _Images = None
+    ) -> int:
         """End of the last block with a state snapshot, leaving a token to compute."""
-        hashes = self.cache.block_hashes(prompt, salt)
+        hashes = self.cache.block_hashes(prompt, salt, images)
         usable = min(len(hashes), (len(prompt) - 1) // self.block_size)
         disk = self.disk
         for i in range(usable - 1, -1, -1):
@@ -275,7 +289,7 @@ class PrefixCaching:
         seq.cache_tail = None
         if self.hybrid and seq.cached_tokens:
             prompt = list(seq.request.prompt_ids[: seq.cached_tokens])
-            last = self.cache.block_hashes(prompt, seq.request.cache_salt)[-1]
+            last = self.cache.block_hashes(prompt, seq.request.cache_salt, _images(seq))[-1]
             if not self.store.has_snapshot(last) and self.disk is not None:
                 entry = self.disk.load(_snapshot_key(last))
                 if entry is not None and entry.snapshot is not None:
@@ -307,7 +321,7 @@ class PrefixCaching:
         self._store_filled(seq, filled, request_kv(cache), 0, (start, end))
         if self.hybrid and end % self.block_size == 0 and end > 0 and filled:
             known = seq.known_tokens(0, end)
-            last = self.cache.block_hashes(known, seq.request.cache_salt)[-1]
+            last = self.cache.block_hashes(known, seq.request.cache_salt, _images(seq))[-1]
             if not self.store.has_snapshot(last):
                 self.store.store_snapshot(last, cache)
                 if self.disk is not None:
@@ -356,10 +370,14 @@ class PrefixCaching:
         assert self.tails is not None
         end = seq.cache_appended
         full = end // self.block_size * self.block_size
+        vision = seq.request.vision
+        image_at = vision.first_image_at_or_after(full) if vision is not None else None
+        if image_at is not None:  # a tail is matched by token ids: keep images out of it
+            end = min(end, image_at)
         if end == full:
             return
         tokens = seq.known_tokens(full, end)
-        parent = self._parent_key(seq.known_tokens(0, full), seq.request.cache_salt)
+        parent = self._parent_key(seq.known_tokens(0, full), seq.request.cache_salt, _images(seq))
         covered = self.tails.covered(parent, tokens)
         if covered >= len(tokens):
             return
@@ -371,7 +389,9 @@ class PrefixCaching:
     def preempted(self, seq: Sequence) -> None:
         """Its cache is gone and it recomputes from 0: start a fresh table."""
         self.cache.release(seq.request_id)
-        self.cache.admit(seq.request_id, list(seq.request.prompt_ids[:1]), seq.request.cache_salt)
+        self.cache.admit(
+            seq.request_id, list(seq.request.prompt_ids[:1]), seq.request.cache_salt, _images(seq)
+        )
         seq.cached_blocks = []
         seq.cached_tokens = 0
         seq.cache_appended = 0
@@ -411,7 +431,7 @@ class PrefixCaching:
         salt = seq.request.cache_salt
         last = max([b.start_token // bs for b in new] + spill)
         known = seq.known_tokens(0, (last + 1) * bs)
-        hashes = self.cache.block_hashes(known, salt)
+        hashes = self.cache.block_hashes(known, salt, _images(seq))
         stored = []
         for block in new:
             start = block.start_token
@@ -505,6 +525,15 @@ _SNAPSHOTS = "snapshots"
 
 def _snapshot_key(block_hash: bytes) -> str:
     return "s" + block_hash.hex()
+
+
+_Images = list[tuple[int, int, bytes]] | None
+
+
+def _images(seq: Sequence) -> _Images:
+    """The request's images as the block hasher's per-block keys (None: text only)."""
+    vision = seq.request.vision
+    return vision.cache_keys() if vision is not None else None
 
 
 def _root_key(salt: bytes | None) -> bytes:

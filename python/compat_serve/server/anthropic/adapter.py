@@ -373,7 +373,7 @@ def _sampling(
     return SamplingParams(
         max_tokens=body.max_tokens,
         temperature=body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
+        top_p=body.top_p,
+        top_k=body.top_k,
         stop_strings=tuple(s for s in body.stop_sequences or () if s),
     )

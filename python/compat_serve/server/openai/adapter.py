@@ -45,8 +45,8 @@ def sampling_params(
     return SamplingParams(
         max_tokens=default_max_tokens if max_tokens is None else max_tokens,
         temperature=body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=max(0, body.top_k or 0),
+        top_p=body.top_p,
+        top_k=None if body.top_k is None else max(0, body.top_k),
         seed=None if body.seed is None else body.seed % 2**64,
         stop_strings=tuple(s for s in stops if s),
         stop_token_ids=tuple(body.stop_token_ids or ()),

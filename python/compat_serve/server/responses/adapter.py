@@ -34,7 +34,7 @@ def _sampling(body: ResponsesRequest, default_max_tokens: int) -> SamplingParams
     return SamplingParams(
         max_tokens=body.max_output_tokens or default_max_tokens,
         temperature=body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
+        top_p=body.top_p,
         stop_strings=tuple(s for s in stops if s),
     )
 

@@ -1,0 +1,277 @@
+"""Vision-language models: mlx-vlm's model classes and torch-free image processors, driven
+step by step by compat-serve's engine (never mlx-vlm's generator, server or cache).
+
+A model directory whose config.json has a `vision_config` loads here when mlx-vlm is
+installed (`compat-serve[vision]`) and the architecture is supported; the engine then
+sees a `VisionLanguageModel`: called like an mlx-lm model on token ids (text rows:
+positions from each row's cache offset plus its M-RoPE delta), or on input embeddings
+with explicit positions (image rows, built by the runner from `engine/vision.py`).
+Caches are mlx-lm's own (`make_prompt_cache` over `.layers`), so the prefix cache,
+snapshots and batching work unchanged. Nothing here keeps per-request state on the model
+(mlx-vlm's language model caches rope deltas on itself; we always pass positions).
+
+Only this module and `engine/vision.py` import mlx_vlm, lazily: the text-only install
+never imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx.nn.layers.base import Module
+
+from compat_serve._native import image_hash
+from compat_serve.engine.vision import ImageSpan, VisionInput
+from compat_serve.models.errors import ModelLoadError
+from compat_serve.models.types import LoadedModel
+
+__all__ = [
+    "SUPPORTED_VLM_TYPES",
+    "PreparedImage",
+    "VisionLanguageModel",
+    "VisionProcessor",
+    "load_vlm_dir",
+    "vision_architecture",
+]
+
+log = logging.getLogger(__name__)
+
+# mlx-vlm model types whose language model takes (3, B, L) M-RoPE positions.
+SUPPORTED_VLM_TYPES = frozenset({"qwen2_5_vl", "qwen2_vl"})
+
+
+def vision_architecture(config: dict[str, Any]) -> str | None:
+    """The model type when `config` describes a vision-language model, else None."""
+    if not isinstance(config.get("vision_config"), dict):
+        return None
+    return str(config.get("model_type", ""))
+
+
+class VisionLanguageModel(Module):
+    """The language model of an mlx-vlm Qwen-VL, called the way the engine calls models.
+
+    `model(inputs[B, L], cache=...)` returns logits `[B, L, vocab]`. Positions are, per
+    row, the cache offset (a `BatchKVCache` has one per row) plus `rope_deltas[row]` on
+    all three M-RoPE axes; `positions` (`[3, B, L]`) overrides them and
+    `input_embeddings` (`[B, L, D]`) replaces the token embeddings (image rows)."""
+
+    def __init__(self, vlm: Module) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.vlm = vlm
+
+    @property
+    def layers(self) -> list[Any]:
+        layers: list[Any] = self.vlm.language_model.model.layers
+        return layers
+
+    def embed(self, inputs: mx.array) -> mx.array:
+        out: mx.array = self.vlm.language_model.model.embed_tokens(inputs)
+        return out
+
+    def encode_image(self, pixel_values: Any, grid: tuple[int, int, int]) -> mx.array:
+        """The vision tower's features of one image: `[tokens, hidden]`."""
+        tower = self.vlm.vision_tower
+        pixels = mx.array(pixel_values).astype(tower.patch_embed.proj.weight.dtype)
+        out: mx.array = tower(pixels, mx.array([list(grid)]), output_hidden_states=False)
+        return out
+
+    def __call__(
+        self,
+        inputs: mx.array,
+        cache: list[Any] | None = None,
+        *,
+        input_embeddings: mx.array | None = None,
+        positions: mx.array | None = None,
+        rope_deltas: Sequence[int] | None = None,
+    ) -> mx.array:
+        lm = self.vlm.language_model
+        rows, length = inputs.shape[0], inputs.shape[1]
+        if positions is None:
+            offset = cache[0].offset if cache else 0
+            base = (
+                offset.reshape(-1, 1).astype(mx.int32)
+                if isinstance(offset, mx.array)
+                else mx.full((rows, 1), int(offset), dtype=mx.int32)
+            )
+            if rope_deltas is not None:
+                base = base + mx.array(list(rope_deltas), dtype=mx.int32).reshape(-1, 1)
+            grid = base + mx.arange(length, dtype=mx.int32)[None]
+            positions = mx.broadcast_to(grid[None], (3, rows, length))
+        hidden = lm.model(
+            inputs, cache=cache, inputs_embeds=input_embeddings, position_ids=positions
+        )
+        if lm.args.tie_word_embeddings:
+            logits: mx.array = lm.model.embed_tokens.as_linear(hidden)
+        else:
+            logits = lm.lm_head(hidden)
+        return logits
+
+
+@dataclass(frozen=True)
+class PreparedImage:
+    """One image after the model's processor: what the prompt and the encoder need."""
+
+    hash: bytes  # xxh3-128 of the processor settings and the decoded pixels
+    num_tokens: int
+    pixel_values: Any  # numpy [patches, C * temporal * patch * patch]
+    grid: tuple[int, int, int]  # (t, h, w) in patches
+
+
+class VisionProcessor:
+    """Images → pixel values, and rendered prompts → token ids with each image's
+    placeholder expanded to its token count (mlx-vlm's processor rule), plus the
+    request's `VisionInput` (spans, M-RoPE positions and delta). Pure numpy/PIL in, no
+    MLX out: the server calls it off the event loop."""
+
+    def __init__(self, vlm: Module, processor: Any) -> None:
+        config = vlm.config
+        self._vlm = vlm
+        self.image_processor = processor.image_processor
+        self.image_token_id = int(config.image_token_id)
+        self.merge = int(config.vision_config.spatial_merge_size)
+        tok = processor.tokenizer
+        start = tok.convert_ids_to_tokens(int(config.vision_start_token_id))
+        end = tok.convert_ids_to_tokens(int(config.vision_end_token_id))
+        pad = tok.convert_ids_to_tokens(self.image_token_id)
+        # What the chat template writes for one image (Qwen2-VL's template).
+        self.image_markup = f"{start}{pad}{end}"
+        settings = {
+            k: getattr(self.image_processor, k, None)
+            for k in (
+                "patch_size",
+                "temporal_patch_size",
+                "merge_size",
+                "min_pixels",
+                "max_pixels",
+                "image_mean",
+                "image_std",
+                "rescale_factor",
+            )
+        }
+        self._settings = json.dumps(settings, sort_keys=True, default=str).encode()
+
+    def prepare(self, image: Any) -> PreparedImage:
+        """A decoded PIL image (RGB) through the model's image processor."""
+        rgb = image.convert("RGB") if image.mode != "RGB" else image
+        out = self.image_processor(images=[rgb])
+        grid = tuple(int(v) for v in np.asarray(out["image_grid_thw"])[0])
+        digest = image_hash(self._settings + f"|{rgb.width}x{rgb.height}|".encode() + rgb.tobytes())
+        tokens = grid[0] * grid[1] * grid[2] // (self.merge * self.merge)
+        return PreparedImage(
+            digest, int(tokens), np.asarray(out["pixel_values"]), (grid[0], grid[1], grid[2])
+        )
+
+    def expand(
+        self, token_ids: Sequence[int], images: Sequence[PreparedImage]
+    ) -> tuple[list[int], VisionInput]:
+        """Each image-placeholder id of `token_ids` (one per image, in order) becomes the
+        image's tokens. Raises ValueError when the counts disagree."""
+        at = [i for i, t in enumerate(token_ids) if t == self.image_token_id]
+        if len(at) != len(images):
+            raise ValueError(
+                f"the prompt has {len(at)} image placeholders for {len(images)} images"
+            )
+        ids: list[int] = []
+        spans: list[ImageSpan] = []
+        last = 0
+        for where, image in zip(at, images, strict=True):
+            ids.extend(token_ids[last:where])
+            spans.append(
+                ImageSpan(len(ids), image.num_tokens, image.hash, image.pixel_values, image.grid)
+            )
+            ids.extend([self.image_token_id] * image.num_tokens)
+            last = where + 1
+        ids.extend(token_ids[last:])
+        positions, delta = self._positions(ids, images)
+        return ids, VisionInput(tuple(spans), positions, delta)
+
+    def _positions(self, ids: list[int], images: Sequence[PreparedImage]) -> tuple[np.ndarray, int]:
+        """mlx-vlm's own M-RoPE index for the prompt: `[3, len]` positions and the delta
+        every later position gets (max position + 1 - length)."""
+        if not images:
+            return np.tile(np.arange(len(ids), dtype=np.int32), (3, 1)), 0
+        grids = mx.array([list(image.grid) for image in images])
+        positions, deltas = self._vlm.language_model.get_rope_index(
+            mx.array([ids]), image_grid_thw=grids
+        )
+        return np.asarray(positions[:, 0, :]).astype(np.int32), int(deltas.reshape(-1)[0].item())
+
+
+def load_vlm_dir(
+    model_dir: Path, config: dict[str, Any], *, dtype: str | None, source: str, name: str
+) -> LoadedModel | None:
+    """Load `model_dir` as a vision-language model; None when it cannot be (mlx-vlm not
+    installed, or an architecture this module does not drive): the caller then loads
+    its language model with mlx-lm, text-only."""
+    model_type = vision_architecture(config)
+    if model_type is None:
+        return None
+    if model_type not in SUPPORTED_VLM_TYPES:
+        log.warning(
+            "%s: vision model type %r is not supported yet; serving it text-only",
+            model_dir,
+            model_type,
+        )
+        return None
+    try:
+        from mlx_vlm.utils import load_model as vlm_load_model
+        from mlx_vlm.utils import load_processor
+    except ImportError:
+        log.warning(
+            "%s has a vision part but mlx-vlm is not installed (pip install "
+            "'compat-serve[vision]'); serving it text-only",
+            model_dir,
+        )
+        return None
+    from compat_serve.models.hf_dir import context_length_from_config
+    from compat_serve.models.hf_tokenizer import load_hf_tokenizer
+    from compat_serve.models.weights import (
+        cast_floating,
+        dequantize_model,
+        eval_with_progress,
+        mx_dtype,
+        resolve_dtype,
+    )
+
+    plan = resolve_dtype(dtype)
+    t0 = time.perf_counter()
+    try:
+        vlm = vlm_load_model(model_dir, lazy=True)
+        processor = load_processor(model_dir, add_detokenizer=False)
+    except (ValueError, FileNotFoundError, KeyError, OSError) as exc:
+        raise ModelLoadError(f"cannot load {model_dir} with mlx-vlm: {exc}") from exc
+    dtype_name = "as stored"
+    if plan.dense is not None:
+        target = mx_dtype(plan.dense)
+        dequantize_model(vlm, target)
+        cast_floating(vlm, target)
+        dtype_name = plan.dense
+    eval_with_progress(vlm, "loading weights", log=log)
+    info = load_hf_tokenizer(model_dir, config)
+    log.info("vision-language model ready in %.2fs", time.perf_counter() - t0)
+    return LoadedModel(
+        model=VisionLanguageModel(vlm),
+        tokenizer=info.tokenizer,
+        chat_template=info.chat_template,
+        context_length=context_length_from_config(config, info.tokenizer_config),
+        name=name,
+        source=source,
+        dtype=dtype_name,
+        model_type=model_type,
+        extra={
+            "format": "mlx-vlm-dir",
+            "config": config,
+            "backend": plan.backend,
+            "model_dir": str(model_dir),
+            "vision": VisionProcessor(vlm, processor),
+            "load_seconds": {"total": time.perf_counter() - t0},
+        },
+    )

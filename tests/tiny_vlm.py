@@ -1,0 +1,139 @@
+"""A tiny randomly initialised Qwen2.5-VL (mlx-vlm's own classes) written to a directory
+the way a converted checkpoint looks: config.json with a vision part, safetensors,
+preprocessor_config.json (tiny images: at most 4 merged tokens per 56x56 tile), a real
+tokenizer (the embedded SmolLM2 one plus Qwen's vision special tokens) and a Qwen2-VL
+style chat template. mlx-vlm loads it offline, and so does compat-serve.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
+
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+# Qwen2-VL's template, shortened: images render as vision_start, image_pad, vision_end.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+LM_WEIGHT_SCALE = 6.0
+PATCH = 14
+MERGE = 2
+TILE = PATCH * MERGE  # one merged image token per 28x28 pixels
+
+
+def qwen25_vl_config(vocab_size: int, first_vision_id: int) -> dict[str, Any]:
+    return {
+        "model_type": "qwen2_5_vl",
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        "tie_word_embeddings": True,
+        "vision_start_token_id": first_vision_id,
+        "vision_end_token_id": first_vision_id + 1,
+        "image_token_id": first_vision_id + 2,
+        "video_token_id": first_vision_id + 3,
+        "vision_token_id": first_vision_id + 2,
+        "vision_config": {
+            "model_type": "qwen2_5_vl",
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "out_hidden_size": 64,
+            "num_heads": 2,
+            "patch_size": PATCH,
+            "spatial_patch_size": PATCH,
+            "spatial_merge_size": MERGE,
+            "temporal_patch_size": 2,
+            "window_size": 56,
+            "fullatt_block_indexes": [1],
+            "in_channels": 3,
+        },
+    }
+
+
+def _scaled(name: str) -> bool:
+    return (
+        name.startswith("language_model.")
+        and name.endswith("weight")
+        and "norm" not in name
+        and "embed" not in name
+    )
+
+
+def write_qwen25_vl_dir(out: Path, like: LoadedModel, *, seed: int = 0) -> Path:
+    """Write the tiny Qwen2.5-VL to `out` (created) with `like`'s tokenizer."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.models import qwen2_5_vl
+    from tokenizers import AddedToken
+
+    out.mkdir(parents=True)
+    backend = like.tokenizer.backend.__class__.from_str(like.tokenizer.backend.to_str())
+    backend.add_special_tokens([AddedToken(t, special=True) for t in VISION_TOKENS])
+    first = backend.token_to_id(VISION_TOKENS[0])
+    vocab = backend.get_vocab_size(with_added_tokens=True)
+    config = qwen25_vl_config(vocab, first)
+    config["bos_token_id"] = config["eos_token_id"] = backend.token_to_id("<|im_end|>")
+    from mlx_vlm.utils import update_module_configs
+
+    mx.random.seed(seed)
+    params = {**config, "text_config": {}}
+    model_config = qwen2_5_vl.ModelConfig.from_dict(params)
+    model_config = update_module_configs(model_config, qwen2_5_vl, params, ["text", "vision"])
+    model = qwen2_5_vl.Model(model_config)
+    mx.eval(model.parameters())
+    # Projections of the language model scaled up: at the default init a random model
+    # repeats one token whatever the input; at this scale its greedy output depends on
+    # the prompt and the image.
+    weights = {
+        k: v * LM_WEIGHT_SCALE if _scaled(k) else v for k, v in tree_flatten(model.parameters())
+    }
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    backend.save(str(out / "tokenizer.json"))
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": like.tokenizer.bos_token,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    (out / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
+    preprocessor = {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen2_5_VLProcessor",
+        "patch_size": PATCH,
+        "merge_size": MERGE,
+        "temporal_patch_size": 2,
+        "min_pixels": TILE * TILE,
+        "max_pixels": 16 * TILE * TILE,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+    }
+    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor))
+    return out
