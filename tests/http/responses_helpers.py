@@ -62,6 +62,17 @@ def client(base_url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0)
 
 
+def _sdk_view(event: dict[str, Any]) -> dict[str, Any]:
+    """The event as the SDK's types check it. One deliberate difference: a prompt past the
+    context fails with code `context_length_exceeded` (what OpenAI sends and Codex
+    reads), which the SDK's `ResponseError.code` literal does not list."""
+    error: dict[str, Any] = (event.get("response") or {}).get("error") or {}
+    if event["type"] == "response.failed" and error.get("code") == "context_length_exceeded":
+        response = {**event["response"], "error": {**error, "code": "server_error"}}
+        return {**event, "response": response}
+    return event
+
+
 def stream_events(base_url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     """POST a streamed request; every event validated as the SDK's event type, numbered
     from 0, named like its `type`, opened by created/in_progress, closed by a terminal
@@ -78,7 +89,7 @@ def stream_events(base_url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
             elif line.startswith("data: "):
                 event = json.loads(line.removeprefix("data: "))
                 assert event["type"] == name
-                parsed = _EVENT.validate_python(event)
+                parsed = _EVENT.validate_python(_sdk_view(event))
                 assert parsed.type == event["type"]
                 events.append(event)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))

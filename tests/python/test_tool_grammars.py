@@ -92,6 +92,10 @@ CLOSERS = (
 
 # Where each format's calls begin in the raw output: one per call.
 CALL_STARTS = {
+    "harmony": ("to=functions.",),
+    "minimax_m2": ('<invoke name="',),
+    "gemma4": ("<|tool_call>",),
+    "lfm2": ("run_command(", "set_mode(", "ping("),
     "hermes": ("<tool_call>",),
     "generic": ("<tool_call>",),
     "qwen3_coder": ("<function=",),
@@ -107,6 +111,9 @@ CALL_STARTS = {
 TRIGGERS = {name: starts[0] for name, starts in CALL_STARTS.items()}
 TRIGGERS.update(
     {
+        "harmony": " to=functions.",
+        "minimax_m2": "<minimax:tool_call>",
+        "lfm2": "<|tool_call_start|>",
         "qwen3_coder": "<tool_call>",
         "seed_oss": "<seed:tool_call>",
         "mistral": "[TOOL_CALLS]",
@@ -303,6 +310,10 @@ def _run(
 # ---- golden walks -------------------------------------------------------------------------
 
 FORMATS = list(TOOL_FORMATS)
+# Harmony's free text is its channel messages: only forced calls are constrained, and its
+# reasoning is a channel, not `<think>`.
+FREE_TEXT_FORMATS = [n for n in FORMATS if TOOL_FORMATS[n].free_text_grammar]
+THINK_FORMATS = [n for n in FREE_TEXT_FORMATS if TOOL_FORMATS[n].whole_output is None]
 
 
 @pytest.mark.parametrize("max_calls", [1, None])
@@ -317,7 +328,7 @@ def test_required_calls_parse_back(vocab: Vocab, name: str, max_calls: int | Non
 
 
 @pytest.mark.parametrize("max_calls", [1, None])
-@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("name", FREE_TEXT_FORMATS)
 def test_auto_call_is_constrained_once_started(
     vocab: Vocab, name: str, max_calls: int | None
 ) -> None:
@@ -329,7 +340,7 @@ def test_auto_call_is_constrained_once_started(
 
 
 @pytest.mark.parametrize("max_calls", [1, None])
-@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("name", FREE_TEXT_FORMATS)
 def test_none_never_starts_a_call(vocab: Vocab, name: str, max_calls: int | None) -> None:
     turn, raw = _run(vocab, name, "none", max_calls, "none", 0)
     assert turn.tool_calls == [], raw
@@ -338,7 +349,7 @@ def test_none_never_starts_a_call(vocab: Vocab, name: str, max_calls: int | None
 
 @pytest.mark.parametrize("mode", ["required", "auto", "none"])
 @pytest.mark.parametrize("reasoning", ["open", "optional"])
-@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("name", THINK_FORMATS)
 def test_constraint_starts_after_reasoning(
     plain: Vocab, name: str, reasoning: str, mode: str
 ) -> None:
@@ -360,9 +371,40 @@ def test_special_reasoning_tags(special: Vocab, name: str) -> None:
 LS, PWD = {"command": "ls -la", "timeout": 3}, {"command": "pwd", "timeout": 1}
 
 
+def _native_rendered(name: str, calls: list[dict[str, Any]]) -> str:
+    """Calls to run_command as openai-gpt-oss-120b (one call per assistant message, after
+    the prompt's `<|start|>assistant`), MiniMax-M2, Gemma 4 and LFM2 write them."""
+    if name == "harmony":
+        head = " to=functions.run_command<|channel|>commentary json<|message|>"
+        return "<|start|>assistant".join(f"{head}{json.dumps(c)}<|call|>" for c in calls)
+    if name == "minimax_m2":
+        invokes = "".join(
+            '<invoke name="run_command">\n'
+            + "".join(f'<parameter name="{k}">{v}</parameter>\n' for k, v in c.items())
+            + "</invoke>\n"
+            for c in calls
+        )
+        return f"<minimax:tool_call>\n{invokes}</minimax:tool_call>"
+    if name == "gemma4":
+        return "".join(
+            f'<|tool_call>call:run_command{{command:<|"|>{c["command"]}<|"|>,'
+            f"timeout:{c['timeout']}}}<tool_call|>"
+            for c in calls
+        )
+    listed = ", ".join(
+        f'run_command(command="{c["command"]}", timeout={c["timeout"]})' for c in calls
+    )
+    return f"<|tool_call_start|>[{listed}]<|tool_call_end|>"
+
+
+NATIVE_FORMATS = ("harmony", "minimax_m2", "gemma4", "lfm2")
+
+
 def _rendered(name: str) -> str:
     """Two calls (`LS`, `PWD`) to run_command as each format's chat template renders them
     in an assistant turn (Llama 3's template takes one call per turn)."""
+    if name in NATIVE_FORMATS:
+        return _native_rendered(name, [LS, PWD])
     ls, pwd = json.dumps(LS), json.dumps(PWD)
     hermes = '<tool_call>\n{{"name": "run_command", "arguments": {}}}\n</tool_call>'
     qwen = (
@@ -408,8 +450,10 @@ def _rendered(name: str) -> str:
     }[name]
 
 
-@pytest.mark.parametrize("reasoning", ["none", "open"])
-@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize(
+    ("name", "reasoning"),
+    [(n, r) for n in FORMATS for r in ("none", "open") if r == "none" or n in THINK_FORMATS],
+)
 def test_template_rendered_calls_are_accepted(vocab: Vocab, name: str, reasoning: str) -> None:
     fmt, tools = TOOL_FORMATS[name], RequestTools(TOOLS)
     walk = Walk(vocab, _compile(vocab, fmt, tools, mode="required", reasoning=reasoning), 0)
@@ -426,6 +470,8 @@ def test_template_rendered_calls_are_accepted(vocab: Vocab, name: str, reasoning
 
 def _first_call(name: str) -> str:
     """The first of the two rendered calls, as a turn of its own."""
+    if name in NATIVE_FORMATS:
+        return _native_rendered(name, [LS])
     text = _rendered(name)
     if name == "llama3":
         return text

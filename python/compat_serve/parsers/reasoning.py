@@ -9,12 +9,31 @@ whitespace just inside the tags and right after `</think>` is layout and is drop
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 from compat_serve.parsers.events import OutputEvent, ReasoningDelta, TextDelta
 from compat_serve.parsers.scan import WHITESPACE, partial_marker_length
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
+
+
+@dataclass(frozen=True)
+class ReasoningTags:
+    """How a model writes its reasoning block. `markup`: the pieces that may be single
+    special tokens (an open tag can be a token plus a word, as Gemma 4's is)."""
+
+    name: str
+    open: str
+    close: str
+    markup: tuple[str, ...]
+
+
+THINK = ReasoningTags("think", THINK_OPEN, THINK_CLOSE, (THINK_OPEN, THINK_CLOSE))
+# Gemma 4: `<|channel>thought\n...<channel|>` (google-gemma-4-31B-it.jinja renders an
+# empty one, `<|channel>thought\n<channel|>`, into the prompt when thinking is off).
+GEMMA4 = ReasoningTags("gemma4", "<|channel>thought", "<channel|>", ("<|channel>", "<channel|>"))
+REASONING_TAGS = {t.name: t for t in (THINK, GEMMA4)}
 
 
 class _State(enum.Enum):

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from compat_serve.parsers.formats import glm, llama3, mistral, sections, xml_function
+from compat_serve.parsers.formats import (
+    gemma4,
+    glm,
+    harmony,
+    llama3,
+    minimax,
+    mistral,
+    pythonic,
+    sections,
+    xml_function,
+)
+from compat_serve.parsers.reasoning import GEMMA4, REASONING_TAGS, THINK, ReasoningTags
 from compat_serve.parsers.tool_calls import ToolFormat
 
 _TAG = {"<tool_call>": xml_function.ToolCallTagRegion}
@@ -67,6 +78,32 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
             ),
             sections.kimi_k2_grammar,
         ),
+        ToolFormat(
+            "harmony",
+            {},
+            harmony.MARKUP,
+            harmony.harmony_grammar,
+            free_text_grammar=False,
+            whole_output=harmony.harmony_parser,
+        ),
+        ToolFormat(
+            "minimax_m2",
+            {minimax.BLOCK_OPEN: minimax.MiniMaxRegion},
+            minimax.MARKUP,
+            minimax.minimax_m2_grammar,
+        ),
+        ToolFormat(
+            "gemma4",
+            {gemma4.CALL_OPEN: gemma4.Gemma4Region},
+            gemma4.MARKUP,
+            gemma4.gemma4_grammar,
+        ),
+        ToolFormat(
+            "lfm2",
+            {pythonic.CALL_START: pythonic.PythonicRegion},
+            (pythonic.CALL_START, pythonic.CALL_END),
+            pythonic.lfm2_grammar,
+        ),
         # Unknown templates: the common JSON and XML styles are parsed; constrained calls
         # are written Hermes-style, the most widely trained of them.
         ToolFormat(
@@ -85,6 +122,11 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
 # (substring of the chat template, format), most specific first: GLM and Qwen3-Coder
 # templates also mention <tool_call>.
 _DETECTION: tuple[tuple[str, str], ...] = (
+    (harmony.CHANNEL, "harmony"),
+    (minimax.BLOCK_OPEN, "minimax_m2"),
+    (gemma4.CALL_OPEN, "gemma4"),
+    (pythonic.CALL_START, "lfm2"),
+    ("List of tools: [", "lfm2"),  # LFM2.5's template names no call markup
     (sections.DS_CALLS_BEGIN, "deepseek_v3"),
     (sections.KIMI_SECTION_BEGIN, "kimi_k2"),
     (mistral.TOOL_CALLS, "mistral"),
@@ -96,7 +138,7 @@ _DETECTION: tuple[tuple[str, str], ...] = (
     ('"parameters": ', "llama3"),
 )
 
-REASONING_CHOICES = ("auto", "think", "none")
+REASONING_CHOICES = ("auto", *REASONING_TAGS, "none")
 
 
 def tool_format_names() -> list[str]:
@@ -136,9 +178,12 @@ def resolve_tool_format(choice: str, template: str | None) -> ToolFormat | None:
     return None if choice == "none" else TOOL_FORMATS[choice]
 
 
-def resolve_reasoning(choice: str, template: str | None) -> bool:
-    """`--reasoning-parser`: auto (when the template knows <think>), think, or none."""
+def resolve_reasoning(choice: str, template: str | None) -> ReasoningTags | None:
+    """`--reasoning-parser`: auto (the tags the template knows), a tag style (think,
+    gemma4), or none. Harmony's analysis channel is read by its own parser."""
     check_parser_choices("auto", choice)
-    if choice == "auto":
-        return template_uses_think_tags(template)
-    return choice == "think"
+    if choice != "auto":
+        return REASONING_TAGS.get(choice)
+    if template and GEMMA4.open in template:
+        return GEMMA4
+    return THINK if template_uses_think_tags(template) else None

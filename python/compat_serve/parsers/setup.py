@@ -10,9 +10,9 @@ from compat_serve.engine.types import Grammar
 from compat_serve.parsers.formats.envelope import ENVELOPE_FORMAT, EnvelopeParser, envelope_grammar
 from compat_serve.parsers.output import CallParser, OutputParser
 from compat_serve.parsers.reasoning import (
-    THINK_CLOSE,
-    THINK_OPEN,
+    THINK,
     ReasoningSplitter,
+    ReasoningTags,
     prompt_opens_reasoning,
 )
 from compat_serve.parsers.request_tools import RequestTools, Vocabulary
@@ -38,15 +38,26 @@ class OutputParsing:
     """What this model's output looks like: its tool-call format and reasoning tags."""
 
     def __init__(
-        self, tool_format: ToolFormat | None, reasoning: bool, vocabulary: Vocabulary
+        self,
+        tool_format: ToolFormat | None,
+        reasoning: bool | ReasoningTags | None,
+        vocabulary: Vocabulary,
     ) -> None:
+        """`reasoning`: the model's reasoning tags (True: `<think>`), or none."""
         self.tool_format = tool_format
-        self.reasoning = reasoning
+        self.tags = THINK if reasoning is True else reasoning or None
+        self.reasoning = self.tags is not None
         self._vocabulary = vocabulary
+
+    @property
+    def reasoning_name(self) -> str:
+        if self.tool_format is not None and self.tool_format.whole_output is not None:
+            return self.tool_format.name  # its parser reads the reasoning channel itself
+        return self.tags.name if self.tags is not None else "none"
 
     def describe(self) -> str:
         tools = self.tool_format.name if self.tool_format else "none"
-        return f"tool calls: {tools}, reasoning: {'<think>' if self.reasoning else 'none'}"
+        return f"tool calls: {tools}, reasoning: {self.reasoning_name}"
 
     def for_request(
         self,
@@ -63,13 +74,21 @@ class OutputParsing:
         markup: list[str] = []
         splitter = None
         inside_reasoning = False
-        if self.reasoning:
-            inside_reasoning = prompt_opens_reasoning(prompt_text)
-            splitter = ReasoningSplitter(inside=inside_reasoning)
-            markup += [THINK_OPEN, THINK_CLOSE]
+        tags = self.tags or THINK
+        whole = self.tool_format.whole_output if self.tool_format is not None else None
+        if self.tags is not None and whole is None:
+            inside_reasoning = prompt_opens_reasoning(prompt_text, self.tags.open)
+            splitter = ReasoningSplitter(
+                open_tag=self.tags.open, close_tag=self.tags.close, inside=inside_reasoning
+            )
+            markup += self.tags.markup
         tool_parser: CallParser | None = None
         if self.tool_format is ENVELOPE_FORMAT and tools.schemas:
             tool_parser = EnvelopeParser.for_request(tools, new_call_id(call_id_prefix))
+        elif whole is not None and self.tool_format is not None:
+            # Harmony: channels carry text, reasoning and calls, with or without tools.
+            tool_parser = whole(tools.schemas, new_call_id(call_id_prefix), tools.max_calls)
+            markup += self.tool_format.markup
         elif self.tool_format is not None and tools.schemas:
             tool_parser = ToolCallParser(
                 self.tool_format,
@@ -81,16 +100,17 @@ class OutputParsing:
         visible = self._special_ids(markup)
         hidden = frozenset(m for m in markup if self._vocabulary.token_to_id(m) in visible)
         parser = OutputParser(reasoning=splitter, tools=tool_parser, hidden=hidden)
-        reasoning = "open" if inside_reasoning else "optional" if self.reasoning else "none"
+        reasoning = "open" if inside_reasoning else "optional" if splitter else "none"
         grammar = request_grammar(
             self.tool_format,
             tools,
             tool_choice,
             output_grammar,
             reasoning=reasoning,
-            special_tokens=special_markup(self.tool_format, self._vocabulary)
+            special_tokens=special_markup(self.tool_format, self._vocabulary, tags)
             if self.tool_format is not None
             else {},
+            tags=tags,
         )
         return RequestParsing(parser, frozenset(visible), grammar)
 
@@ -108,6 +128,7 @@ def request_grammar(
     *,
     reasoning: str,
     special_tokens: Mapping[str, int],
+    tags: ReasoningTags = THINK,
 ) -> Grammar | None:
     """The one grammar a request's output follows.
 
@@ -117,7 +138,7 @@ def request_grammar(
     marker out of the text. Templates that ignore tools use the envelope for every shape.
     """
     if fmt is None:
-        return after_reasoning(output_grammar, reasoning) if output_grammar else None
+        return after_reasoning(output_grammar, reasoning, tags=tags) if output_grammar else None
     if fmt is ENVELOPE_FORMAT:  # the template ignores tools: every answer is an envelope
         if not tools.schemas or (output_grammar is not None and tool_choice != "required"):
             return output_grammar
@@ -126,17 +147,25 @@ def request_grammar(
     if tool_choice == "required" and tools.schemas:
         # A forced call disables thinking: a tiny or distracted model may never end it.
         closed = {"optional": "none", "open": "close"}.get(reasoning, reasoning)
-        return Grammar("lark", _lark(fmt, tools, "required", closed, special_tokens), "tools")
+        forced = _lark(fmt, tools, "required", closed, special_tokens, tags)
+        return Grammar("lark", forced, "tools")
     if output_grammar is not None:
-        return after_reasoning(output_grammar, reasoning, special_tokens)
+        return after_reasoning(output_grammar, reasoning, special_tokens, tags)
     if tool_choice == "none" or not tools.schemas:
         if tool_choice != "none":
             return None
         source = tool_call_grammar(
-            fmt, RequestTools(), mode="none", reasoning=reasoning, special_tokens=special_tokens
+            fmt,
+            RequestTools(),
+            mode="none",
+            reasoning=reasoning,
+            special_tokens=special_tokens,
+            tags=tags,
         )
         return Grammar("lark", source, "tool_choice") if source else None
-    return Grammar("lark", _lark(fmt, tools, "auto", reasoning, special_tokens), "tools")
+    if not fmt.free_text_grammar:
+        return None
+    return Grammar("lark", _lark(fmt, tools, "auto", reasoning, special_tokens, tags), "tools")
 
 
 def _lark(
@@ -145,9 +174,10 @@ def _lark(
     mode: str,
     reasoning: str,
     special_tokens: Mapping[str, int],
+    tags: ReasoningTags = THINK,
 ) -> str:
     source = tool_call_grammar(
-        fmt, tools, mode=mode, reasoning=reasoning, special_tokens=special_tokens
+        fmt, tools, mode=mode, reasoning=reasoning, special_tokens=special_tokens, tags=tags
     )
     if source is None:
         raise ValueError(f"the {fmt.name} tool format has no grammar for tool_choice {mode}")

@@ -34,6 +34,12 @@ class ToolFormat:
     markup: tuple[str, ...]
     # The format's calls as a grammar (see tool_grammar.py), for constrained decoding.
     grammar: SyntaxBuilder | None = None
+    # False when the format's free text holds its own markup (harmony's channel headers):
+    # only forced calls are constrained then.
+    free_text_grammar: bool = True
+    # A parser of the whole output (text, reasoning and calls), used instead of
+    # ToolCallParser and also without tools: `(tools, new_id, max_calls) -> CallParser`.
+    whole_output: Callable[..., Any] | None = None
 
 
 class ToolCallParser:

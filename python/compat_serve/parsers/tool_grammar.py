@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 
 from compat_serve.engine.types import Grammar
 from compat_serve.parsers.lark import STRICT_JSON_LAYOUT, CallSyntax, GrammarBuilder
-from compat_serve.parsers.reasoning import THINK_CLOSE, THINK_OPEN
+from compat_serve.parsers.reasoning import THINK, ReasoningTags
 from compat_serve.parsers.request_tools import RequestTools, Vocabulary
 from compat_serve.parsers.tool_calls import ToolFormat
 
@@ -21,10 +21,12 @@ MODES = ("required", "auto", "none")
 REASONING = ("none", "open", "optional", "close")
 
 
-def special_markup(fmt: ToolFormat, vocabulary: Vocabulary) -> dict[str, int]:
+def special_markup(
+    fmt: ToolFormat, vocabulary: Vocabulary, tags: ReasoningTags = THINK
+) -> dict[str, int]:
     """The format's markup (and the reasoning tags) that `vocabulary` has as single
     special tokens: the grammar must name those by id (`special_tokens` below)."""
-    markup = (*fmt.markup, *fmt.regions, THINK_OPEN, THINK_CLOSE)
+    markup = (*fmt.markup, *fmt.regions, tags.open, tags.close, *tags.markup)
     found = {m: vocabulary.token_to_id(m) for m in markup}
     return {m: i for m, i in found.items() if i is not None and i in vocabulary.special_token_ids}
 
@@ -36,6 +38,7 @@ def tool_call_grammar(
     mode: str,
     reasoning: str = "none",
     special_tokens: Mapping[str, int] | None = None,
+    tags: ReasoningTags = THINK,
 ) -> str | None:
     """llguidance Lark grammar for the whole generated output.
 
@@ -49,7 +52,7 @@ def tool_call_grammar(
     start with `<think>...</think>`; "close": the prompt opened `<think>` but thinking is
     off (a forced call), so the output closes it at once. The constrained part follows.
     `special_tokens`: markup → token id for markup that is one special token in the
-    model's vocabulary (see `special_markup`).
+    model's vocabulary (see `special_markup`). `tags`: how the model writes reasoning.
     Returns None when no constraint is needed (auto with no tools and no format grammar);
     raises ValueError for a mode that cannot be met (required without tools).
     """
@@ -60,9 +63,11 @@ def tool_call_grammar(
     g = GrammarBuilder(special_tokens)
     # Free text never holds the format's markup (the parser would take a start marker
     # for a call, and show other markup as text) nor reasoning tags.
-    markup = (*fmt.regions, *fmt.markup, THINK_OPEN, THINK_CLOSE)
+    markup = (*fmt.regions, *fmt.markup, tags.open, tags.close)
+    if not fmt.free_text_grammar and mode != "required":
+        return None  # the format's free text holds its own markup (harmony channels)
     if mode == "none":
-        return g.source(_reasoning(g, reasoning) + g.text("text", markup))
+        return g.source(_reasoning(g, reasoning, tags) + g.text("text", markup))
     if fmt.grammar is None or not tools.schemas:
         if mode == "required":
             raise ValueError(f"required tool calls need tools and a grammar for {fmt.name}")
@@ -73,7 +78,7 @@ def tool_call_grammar(
         body = _calls(g, syntax, single=single)
     else:
         body = _text_and_calls(g, syntax, markup, single=single)
-    return g.source(_reasoning(g, reasoning) + body)
+    return g.source(_reasoning(g, reasoning, tags) + body)
 
 
 def _calls(g: GrammarBuilder, syntax: CallSyntax, *, single: bool) -> str:
@@ -100,20 +105,31 @@ def _text_and_calls(
     return f"{segment}* {tail}"
 
 
-def _reasoning(g: GrammarBuilder, reasoning: str) -> str:
+def _reasoning(g: GrammarBuilder, reasoning: str, tags: ReasoningTags = THINK) -> str:
     """The reasoning before the constrained part (with the layout after `</think>`)."""
     if reasoning == "none":
         return ""
     if reasoning == "close":
-        return f'{g.lit(THINK_CLOSE)} "\\n\\n" '
-    thought = g.rule("thought", f'{g.text_until("thinking", THINK_CLOSE)} "\\n"{{0,2}}')
+        return f'{g.lit(tags.close)} "\\n\\n" '
+    thought = g.rule("thought", f'{g.text_until("thinking", tags.close)} "\\n"{{0,2}}')
     if reasoning == "open":
         return f"{thought} "
-    return f"({g.lit(THINK_OPEN)} {thought})? "
+    return f"({g.lit(*_pieces(tags.open, tags.markup))} {thought})? "
+
+
+def _pieces(text: str, markup: tuple[str, ...]) -> tuple[str, ...]:
+    """`<|channel>thought` → (`<|channel>`, `thought`): a special token is its own piece."""
+    for m in markup:
+        if text.startswith(m) and text != m:
+            return (m, text[len(m) :])
+    return (text,)
 
 
 def after_reasoning(
-    grammar: Grammar, reasoning: str, special_tokens: Mapping[str, int] | None = None
+    grammar: Grammar,
+    reasoning: str,
+    special_tokens: Mapping[str, int] | None = None,
+    tags: ReasoningTags = THINK,
 ) -> Grammar:
     """A client's output format (JSON schema or regex) that starts once the reasoning the
     template allows has ended. Lark grammars are the client's own: left as they are."""
@@ -133,4 +149,4 @@ def after_reasoning(
     else:
         answer = "/" + grammar.source.replace("/", "\\/") + "/"
     body = g.rule("answer", answer)
-    return Grammar("lark", g.source(_reasoning(g, reasoning) + body), grammar.field)
+    return Grammar("lark", g.source(_reasoning(g, reasoning, tags) + body), grammar.field)
