@@ -46,7 +46,7 @@ def assert_openai_error(response: httpx.Response, status: int, *needles: str) ->
             "temperature",
         ),
         ({"model": "m", "messages": OK_MESSAGES, "temperature": 3.5}, "temperature", "temperature"),
-        ({"model": "m", "messages": OK_MESSAGES, "max_tokens": -1}, "max_tokens", "max_tokens"),
+        ({"model": "m", "messages": OK_MESSAGES, "max_tokens": -2}, "max_tokens", "max_tokens"),
         ({"model": "m", "messages": OK_MESSAGES, "n": 2}, "n=1", "n"),
         (
             {"model": "m", "messages": [{"role": "wizard", "content": "x"}]},

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
+from compat_serve.engine.logprobs import LogprobRecorder
 from compat_serve.engine.types import SamplingParams
 
 
@@ -44,6 +45,8 @@ class RequestSampler:
         self._key = mx.random.key(seed)
         # Host-side draws for speculative acceptance (`accept_draft`).
         self.rng = np.random.default_rng(seed)
+        # Only for requests that asked: the logits each accepted token was drawn from.
+        self.logprobs = None if params.logprobs is None else LogprobRecorder(params.logprobs)
 
     @property
     def greedy(self) -> bool:
@@ -51,6 +54,8 @@ class RequestSampler:
 
     def __call__(self, logits: mx.array) -> mx.array:
         p = self._params
+        if self.logprobs is not None:
+            self.logprobs.record(logits)
         if p.greedy:
             return mx.argmax(logits, axis=-1)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -114,5 +119,8 @@ def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
 def sample_rows(logits: mx.array, samplers: list[RequestSampler]) -> mx.array:
     """Sample one token per row of `[rows, vocab]` logits, each row with its own sampler."""
     if all(s.greedy for s in samplers):
+        for i, s in enumerate(samplers):
+            if s.logprobs is not None:
+                s.logprobs.record(logits[i])
         return mx.argmax(logits, axis=-1)
     return mx.concatenate([s(logits[i : i + 1]) for i, s in enumerate(samplers)])

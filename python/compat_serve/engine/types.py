@@ -40,6 +40,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     # When False the model's own end-of-sequence ids do not stop generation.
     stop_at_eos: bool = True
+    # Log probability of each generated token plus this many most likely alternatives
+    # (0..20, engine/logprobs.py); None: not computed, at no cost.
+    logprobs: int | None = None
 
     @property
     def effective_temperature(self) -> float:
@@ -91,6 +94,19 @@ class EngineRequest:
     vision: VisionInput | None = None
 
 
+# Most alternatives a request may ask for at each token (OpenAI's and vLLM's limit).
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log probability and the most likely alternatives there."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(frozen=True)
 class Usage:
     prompt_tokens: int
@@ -120,6 +136,8 @@ class EngineEvent:
     stop_token_id: int | None = None
     usage: Usage | None = None
     error: str | None = None
+    # One per id in token_ids when the request asked for logprobs.
+    logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def finished(self) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
@@ -23,6 +23,7 @@ from compat_serve.engine.types import (
     FinishReason,
     Grammar,
     SamplingParams,
+    TokenLogprob,
 )
 from compat_serve.parsers import OutputParser, RequestTools
 from compat_serve.parsers.setup import RequestParsing
@@ -164,18 +165,21 @@ async def admit_chat(
 class Collected:
     text: str
     final: EngineEvent
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 async def collect(stream: RequestStream, request: Request) -> Collected:
     """Gather a whole response; abort the request if the client disconnects meanwhile."""
     parts: list[str] = []
+    logprobs: list[TokenLogprob] = []
     async with aborting_on_disconnect(stream, request):
         async for event in stream:
             parts.append(event.text)
+            logprobs.extend(event.logprobs)
             if event.finished:
                 if event.finish_reason is FinishReason.ERROR:
                     raise ApiError(500, f"generation failed: {event.error}")
                 if event.finish_reason is FinishReason.SHUTDOWN:
                     raise shutdown_error()
-                return Collected("".join(parts), event)
+                return Collected("".join(parts), event, logprobs)
     raise ApiError(499, "client closed the request")

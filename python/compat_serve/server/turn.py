@@ -7,12 +7,12 @@ the usage so far) closes the turn.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
 from compat_serve.engine.stream import RequestStream
-from compat_serve.engine.types import EngineEvent, FinishReason
+from compat_serve.engine.types import EngineEvent, FinishReason, TokenLogprob
 from compat_serve.parsers import OutputEvent, OutputParser, ParsedTurn
 from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError
@@ -71,6 +71,8 @@ class CollectedTurn:
     turn: ParsedTurn
     final: EngineEvent
     ended_in_tool_calls: bool
+    # Every generated token's, when the request asked for logprobs.
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 async def collect_turn(
@@ -78,6 +80,7 @@ async def collect_turn(
 ) -> CollectedTurn:
     """A whole parsed response; aborts the request if the client disconnects meanwhile."""
     turn = ParsedTurn()
+    logprobs: list[TokenLogprob] = []
     output = TurnOutput(stream, parser)
     async with aborting_on_disconnect(stream, request):
         while not output.finished:
@@ -86,6 +89,7 @@ async def collect_turn(
                 continue
             for event in step.output:
                 turn.add(event)
+            logprobs.extend(step.engine.logprobs)
             if not step.finished and stream.finished:
                 break  # aborted: the client went away
             if step.finished:
@@ -93,5 +97,5 @@ async def collect_turn(
                     raise ApiError(500, f"generation failed: {step.engine.error}")
                 if step.engine.finish_reason is FinishReason.SHUTDOWN:
                     raise shutdown_error()
-                return CollectedTurn(turn, step.engine, step.ended_in_tool_calls)
+                return CollectedTurn(turn, step.engine, step.ended_in_tool_calls, logprobs)
     raise ApiError(499, "client closed the request")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any
@@ -117,8 +118,9 @@ def chat_messages(messages: list[ChatMessageIn]) -> list[Message]:
             ]
         if m.role == "tool" and m.tool_call_id:
             msg["tool_call_id"] = m.tool_call_id
-        if m.reasoning_content:
-            msg["reasoning_content"] = m.reasoning_content
+        reasoning = m.reasoning_content or m.reasoning
+        if reasoning:
+            msg["reasoning_content"] = reasoning
         out.append(msg)
     return out
 
@@ -127,6 +129,8 @@ def chat_request(body: ChatCompletionRequest, *, default_max_tokens: int) -> Cha
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else None
     if max_tokens is None:
         max_tokens = body.max_tokens
+    if max_tokens == -1:
+        max_tokens = None  # no limit: up to the context window
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     choice = _tool_choice(body.tool_choice, tools)
     if choice == "none":
@@ -138,7 +142,10 @@ def chat_request(body: ChatCompletionRequest, *, default_max_tokens: int) -> Cha
         template_kwargs.setdefault("enable_thinking", False)
     return ChatRequest(
         messages=chat_messages(body.messages),
-        sampling=sampling_params(body, max_tokens, default_max_tokens=default_max_tokens),
+        sampling=dataclasses.replace(
+            sampling_params(body, max_tokens, default_max_tokens=default_max_tokens),
+            logprobs=chat_logprobs_setting(body),
+        ),
         tools=tools,
         template_kwargs=template_kwargs,
         forced_tool=forced_tool,
@@ -146,6 +153,15 @@ def chat_request(body: ChatCompletionRequest, *, default_max_tokens: int) -> Cha
         tool_choice="required" if forced_tool is not None else choice,
         grammar=output_grammar(body),
     )
+
+
+def chat_logprobs_setting(body: ChatCompletionRequest) -> int | None:
+    """How many alternatives per token to report (None: no logprobs)."""
+    if not body.logprobs:
+        if body.top_logprobs:  # 0 is what some clients always send
+            raise ApiError(400, "top_logprobs: requires logprobs to be true", param="top_logprobs")
+        return None
+    return body.top_logprobs or 0
 
 
 def _tool_choice(choice: str | dict[str, Any] | None, tools: list[dict[str, Any]] | None) -> str:
@@ -210,8 +226,9 @@ def chat_message(output: str | ParsedTurn) -> dict[str, Any]:
     calls = output.tool_calls
     text = output.text
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
-    if output.reasoning:
+    if output.reasoning:  # under both names clients read (vLLM/DeepSeek, OpenRouter)
         message["reasoning_content"] = output.reasoning
+        message["reasoning"] = output.reasoning
     if calls:
         message["tool_calls"] = [
             {
@@ -232,6 +249,7 @@ def chat_completion(
     usage: Usage,
     *,
     tool_calls: bool = False,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": response_id,
@@ -242,7 +260,7 @@ def chat_completion(
             {
                 "index": 0,
                 "message": chat_message(output),
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason(finish, tool_calls=tool_calls),
             }
         ],
@@ -255,7 +273,7 @@ def output_delta(event: OutputEvent) -> dict[str, Any] | None:
     if isinstance(event, TextDelta):
         return {"content": event.text}
     if isinstance(event, ReasoningDelta):
-        return {"reasoning_content": event.text}
+        return {"reasoning_content": event.text, "reasoning": event.text}
     if isinstance(event, ToolCallStart):
         function = {"name": event.name, "arguments": ""}
         call = {"index": event.index, "id": event.id, "type": "function", "function": function}
@@ -273,6 +291,7 @@ def chat_chunk(
     finish: FinishReason | None = None,
     *,
     tool_calls: bool = False,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": response_id,
@@ -283,7 +302,7 @@ def chat_chunk(
             {
                 "index": 0,
                 "delta": delta,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason(finish, tool_calls=tool_calls) if finish else None,
             }
         ],
@@ -310,6 +329,7 @@ def text_completion(
     text: str,
     finish: FinishReason | None,
     usage: Usage | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": response_id,
@@ -320,7 +340,7 @@ def text_completion(
             {
                 "index": 0,
                 "text": text,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": FINISH_REASONS[finish] if finish else None,
             }
         ],

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from compat_serve.engine.types import MAX_TOP_LOGPROBS
 from compat_serve.server.json_types import INTEGRAL, U32_MAX, JsonInt
 
 _NULL = {"type": "null"}
@@ -128,7 +129,9 @@ class ChatMessageIn(_Lenient):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    # A reasoning model's earlier thinking, sent back under either name clients use.
     reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class FunctionDef(_Lenient):
@@ -148,7 +151,8 @@ class StreamOptions(_Lenient):
 
 class _SamplingFields(_Lenient):
     model: str
-    max_tokens: Annotated[int, Field(ge=0, le=U32_MAX), INTEGRAL] | None = None
+    # -1: no limit (generation stops when the context is full), as llama.cpp and LM Studio.
+    max_tokens: Annotated[int, Field(ge=-1, le=U32_MAX), INTEGRAL] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: Annotated[int, Field(ge=-1), INTEGRAL] | None = None
@@ -168,7 +172,10 @@ class _SamplingFields(_Lenient):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessageIn] = Field(min_length=1)
-    max_completion_tokens: Annotated[int, Field(ge=0, le=U32_MAX), INTEGRAL] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=-1, le=U32_MAX), INTEGRAL] | None = None
+    # Log probability of each generated token, and of this many alternatives at each.
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), INTEGRAL] | None = None
     tools: list[ToolDef] | None = None
     tool_choice: Annotated[str | dict[str, Any] | None, WithJsonSchema(TOOL_CHOICE_SCHEMA)] = None
     parallel_tool_calls: bool | None = None
@@ -216,6 +223,8 @@ class CompletionRequest(_SamplingFields):
         ),
     ]
     echo: bool = False
+    # Legacy completions: the number of alternatives per token (0: the chosen one only).
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), INTEGRAL] | None = None
     # Not supported: a non-empty suffix is a 400.
     suffix: Annotated[
         str | None, WithJsonSchema({"anyOf": [{"type": "string", "maxLength": 0}, _NULL]})

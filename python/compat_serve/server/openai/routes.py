@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from compat_serve.engine.stream import RequestStream
-from compat_serve.engine.types import FinishReason
+from compat_serve.engine.types import FinishReason, TokenLogprob
 from compat_serve.server import sse
 from compat_serve.server.errors import ApiError, openai_error_body
 from compat_serve.server.generation import (
@@ -22,9 +23,16 @@ from compat_serve.server.generation import (
     server_state,
     submit,
 )
+from compat_serve.server.images import reads_images
 from compat_serve.server.keys import cache_salt
 from compat_serve.server.lifecycle import shutdown_error
 from compat_serve.server.openai import adapter
+from compat_serve.server.openai.logprobs import (
+    TokenTexts,
+    chat_logprobs,
+    completion_logprobs,
+    token_texts,
+)
 from compat_serve.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from compat_serve.server.state import ServerState
 from compat_serve.server.turn import TurnOutput, TurnStep, collect_turn
@@ -34,14 +42,18 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-    context = server_state(request).context_length
-    chat = adapter.chat_request(body, default_max_tokens=context)
+    state = server_state(request)
+    chat = adapter.chat_request(
+        body, default_max_tokens=state.context_length, vision=reads_images(state)
+    )
+    texts = await _token_texts(request) if chat.sampling.logprobs is not None else None
     admitted = await admit_chat(request, body.model, chat, "chatcmpl-", "call_")
     response_id, stream = admitted.request_id, admitted.stream
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        output = TurnOutput(stream, admitted.parser)
         return StreamingResponse(
-            _chat_sse(TurnOutput(stream, admitted.parser), response_id, body.model, include_usage),
+            _chat_sse(output, response_id, body.model, include_usage, texts),
             media_type="text/event-stream",
             headers=sse.SSE_HEADERS,
         )
@@ -55,35 +67,66 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
             done.final.finish_reason,
             done.final.usage,
             tool_calls=done.ended_in_tool_calls,
+            logprobs=None if texts is None else chat_logprobs(texts, done.logprobs),
         )
     )
 
 
+async def _token_texts(request: Request) -> TokenTexts:
+    engine = server_state(request).engine
+    return await asyncio.to_thread(token_texts, engine.model.tokenizer, engine.logits_width)
+
+
 async def _chat_sse(
-    output: TurnOutput, response_id: str, model: str, include_usage: bool
+    output: TurnOutput,
+    response_id: str,
+    model: str,
+    include_usage: bool,
+    texts: TokenTexts | None = None,
 ) -> AsyncIterator[str]:
     created = int(time.time())
     yield sse.data_line(
         adapter.chat_chunk(response_id, model, created, {"role": "assistant", "content": ""})
     )
+    # Tokens whose text is still held back (partial character, markup being parsed) keep
+    # their logprobs until the next chunk, or the final one.
+    pending: list[TokenLogprob] = []
     try:
         while not output.finished:
             step = await output.next()
             if step is None:
                 continue
+            pending.extend(step.engine.logprobs)
             for item in step.output:
                 delta = adapter.output_delta(item)
                 if delta is not None:
-                    yield sse.data_line(adapter.chat_chunk(response_id, model, created, delta))
+                    logprobs = _take(texts, pending)
+                    yield sse.data_line(
+                        adapter.chat_chunk(response_id, model, created, delta, logprobs=logprobs)
+                    )
             if step.finished:
-                yield _final_chunks(step, response_id, model, created, include_usage)
+                logprobs = _take(texts, pending)
+                yield _final_chunks(step, response_id, model, created, include_usage, logprobs)
     finally:
         output.stream.abort()  # no-op when finished; a client that left stops generation
     yield sse.data_line("[DONE]")
 
 
+def _take(texts: TokenTexts | None, pending: list[TokenLogprob]) -> dict[str, Any] | None:
+    if texts is None or not pending:
+        return None
+    out = chat_logprobs(texts, pending)
+    pending.clear()
+    return out
+
+
 def _final_chunks(
-    step: TurnStep, response_id: str, model: str, created: int, include_usage: bool
+    step: TurnStep,
+    response_id: str,
+    model: str,
+    created: int,
+    include_usage: bool,
+    logprobs: dict[str, Any] | None = None,
 ) -> str:
     event = step.engine
     assert event.finish_reason is not None and event.usage is not None
@@ -92,7 +135,13 @@ def _final_chunks(
     if event.finish_reason is FinishReason.SHUTDOWN:
         return sse.data_line(openai_error_body(shutdown_error()))
     chunk = adapter.chat_chunk(
-        response_id, model, created, {}, event.finish_reason, tool_calls=step.ended_in_tool_calls
+        response_id,
+        model,
+        created,
+        {},
+        event.finish_reason,
+        tool_calls=step.ended_in_tool_calls,
+        logprobs=logprobs,
     )
     out = sse.data_line(chunk)
     if include_usage:
@@ -107,7 +156,13 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     if body.suffix:
         raise ApiError(400, "suffix: not supported", param="suffix")
     prompt = adapter.completion_prompt(body)
-    sampling = adapter.sampling_params(body, body.max_tokens, default_max_tokens=16)
+    # -1: no limit, up to the context window.
+    max_tokens = state.context_length if body.max_tokens == -1 else body.max_tokens
+    sampling = adapter.sampling_params(body, max_tokens, default_max_tokens=16)
+    texts = None
+    if body.logprobs is not None:
+        sampling = dataclasses.replace(sampling, logprobs=body.logprobs)
+        texts = await _token_texts(request)
     prompt_ids = await completion_ids(state, prompt)
     response_id = new_id("cmpl-")
     salt = cache_salt(request, per_key=state.cache_salt_per_key)
@@ -117,7 +172,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
-            _completion_sse(stream, response_id, body.model, created, echo, include_usage),
+            _completion_sse(stream, response_id, body.model, created, echo, include_usage, texts),
             media_type="text/event-stream",
             headers=sse.SSE_HEADERS,
         )
@@ -130,6 +185,9 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
             echo + done.text,
             done.final.finish_reason,
             done.final.usage,
+            logprobs=None
+            if texts is None
+            else completion_logprobs(texts, done.logprobs, text_offset=len(echo)),
         )
     )
 
@@ -156,10 +214,24 @@ async def _completion_sse(
     created: int,
     echo: str,
     include_usage: bool,
+    texts: TokenTexts | None = None,
 ) -> AsyncIterator[str]:
     if echo:
         yield sse.data_line(adapter.text_completion(response_id, model, created, echo, None))
+    offset = len(echo)
+    pending: list[TokenLogprob] = []
+
+    def logprobs_so_far() -> dict[str, Any] | None:
+        nonlocal offset
+        if texts is None:
+            return None
+        out = completion_logprobs(texts, pending, text_offset=offset)
+        offset += sum(len(token) for token in out["tokens"])
+        pending.clear()
+        return out
+
     async for event in stream:
+        pending.extend(event.logprobs)
         if event.finished:
             assert event.usage is not None
             if event.finish_reason is FinishReason.ERROR:
@@ -172,7 +244,12 @@ async def _completion_sse(
                 break
             yield sse.data_line(
                 adapter.text_completion(
-                    response_id, model, created, event.text, event.finish_reason
+                    response_id,
+                    model,
+                    created,
+                    event.text,
+                    event.finish_reason,
+                    logprobs=logprobs_so_far(),
                 )
             )
             if include_usage:
@@ -181,6 +258,8 @@ async def _completion_sse(
                 )
         elif event.text:
             yield sse.data_line(
-                adapter.text_completion(response_id, model, created, event.text, None)
+                adapter.text_completion(
+                    response_id, model, created, event.text, None, logprobs=logprobs_so_far()
+                )
             )
     yield sse.data_line("[DONE]")
