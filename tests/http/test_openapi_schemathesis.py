@@ -57,6 +57,17 @@ _SEMANTIC_FIELDS: dict[str, tuple[str, ...]] = {
         "output_format",
         "prompt is too long",
     ),
+    "/v1/responses": (
+        "input",
+        "tools[",
+        "tool_choice",
+        "text.format",
+        "reasoning.",
+        "messages",
+        "This model's maximum context length",
+        # An id the store does not hold is a 404 (OpenAI's answer), not a 400.
+        "Response with id",
+    ),
 }
 _SEMANTIC_FIELDS["/v1/messages/count_tokens"] = _SEMANTIC_FIELDS["/v1/messages"]
 
@@ -92,7 +103,11 @@ def _error_message(body: Any) -> str:
 def _refused_for_a_stated_rule(case: Any, response: Any) -> bool:
     """A positive case refused with a 400 that names a field whose rule is in words."""
     meta = case.meta
-    if meta is None or not meta.generation.mode.is_positive or response.status_code != 400:
+    if meta is None or not meta.generation.mode.is_positive:
+        return False
+    if response.status_code not in (400, 404) or (
+        response.status_code == 404 and case.operation.path != "/v1/responses"
+    ):
         return False
     # `/v1/chat/completions/render` takes the same body as the route it renders for.
     prefixes = _SEMANTIC_FIELDS.get(case.operation.path.removesuffix("/render"), ())

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from compat_serve.server.anthropic.errors import ERROR_TYPES as ANTHROPIC_ERROR_TYPES
+from compat_serve.server.responses import openapi_schema as responses_schema
 from compat_serve.server.state import ServerState
 
 JsonSchema = dict[str, Any]
@@ -220,6 +221,7 @@ SCHEMAS: dict[str, JsonSchema] = {
         }
     ),
     "Health": _object({"status": _STR, "model": _STR}),
+    "Response": responses_schema.RESPONSE,
     "Status": _object(
         {
             "model": _STR,
@@ -263,6 +265,8 @@ _ERRORS: dict[str, tuple[int, ...]] = {
     "/v1/chat/completions": (*_GENERATION, 429),
     "/v1/completions": (*_GENERATION, 429),
     "/v1/messages": (*_GENERATION, 529),
+    "/v1/responses": (*_GENERATION, 429),
+    "/v1/responses/{response_id}": (*_AUTHED, 404),
     "/v1/messages/count_tokens": (400, 401, 404, 413, 503),
     "/v1/models": _AUTHED,
     "/v1/models/{model_id}": (*_AUTHED, 404),
@@ -274,6 +278,7 @@ _SUCCESS: dict[str, str] = {
     "/v1/chat/completions": "ChatCompletion",
     "/v1/completions": "TextCompletion",
     "/v1/messages": "Message",
+    "/v1/responses": "Response",
     "/v1/messages/count_tokens": "TokenCount",
     "/v1/models": "ModelList",
     "/v1/models/{model_id}": "Model",
@@ -323,6 +328,7 @@ _STREAMING = {
     "/v1/chat/completions": _OPENAI_EVENT,
     "/v1/completions": _OPENAI_EVENT,
     "/v1/messages": _ANTHROPIC_EVENT,
+    "/v1/responses": responses_schema.EVENT,
 }
 
 

@@ -1,4 +1,4 @@
-"""OpenAI Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}."""
+"""OpenAI Responses API: POST /v1/responses and GET /v1/responses/{id}."""
 
 from __future__ import annotations
 
@@ -158,10 +158,3 @@ async def get_response(response_id: str, request: Request) -> Any:
     if stored is None:
         raise _not_found(response_id, "response_id")
     return JSONResponse(stored.response)
-
-
-@router.delete("/v1/responses/{response_id}")
-async def delete_response(response_id: str, request: Request) -> Any:
-    if not _store(request.app).delete(response_id):
-        raise _not_found(response_id, "response_id")
-    return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})

@@ -1,5 +1,6 @@
 """Stored responses for `previous_response_id` and `GET /v1/responses/{id}`: a bounded
-in-memory LRU (a restart forgets them; Codex resends its whole history anyway)."""
+in-memory LRU of the last `DEFAULT_CAPACITY` (a restart forgets them; Codex sends
+`store: false` and resends its whole history anyway)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,3 @@ class ResponseStore:
             if stored is not None:
                 self._entries.move_to_end(response_id)
             return stored
-
-    def delete(self, response_id: str) -> bool:
-        with self._lock:
-            return self._entries.pop(response_id, None) is not None
