@@ -5,13 +5,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from compat_serve.chat.images import replace_markers
 from compat_serve.chat.normalize import normalize_messages
 from compat_serve.chat.probe import probe_template
 from compat_serve.chat.tool_injection import inject_tools
 from compat_serve.chat.types import ChatRequest, Message
 from compat_serve.templating import ChatTemplate, TemplateError
+
+if TYPE_CHECKING:
+    from compat_serve.engine.vision import VisionInput
 
 
 class Encoder(Protocol):
@@ -29,6 +33,8 @@ class PromptError(ValueError):
 class Prompt:
     text: str
     token_ids: tuple[int, ...]
+    # A vision-language model's images in the prompt (server/images.py builds it).
+    vision: VisionInput | None = None
 
 
 # A ChatML fallback for models that ship no chat template.
@@ -104,7 +110,9 @@ class PromptBuilder:
         # The template already writes BOS where the model wants it.
         return self._tokenizer.encode(text, add_special_tokens=False)
 
-    def build(self, request: ChatRequest) -> Prompt:
+    def build(self, request: ChatRequest, image_markup: str | None = None) -> Prompt:
+        """`image_markup`: what the model's template writes for one image (vision models);
+        each image marker of the rendered text becomes it before tokenization."""
         messages, tools = request.messages, request.tools
         if self.injects_tools and tools:
             messages = inject_tools(
@@ -117,6 +125,10 @@ class PromptBuilder:
             continue_final_message=request.continue_final_message,
             **request.template_kwargs,
         )
+        if request.images:
+            if image_markup is None:
+                raise PromptError("this model is text-only and cannot read images")
+            text = replace_markers(text, image_markup, len(request.images))
         return Prompt(text=text, token_ids=tuple(self.encode(text)))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from compat_serve.chat.images import ImageRef
 from compat_serve.engine.types import Grammar, SamplingParams
 
 Message = dict[str, Any]
@@ -33,3 +34,5 @@ class ChatRequest:
     tool_choice: str = "auto"
     # The output-format constraint (structured outputs), None when the output is free.
     grammar: Grammar | None = None
+    # Images, in order; each holds its place in message text with `chat.images.marker(i)`.
+    images: list[ImageRef] = field(default_factory=list)

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
@@ -32,6 +33,9 @@ from compat_serve.server.errors import ApiError
 from compat_serve.server.keys import cache_salt
 from compat_serve.server.lifecycle import check_admitting, shutdown_error
 from compat_serve.server.state import ServerState
+
+if TYPE_CHECKING:
+    from compat_serve.engine.vision import VisionInput
 
 RETRY_AFTER_S = "2"
 MIN_TEMPERATURE = 1e-4
@@ -58,6 +62,10 @@ def check_model_name(state: ServerState, requested: str) -> None:
 
 async def build_chat_prompt(state: ServerState, chat: ChatRequest) -> Prompt:
     """Render and tokenize off the event loop (rendering releases the GIL)."""
+    if chat.images:
+        from compat_serve.server.images import build_vision_prompt
+
+        return await build_vision_prompt(state, chat)
     try:
         return await asyncio.to_thread(state.prompt_builder.build, chat)
     except PromptError as exc:
@@ -75,6 +83,7 @@ def submit(
     visible_special_ids: frozenset[int] = frozenset(),
     cache_salt: bytes | None = None,
     grammar: Grammar | None = None,
+    vision: VisionInput | None = None,
 ) -> RequestStream:
     check_admitting(state)
     cap = state.max_output_tokens
@@ -88,7 +97,13 @@ def submit(
     try:
         return state.engine.submit(
             EngineRequest(
-                request_id, prompt_ids, sampling, visible_special_ids, cache_salt, grammar
+                request_id,
+                prompt_ids,
+                sampling,
+                visible_special_ids,
+                cache_salt,
+                grammar,
+                vision=vision,
             )
         )
     except PromptTooLong as exc:
@@ -157,6 +172,7 @@ async def admit_chat(
         parsing.visible_special_ids,
         salt,
         parsing.grammar,
+        prompt.vision,
     )
     return Admitted(state, request_id, prompt, stream, parsing.parser)
 

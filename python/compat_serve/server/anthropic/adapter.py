@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from compat_serve.chat.images import ImageError, ImageRef, anthropic_image, join_parts, marker
 from compat_serve.chat.types import ChatRequest, Message
 from compat_serve.engine.types import Grammar, SamplingParams
 from compat_serve.server.anthropic.encoder import (
@@ -73,8 +74,10 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 def to_chat_request(
-    body: MessagesRequest | CountTokensRequest, *, default_max_tokens: int
+    body: MessagesRequest | CountTokensRequest, *, default_max_tokens: int, vision: bool = False
 ) -> ChatRequest:
+    """`vision`: the model reads images (`image` blocks, in user turns and tool
+    results); otherwise they are a 400."""
     if not body.messages:
         raise ApiError(400, "messages: at least one message is required", param="messages")
     max_tokens = body.max_tokens if isinstance(body, MessagesRequest) else None
@@ -84,7 +87,8 @@ def to_chat_request(
     if tool_choice == "required":
         template_kwargs["enable_thinking"] = False  # a forced call disables thinking
     grammar = _output_grammar(body)
-    messages = _system_messages(body.system) + chat_messages(body.messages)
+    images: list[ImageRef] | None = [] if vision else None
+    messages = _system_messages(body.system) + chat_messages(body.messages, images)
     prefill = bool(messages) and _prefill(messages)
     if not messages:
         raise ApiError(400, "messages: all messages are empty", param="messages")
@@ -105,10 +109,15 @@ def to_chat_request(
         parallel_tool_calls=not (choice is not None and choice.disable_parallel_tool_use),
         tool_choice=tool_choice,
         grammar=grammar,
+        images=images or [],
     )
 
 
-def chat_messages(messages: list[InputMessage]) -> list[Message]:
+def chat_messages(
+    messages: list[InputMessage], images: list[ImageRef] | None = None
+) -> list[Message]:
+    """`images`: where image blocks go (each leaves a marker in the text); None: the
+    model is text-only and an image block is a 400."""
     out: list[Message] = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
@@ -116,7 +125,7 @@ def chat_messages(messages: list[InputMessage]) -> list[Message]:
         if message.role == "assistant":
             out.append(_assistant_message(blocks, where))
         elif message.role == "user":
-            out.extend(_user_messages(blocks, where))
+            out.extend(_user_messages(blocks, where, images))
         else:
             text = _system_text(blocks, where)
             if text:
@@ -177,25 +186,44 @@ def _assistant_message(blocks: list[ContentBlock], where: str) -> Message:
     return message
 
 
-def _user_messages(blocks: list[ContentBlock], where: str) -> list[Message]:
+def _image(block: ContentBlock, where: str, images: list[ImageRef] | None) -> str | None:
+    """An image block's marker (recording the image), None if `block` is no image."""
+    if block.type != "image" or images is None:
+        return None
+    try:
+        images.append(anthropic_image(block.model_dump(), where))
+    except ImageError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from exc
+    return marker(len(images) - 1)
+
+
+def _user_messages(
+    blocks: list[ContentBlock], where: str, images: list[ImageRef] | None = None
+) -> list[Message]:
     out: list[Message] = []
     texts: list[str] = []
     for j, block in enumerate(blocks):
         at = f"{where}.content[{j}]"
+        image = _image(block, at, images)
+        if image is not None:
+            texts.append(image)
+            continue
         kind = _classify(block, at, USER_BLOCKS, "user messages")
         if kind == "text":
             texts.append(_parse(TextBlock, block, at).text)
         elif kind == "tool_result":
             if texts:
-                out.append({"role": "user", "content": "\n".join(texts)})
+                out.append({"role": "user", "content": join_parts(texts)})
                 texts = []
-            out.append(_tool_message(_parse(ToolResultBlock, block, at), at))
+            out.append(_tool_message(_parse(ToolResultBlock, block, at), at, images))
     if texts or not out:
-        out.append({"role": "user", "content": "\n".join(texts)})
+        out.append({"role": "user", "content": join_parts(texts)})
     return out
 
 
-def _tool_message(result: ToolResultBlock, where: str) -> Message:
+def _tool_message(
+    result: ToolResultBlock, where: str, images: list[ImageRef] | None = None
+) -> Message:
     content = result.content
     if content is None:
         text = ""
@@ -205,9 +233,12 @@ def _tool_message(result: ToolResultBlock, where: str) -> Message:
         parts: list[str] = []
         for k, block in enumerate(content):
             at = f"{where}.content[{k}]"
-            if _classify(block, at, TEXT_BLOCKS, "tool results"):
+            image = _image(block, at, images)
+            if image is not None:
+                parts.append(image)
+            elif _classify(block, at, TEXT_BLOCKS, "tool results"):
                 parts.append(_parse(TextBlock, block, at).text)
-        text = "\n".join(parts)
+        text = join_parts(parts)
     if result.is_error:
         text = f"Error: {text}" if text else "Error"
     return {"role": "tool", "tool_call_id": result.tool_use_id, "content": text}

@@ -23,6 +23,7 @@ from compat_serve.server.generation import (
     check_model_name,
     server_state,
 )
+from compat_serve.server.images import reads_images
 from compat_serve.server.turn import TurnOutput, collect_turn
 
 router = APIRouter()
@@ -30,8 +31,10 @@ router = APIRouter()
 
 @router.post("/v1/messages")
 async def create_message(body: MessagesRequest, request: Request) -> Any:
-    context = server_state(request).context_length
-    chat = adapter.to_chat_request(body, default_max_tokens=context)
+    state = server_state(request)
+    chat = adapter.to_chat_request(
+        body, default_max_tokens=state.context_length, vision=reads_images(state)
+    )
     admitted = await admit_chat(request, body.model, chat, "msg_", "toolu_")
     message_id, stream = admitted.request_id, admitted.stream
     if body.stream:
@@ -84,6 +87,8 @@ async def _message_events(
 async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
     state = server_state(request)
     check_model_name(state, body.model)
-    chat = adapter.to_chat_request(body, default_max_tokens=state.context_length)
+    chat = adapter.to_chat_request(
+        body, default_max_tokens=state.context_length, vision=reads_images(state)
+    )
     prompt = await build_chat_prompt(state, chat)
     return {"input_tokens": len(prompt.token_ids)}

@@ -7,6 +7,7 @@ import json
 import time
 from typing import Any
 
+from compat_serve.chat.images import ImageError, ImageRef, join_parts, marker, url_image
 from compat_serve.chat.types import ChatRequest, Message
 from compat_serve.engine.types import FinishReason, SamplingParams, Usage
 from compat_serve.parsers import (
@@ -22,6 +23,7 @@ from compat_serve.server.openai.protocol import (
     ChatCompletionRequest,
     ChatMessageIn,
     CompletionRequest,
+    ContentPart,
     _SamplingFields,
 )
 from compat_serve.server.openai.response_format import output_grammar
@@ -55,7 +57,21 @@ def sampling_params(
     )
 
 
-def _text_content(message: ChatMessageIn, index: int) -> str:
+def _image_part(part: ContentPart, where: str, images: list[ImageRef]) -> str:
+    """An `image_url` part's marker, recording the image (data: or http(s) URL)."""
+    spec = getattr(part, "image_url", None)
+    url = spec.get("url") if isinstance(spec, dict) else spec
+    if not isinstance(url, str) or not url:
+        raise ApiError(400, f"{where}.image_url.url: field required", param=f"{where}.image_url")
+    try:
+        images.append(url_image(url, f"{where}.image_url"))
+    except ImageError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from exc
+    return marker(len(images) - 1)
+
+
+def _text_content(message: ChatMessageIn, index: int, images: list[ImageRef] | None = None) -> str:
+    """`images`: where `image_url` parts go (None: a text-only model, a 400)."""
     content = message.content
     if content is None:
         return ""
@@ -65,6 +81,8 @@ def _text_content(message: ChatMessageIn, index: int) -> str:
     for j, part in enumerate(content):
         if part.type == "text":
             texts.append(part.text or "")
+        elif part.type == "image_url" and images is not None:
+            texts.append(_image_part(part, f"messages[{index}].content[{j}]", images))
         elif part.type in ("image_url", "input_image", "image"):
             raise ApiError(
                 400,
@@ -77,7 +95,7 @@ def _text_content(message: ChatMessageIn, index: int) -> str:
                 f"messages[{index}].content[{j}]: unsupported content part type {part.type!r}",
                 param=f"messages[{index}].content[{j}]",
             )
-    return "\n".join(texts)
+    return join_parts(texts)
 
 
 def _arguments(raw: str | dict[str, Any], where: str) -> dict[str, Any]:
@@ -94,11 +112,13 @@ def _arguments(raw: str | dict[str, Any], where: str) -> dict[str, Any]:
     return parsed
 
 
-def chat_messages(messages: list[ChatMessageIn]) -> list[Message]:
+def chat_messages(
+    messages: list[ChatMessageIn], images: list[ImageRef] | None = None
+) -> list[Message]:
     out: list[Message] = []
     for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
-        msg: Message = {"role": role, "content": _text_content(m, i)}
+        msg: Message = {"role": role, "content": _text_content(m, i, images)}
         if m.name:
             msg["name"] = m.name
         if m.tool_calls:
@@ -125,7 +145,11 @@ def chat_messages(messages: list[ChatMessageIn]) -> list[Message]:
     return out
 
 
-def chat_request(body: ChatCompletionRequest, *, default_max_tokens: int) -> ChatRequest:
+def chat_request(
+    body: ChatCompletionRequest, *, default_max_tokens: int, vision: bool = False
+) -> ChatRequest:
+    """`vision`: the model reads images (`image_url` parts); otherwise they are a 400."""
+    images: list[ImageRef] | None = [] if vision else None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else None
     if max_tokens is None:
         max_tokens = body.max_tokens
@@ -141,7 +165,7 @@ def chat_request(body: ChatCompletionRequest, *, default_max_tokens: int) -> Cha
         # A forced call starts right away: no thinking first, unless the client asks.
         template_kwargs.setdefault("enable_thinking", False)
     return ChatRequest(
-        messages=chat_messages(body.messages),
+        messages=chat_messages(body.messages, images),
         sampling=dataclasses.replace(
             sampling_params(body, max_tokens, default_max_tokens=default_max_tokens),
             logprobs=chat_logprobs_setting(body),
@@ -152,6 +176,7 @@ def chat_request(body: ChatCompletionRequest, *, default_max_tokens: int) -> Cha
         parallel_tool_calls=body.parallel_tool_calls is not False,
         tool_choice="required" if forced_tool is not None else choice,
         grammar=output_grammar(body),
+        images=images or [],
     )
 
 
