@@ -45,6 +45,7 @@ class ServeOptions:
     speculative_tokens: int = 4
     ngram_min: int = 2
     ngram_max: int = 4
+    draft_model: str | None = None
     max_num_batched_tokens: int | None = None
     kv_memory: str = "30%"
     prefix_cache: bool = True
@@ -88,7 +89,11 @@ def _engine_config(options: ServeOptions) -> EngineConfig:
         kv_events_replay_endpoint=options.kv_events_replay_endpoint,
         kv_events_topic=options.kv_events_topic,
         speculation=SpeculationConfig(
-            options.speculative, options.speculative_tokens, options.ngram_min, options.ngram_max
+            options.speculative,
+            options.speculative_tokens,
+            options.ngram_min,
+            options.ngram_max,
+            draft_model=options.draft_model,
         ),
     )
     config.validate()  # before the model loads: a bad flag fails fast

@@ -72,11 +72,12 @@ def build_serve_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--speculative",
-        choices=["off", "ngram"],
+        choices=["off", "ngram", "draft"],
         default="off",
         help="speculative decoding: 'ngram' drafts tokens by prompt lookup (the tokens that "
         "followed an earlier occurrence of the last few tokens) and verifies them in one "
-        "forward; fast when the output copies the prompt (default off)",
+        "forward; fast when the output copies the prompt; 'draft' drafts with a small model "
+        "(--draft-model) (default off)",
     )
     p.add_argument(
         "--speculative-tokens",
@@ -89,6 +90,12 @@ def build_serve_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--ngram-max", type=int, default=4, help="longest suffix prompt lookup matches (4)"
+    )
+    p.add_argument(
+        "--draft-model",
+        metavar="DIR",
+        help="with --speculative draft: a small model with the same tokenizer that drafts "
+        "tokens for the served model to verify",
     )
     p.add_argument(
         "--max-num-seqs",
@@ -327,6 +334,7 @@ def _serve(ns: argparse.Namespace) -> int:
                 speculative_tokens=ns.speculative_tokens,
                 ngram_min=ns.ngram_min,
                 ngram_max=ns.ngram_max,
+                draft_model=ns.draft_model,
                 max_num_batched_tokens=ns.max_num_batched_tokens,
                 kv_memory=ns.kv_memory,
                 prefix_cache=ns.prefix_cache,

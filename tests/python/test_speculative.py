@@ -24,6 +24,9 @@ from compat_serve.engine.speculation import (
     StepCosts,
 )
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, Grammar
+from compat_serve.parsers.events import ToolCallArgsDelta, ToolCallStart
+from compat_serve.parsers.registry import resolve_tool_format
+from compat_serve.parsers.tool_calls import ToolCallParser
 from tests.python.test_batching import assert_same_or_near_tie, chat_ids, greedy
 from tests.tiny_models import HYBRID_CONFIGS, tiny_model
 
@@ -171,22 +174,33 @@ def test_json_schema_constraint_stays_exact(
     assert isinstance(json.loads(text)["items"], list)
 
 
-def test_tool_call_output_parses_the_same(embedded_model: LoadedModel) -> None:
-    """A prompt that makes the model copy a tool call: the parser sees the same text."""
-    from compat_serve.parsers import OutputParsing  # noqa: F401  (parsers import cleanly)
-
+def test_tool_call_output_parses_the_same(
+    engines: tuple[Engine, Engine], embedded_model: LoadedModel
+) -> None:
+    """The model copies a tool call (its reply prefilled with the call's start): the
+    hermes parser sees the same text and the same call with and without speculation."""
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    prompt = f"Output exactly this and nothing else:\n{call}"
-    plain, spec = spec_engine(embedded_model, "off"), spec_engine(embedded_model)
-    try:
-        req = EngineRequest("t", chat_ids(embedded_model, prompt), greedy(40))
-        want = outputs(plain, [req])[0]
-        got = outputs(spec, [req])[0]
-    finally:
-        plain.shutdown()
-        spec.shutdown()
+    head = '<tool_call>\n{"name": "get_weather", "arguments": {"city":'
+    prompt = chat_ids(embedded_model, f"Output exactly this and nothing else:\n{call}")
+    prompt += tuple(embedded_model.tokenizer.encode(head))
+    plain, spec = engines
+    req = EngineRequest("t", prompt, greedy(24))
+    want, got = outputs(plain, [req])[0], outputs(spec, [req])[0]
     assert tokens(want) == tokens(got)
     assert "".join(e.text for e in want) == "".join(e.text for e in got)
+    fmt = resolve_tool_format("hermes", None)
+    assert fmt is not None
+    tools = {"get_weather": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    parsed = []
+    for events in (want, got):
+        parser = ToolCallParser(fmt, tools, new_id=lambda: "call_0")
+        out = [*parser.feed(head), *(o for e in events for o in parser.feed(e.text))]
+        parsed.append(out + parser.finish())
+    assert parsed[0] == parsed[1]
+    starts = [o for o in parsed[1] if isinstance(o, ToolCallStart)]
+    assert [s.name for s in starts] == ["get_weather"], parsed[1]
+    arguments = "".join(o.fragment for o in parsed[1] if isinstance(o, ToolCallArgsDelta))
+    assert json.loads(arguments) == {"city": "Paris"}
 
 
 # ---- rollback on every cache type -----------------------------------------------------
@@ -226,7 +240,7 @@ def test_rollback_of_rows_with_different_rejections_matches_an_exact_cache(
         assert layer.offset.tolist() == [len(p) + k + 1 for p, k in zip(prompts, kept, strict=True)]
 
 
-@pytest.mark.parametrize("model_type", sorted(HYBRID_CONFIGS))
+@pytest.mark.parametrize("model_type", ["gemma3_text", *sorted(HYBRID_CONFIGS)])
 def test_caches_that_cannot_roll_back_turn_speculation_off(
     model_type: str, embedded_model: LoadedModel, caplog: pytest.LogCaptureFixture
 ) -> None:

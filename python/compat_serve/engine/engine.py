@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from compat_serve._native import Scheduler
 from compat_serve.engine.constraints import GrammarMatcher, Grammars
 from compat_serve.engine.detokenizer import IncrementalDetokenizer
+from compat_serve.engine.draft_model import with_draft_model
 from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTooLong
 from compat_serve.engine.executor import StepExecutor
 from compat_serve.engine.kv_events import check_kv_events_config, open_kv_events
@@ -186,7 +187,7 @@ class Engine:
             on_finished=self._release_slot,
             prefix=self.prefix,
             prefill_chunk=self.config.prefill_chunk,
-            speculation=self.config.speculation,
+            speculation=with_draft_model(self.config.speculation, loaded),
         )
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._queued = 0  # submitted but not yet finished; read by submit() for backpressure

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -21,6 +22,7 @@ import numpy as np
 from compat_serve._native import GrammarError, Scheduler, SchedulerError
 from compat_serve.engine.batch import DecodeBatch, can_rollback
 from compat_serve.engine.constraints import masked_logits
+from compat_serve.engine.draft_model import DraftModel, DraftModelError
 from compat_serve.engine.metrics import EngineMetrics
 from compat_serve.engine.prefix.cache import PrefixCaching
 from compat_serve.engine.runner import ModelRunner, plain_kv
@@ -83,16 +85,33 @@ class StepExecutor:
         self._spec = speculation or SpeculationConfig()
         self.spec_stats = SpeculationStats(self._spec.mode)
         self._drafter: Drafter | None = None
-        if self._spec.mode == "ngram":
+        self._draft_model: DraftModel | None = None
+        if self._spec.mode != "off":
             if can_rollback(runner.new_cache()):
-                self._drafter = NGramDrafter(self._spec.ngram_min, self._spec.ngram_max)
-                metrics.extra_renderers.append(self.spec_stats.render)
+                self._start_speculation(prefill_chunk)
             else:
                 self.spec_stats.disabled_reason = "the model's cache cannot be rolled back"
                 log.warning(
                     "speculative decoding is off: this model's cache (rotating or recurrent "
                     "layers) cannot roll back rejected tokens"
                 )
+
+    def _start_speculation(self, prefill_chunk: int) -> None:
+        if self._spec.mode == "ngram":
+            self._drafter = NGramDrafter(self._spec.ngram_min, self._spec.ngram_max)
+        else:
+            assert self._spec.draft is not None  # SpeculationConfig.validate
+            try:
+                self._draft_model = DraftModel(self._spec.draft, prefill_chunk)
+            except DraftModelError as exc:
+                self.spec_stats.disabled_reason = str(exc)
+                log.warning("speculative decoding is off: %s", exc)
+                return
+        self._metrics.extra_renderers.append(self.spec_stats.render)
+
+    @property
+    def _speculating(self) -> bool:
+        return self._drafter is not None or self._draft_model is not None
 
     @property
     def has_work(self) -> bool:
@@ -213,15 +232,19 @@ class StepExecutor:
             raise SchedulerError(f"decode plan {planned} does not match the batch {rows}")
         seqs = [self._seqs[request_id] for request_id in rows]
         self._metrics.on_decode_step(len(seqs))
-        drafts = self._drafts(seqs) if self._drafter is not None else None
-        if drafts is not None and any(drafts):
-            stats = self.spec_stats
-            rates = [stats.per_row[seq.request_id].rate for seq in seqs]
-            cap = stats.costs.choose_width(drafts, rates)
-            if cap:
-                self._decode_speculative(seqs, [d[:cap] for d in drafts], sampled)
-                return
         started = time.perf_counter()
+        if self._speculating:
+            try:
+                planned_drafts = self._drafts(seqs)
+            except Exception as exc:  # the draft model's forward: the target's batch is intact
+                log.exception("drafting failed; this step decodes without drafts")
+                planned_drafts = None
+                self._draft_model = None
+                self.spec_stats.disabled_reason = f"drafting failed: {exc}"
+            if planned_drafts is not None:
+                self._decode_speculative(seqs, *planned_drafts, sampled, started)
+                return
+            started = time.perf_counter()
         try:
             logits = self._runner.decode_logits(
                 self._batch.cache, [s.generated[-1] for s in seqs], *_rope_args(seqs)
@@ -233,7 +256,7 @@ class StepExecutor:
         except Exception as exc:  # the batch is lost with the forward that failed
             self._fail_batch(seqs, exc, "a decode step")
             return
-        if self._drafter is not None:
+        if self._speculating:
             self.spec_stats.costs.observe(len(seqs), 1, time.perf_counter() - started)
         for seq, token, grammar_error in zip(seqs, values, grammar_errors, strict=True):
             if grammar_error is not None:
@@ -244,14 +267,64 @@ class StepExecutor:
 
     # ---- speculative decoding (engine/speculation.py) -------------------------------------
 
-    def _drafts(self, seqs: list[Sequence]) -> list[list[int]]:
-        """Each row's draft: no longer than its adaptive length, than what leaves the
-        request running (max tokens, context) and, all rows together, than the free KV;
-        constrained rows only draft what their grammar accepts."""
-        assert self._drafter is not None
+    def _drafts(self, seqs: list[Sequence]) -> tuple[list[list[int]], list[Any]] | None:
+        """Each row's draft (and for draft-model sampled rows, the draft distribution), or
+        None for a plain step: when no row drafts, or when the measured cost of verifying
+        does not pay for the tokens the rows are expected to accept (`StepCosts`)."""
+        rooms = self._draft_rooms(seqs)
+        if not any(rooms):
+            return None
+        stats = self.spec_stats
+        rates = [stats.per_row[seq.request_id].rate for seq in seqs]
+        probs: list[Any] = [None] * len(seqs)
+        if self._draft_model is not None:  # decide before paying for the draft forwards
+            cap = stats.costs.choose_width([[0] * room for room in rooms], rates)
+            if not cap:
+                return None
+            proposal = self._draft_model.propose(
+                [seq.request_id for seq in seqs],
+                [[*seq.request.prompt_ids, *seq.generated] for seq in seqs],
+                [min(room, cap) for room in rooms],
+                [None if _sampler(seq).greedy else _sampler(seq) for seq in seqs],
+                self._runner.logits_width,
+            )
+            drafts, probs = proposal.drafts, proposal.probs
+        else:
+            assert self._drafter is not None
+            drafts = [
+                self._drafter.propose(seq.request_id, [*seq.request.prompt_ids, *seq.generated], n)
+                if n
+                else []
+                for seq, n in zip(seqs, rooms, strict=True)
+            ]
+        for i, seq in enumerate(seqs):
+            draft = drafts[i]
+            for j, token in enumerate(draft):
+                if token in seq.stop_ids:  # nothing after a stop token is needed
+                    draft = draft[: j + 1]
+                    break
+            if draft and seq.constraint is not None:
+                draft = draft[: seq.constraint.validate(draft)]
+            drafts[i] = draft
+            if probs[i] is not None:
+                probs[i] = probs[i][: len(draft)] if draft else None
+        if not any(drafts):
+            return None
+        if self._draft_model is None:
+            cap = stats.costs.choose_width(drafts, rates)
+            if not cap:
+                return None
+            drafts = [d[:cap] for d in drafts]
+        return drafts, probs
+
+    def _draft_rooms(self, seqs: list[Sequence]) -> list[int]:
+        """How many tokens each row may draft: no more than its adaptive length, than what
+        leaves the request running (max tokens, context) and, all rows together, than the
+        free KV. A sampled row with a grammar drafts nothing from a draft model (cutting
+        its draft where the grammar refuses would bias the sampling rule)."""
         kv_free = self._scheduler.kv_tokens_free
         limit = self._scheduler.token_limit
-        drafts: list[list[int]] = []
+        rooms: list[int] = []
         for seq in seqs:
             state = self.spec_stats.per_row.get(seq.request_id)
             if state is None:
@@ -263,35 +336,38 @@ class StepExecutor:
                 limit - (seq.prompt_len + out) - 1,
                 kv_free,
             )
-            draft: list[int] = []
-            if room > 0 and state.wants_draft():
-                tokens = [*seq.request.prompt_ids, *seq.generated]
-                draft = self._drafter.propose(seq.request_id, tokens, room)
-                for i, token in enumerate(draft):
-                    if token in seq.stop_ids:  # nothing after a stop token is needed
-                        draft = draft[: i + 1]
-                        break
-                if draft and seq.constraint is not None:
-                    draft = draft[: seq.constraint.validate(draft)]
-            kv_free -= len(draft)
-            drafts.append(draft)
-        return drafts
+            model_sampled = self._draft_model is not None and not _sampler(seq).greedy
+            if room <= 0 or (model_sampled and seq.constraint is not None):
+                room = 0
+            room = room if room and state.wants_draft() else 0
+            kv_free -= room
+            rooms.append(room)
+        return rooms
 
     def _decode_speculative(
-        self, seqs: list[Sequence], drafts: list[list[int]], sampled: list[tuple[str, int]]
+        self,
+        seqs: list[Sequence],
+        drafts: list[list[int]],
+        probs: list[Any],
+        sampled: list[tuple[str, int]],
+        started: float,
     ) -> None:
         """One forward verifies every row's draft; each row emits its accepted drafts plus
-        the model's next token, and its rejected positions are rolled back."""
-        started = time.perf_counter()
+        the model's next token, and its rejected positions are rolled back (in the draft
+        model's cache too). `started`: when drafting began (its cost counts)."""
         try:
             rows = [[seq.generated[-1], *draft] for seq, draft in zip(seqs, drafts, strict=True)]
             logits = self._runner.verify_logits(self._batch.cache, rows, *_rope_args(seqs))
             mx.eval(logits)
-            emitted = self._verify(logits, seqs, drafts)
+            emitted = self._verify(logits, seqs, drafts, probs)
             width = max(len(row) for row in rows)
             # Positions kept: the fed token and the accepted drafts (the last emitted
             # token is, as always, fed next step).
             self._batch.rollback([width - _kept(tokens) for tokens in emitted])
+            if self._draft_model is not None:
+                self._draft_model.settle(
+                    {s.request_id: _kept(t) - 1 for s, t in zip(seqs, emitted, strict=True)}
+                )
         except Exception as exc:  # the batch is lost with the forward that failed
             self._fail_batch(seqs, exc, "a speculative decode step")
             return
@@ -320,7 +396,11 @@ class StepExecutor:
                     break
 
     def _verify(
-        self, logits: mx.array, seqs: list[Sequence], drafts: list[list[int]]
+        self,
+        logits: mx.array,
+        seqs: list[Sequence],
+        drafts: list[list[int]],
+        draft_probs: list[Any],
     ) -> list[list[int] | GrammarError]:
         """Per row, the tokens to emit: the accepted prefix of its draft plus one token
         sampled from the model (greedy: longest prefix equal to the argmax)."""
@@ -349,7 +429,7 @@ class StepExecutor:
                 out.append(_greedy_accept(targets, draft))
             else:
                 probs = np.array(sampler.probs(row), dtype=np.float32)
-                out.append(accept_draft(probs, draft, sampler.rng))
+                out.append(accept_draft(probs, draft, sampler.rng, draft_probs[i]))
         return out
 
     def _masked_positions(

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
 
 log = logging.getLogger("compat_serve.engine")
 
-MODES = ("off", "ngram")
+MODES = ("off", "ngram", "draft")
 
 
 @dataclass(frozen=True)
@@ -35,10 +38,19 @@ class SpeculationConfig:
     # Suffix lengths prompt lookup tries, longest first.
     ngram_min: int = 2
     ngram_max: int = 4
+    # The draft model (`--speculative draft --draft-model DIR`; engine/draft_model.py):
+    # its path, loaded by the engine, or the model itself.
+    draft_model: str | None = None
+    draft: LoadedModel | None = field(default=None, compare=False, repr=False)
 
     def validate(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"--speculative must be one of {', '.join(MODES)}")
+        has_draft = self.draft is not None or bool(self.draft_model)
+        if self.mode == "draft" and not has_draft:
+            raise ValueError("--speculative draft needs --draft-model DIR")
+        if self.mode != "draft" and has_draft:
+            raise ValueError("--draft-model is only used with --speculative draft")
         if self.num_tokens < 1:
             raise ValueError("--speculative-tokens must be at least 1")
         if not 1 <= self.ngram_min <= self.ngram_max:
