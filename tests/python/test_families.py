@@ -4,8 +4,10 @@ Each family is a tiny randomly initialised model of the real mlx-lm class, writt
 directory the way a user's download looks (config.json, safetensors, tokenizer files;
 4-bit variants quantized by mlx-lm's own `quantize_model`) and loaded through our loader.
 On each: the loaded model computes what the source model computes, greedy output batched
-equals output alone, and a second turn reads the first from the prefix cache with the
-output (and next-token logits) of an uncached run.
+equals output alone, a second turn reads the first from the prefix cache with the output
+(and next-token logits) of an uncached run, a restarted server resumes from the disk tier,
+and a speculative rollback leaves the cache a non-speculating run would have (or
+speculation is off where the cache cannot roll back).
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from compat_serve.engine.batch import can_rollback
 from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
 from compat_serve.models.loader import load_model
 from tests.chat_prompts import chat_ids
@@ -207,3 +212,69 @@ def test_turn_two_reads_turn_one_from_the_cache(family: Family) -> None:
         assert mx.abs(warm - cold).max().item() < 1e-3
     finally:
         prefix.cache.release("probe")
+
+
+def test_a_restart_resumes_from_the_disk_tier(family: Family, tmp_path: Path) -> None:
+    """Blocks, and the state snapshots of rotating / recurrent layers, read back from disk."""
+    loaded = family.loaded
+    prompt = prompt_ids(loaded, PROMPTS[2])
+    expected = run(family.uncached, prompt, max_tokens=6)[0]
+    for restart in (False, True):
+        disk = engine(loaded, cache_dir=str(tmp_path), cache_disk_bytes=1 << 30)
+        try:
+            tokens, usage = run(disk, prompt, max_tokens=6)
+            assert disk.prefix is not None
+            if restart:
+                full = (len(prompt) - 1) // BLOCK * BLOCK
+                assert usage.cached_tokens >= full
+                assert disk.prefix.metrics()["disk_hit_tokens"] == usage.cached_tokens
+                assert disk.prefix.faults == 0
+            else:
+                assert usage.cached_tokens == 0
+            assert tokens == expected
+        finally:
+            disk.shutdown()
+
+
+def test_speculative_rollback_matches_an_exact_cache(family: Family) -> None:
+    """Where the cache can roll back, rows verify drafts of different lengths and, after
+    the rollback, their next logits equal those of a cache that only saw the accepted
+    tokens; elsewhere the engine turns speculation off."""
+    import mlx.core as mx
+
+    from compat_serve.engine.batch import DecodeBatch
+    from compat_serve.engine.runner import ModelRunner
+
+    loaded = family.loaded
+    runner = ModelRunner(loaded)
+    if not can_rollback(runner.new_cache()):
+        spec = Engine(loaded, EngineConfig(speculation=SpeculationConfig("ngram", 4)))
+        spec.start()
+        try:
+            assert spec.speculation_status()["disabled_reason"]
+        finally:
+            spec.shutdown()
+        return
+    prompts = [list(prompt_ids(loaded, text)) for text in PROMPTS]
+    fed = [[11, 12, 13, 14], [21, 22], [31, 32, 33]]  # last token + drafts
+    kept = [2, 1, 3]  # positions each row keeps
+
+    def batch_of(prefixes: list[list[int]]) -> DecodeBatch:
+        batch = DecodeBatch()
+        caches = []
+        for p in prefixes:
+            cache = runner.new_cache()
+            runner.prefill(cache, p)
+            caches.append(cache)
+        batch.add([(f"r{i}", c) for i, c in enumerate(caches)])
+        return batch
+
+    spec = batch_of(prompts)
+    runner.verify_logits(spec.cache, fed)
+    spec.rollback([4 - k for k in kept])
+    exact = batch_of([p + f[:k] for p, f, k in zip(prompts, fed, kept, strict=True)])
+    nxt = [5, 6, 7]
+    a = runner.decode_logits(spec.cache, nxt)
+    b = runner.decode_logits(exact.cache, nxt)
+    assert mx.abs(b).max().item() > 0.1
+    assert mx.abs(a - b).max().item() < 1e-3
