@@ -66,7 +66,7 @@ _SEMANTIC_FIELDS: dict[str, tuple[str, ...]] = {
         "messages",
         "This model's maximum context length",
         # An id the store does not hold is a 404 (OpenAI's answer), not a 400.
-        "Response with id",
+        "Previous response with id",
     ),
 }
 _SEMANTIC_FIELDS["/v1/messages/count_tokens"] = _SEMANTIC_FIELDS["/v1/messages"]

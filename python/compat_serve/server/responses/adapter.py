@@ -29,8 +29,18 @@ class Plan:
     summary: bool
 
 
+def _stops(value: object) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise bad("stop", "must be a string or a list of strings")
+    return value
+
+
 def _sampling(body: ResponsesRequest, default_max_tokens: int) -> SamplingParams:
-    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    stops = _stops(body.stop)
     return SamplingParams(
         max_tokens=body.max_output_tokens or default_max_tokens,
         temperature=body.temperature,
@@ -100,9 +110,11 @@ def _named(tools: ResponseTools, name: object, namespace: object, where: str) ->
     return found
 
 
-def _tool_choice(choice: str | dict[str, Any] | None, tools: ResponseTools) -> _Choice:
+def _tool_choice(choice: object, tools: ResponseTools) -> _Choice:
     if choice is None:
         return _Choice("auto")
+    if not isinstance(choice, (str, dict)):
+        raise bad("tool_choice", "must be 'none', 'auto', 'required' or an object")
     if isinstance(choice, str):
         if choice not in ("auto", "none", "required"):
             raise bad(
@@ -161,6 +173,8 @@ def plan_request(
         messages.append({"role": "system", "content": body.instructions})
     if history:
         messages += input_messages(history, seal, where="previous_response_id")
+    if not isinstance(body.input, (str, list)):
+        raise bad("input", "must be a string or a list of input items")
     messages += input_messages(body.input, seal)
     if not messages:
         raise bad("input", "must not be empty")

@@ -1,7 +1,7 @@
 """OpenAI Responses request body (`POST /v1/responses`). Lenient: unknown fields are
 ignored, never an error.
 
-`input`, `tools`, `tool_choice`, `text` and `reasoning` keep loose runtime types: the
+`input`, `tools`, `tool_choice`, `stop`, `text` and `reasoning` keep loose runtime types: the
 adapter (items.py, tools.py, adapter.py) checks them itself so that its 400s name the
 exact field (`input[3].call_id`, `tools[1].format.syntax`).
 """
@@ -36,6 +36,7 @@ _TOOL_CHOICE = {
         _NULL,
     ]
 }
+_STOP = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, _NULL]}
 _OBJECT = {"anyOf": [{"type": "object", "additionalProperties": True}, _NULL]}
 
 
@@ -43,16 +44,16 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
-    input: Annotated[str | list[Any], WithJsonSchema(_ITEMS)] = ""
+    input: Annotated[Any, WithJsonSchema(_ITEMS)] = ""
     instructions: str | None = None
     tools: Annotated[list[Any] | None, WithJsonSchema(_OBJECTS)] = None
-    tool_choice: Annotated[str | dict[str, Any] | None, WithJsonSchema(_TOOL_CHOICE)] = None
+    tool_choice: Annotated[Any, WithJsonSchema(_TOOL_CHOICE)] = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: Annotated[int, Field(ge=1, le=U32_MAX), INTEGRAL] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     # An extension (vLLM accepts it too): stop strings.
-    stop: str | list[str] | None = None
+    stop: Annotated[Any, WithJsonSchema(_STOP)] = None
     reasoning: Annotated[dict[str, Any] | None, WithJsonSchema(_OBJECT)] = None
     text: Annotated[dict[str, Any] | None, WithJsonSchema(_OBJECT)] = None
     include: list[str] | None = None

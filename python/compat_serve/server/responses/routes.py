@@ -41,9 +41,10 @@ def _seal(app: FastAPI) -> ReasoningSeal:
 
 
 def _not_found(response_id: str, param: str) -> ApiError:
+    what = "Previous response" if param == "previous_response_id" else "Response"
     return ApiError(
         404,
-        f"Response with id '{response_id}' not found.",
+        f"{what} with id '{response_id}' not found.",
         param=param,
         code="response_not_found",
     )
