@@ -258,3 +258,27 @@ def test_prompt_past_the_context_fails_the_stream(slow: RunningServer) -> None:
     whole = httpx.post(f"{slow.base_url}/v1/responses", json=body, timeout=60)
     assert whole.status_code == 400
     assert whole.json()["error"]["code"] == "context_length_exceeded"
+
+
+@pytest.fixture
+def faulty(slow: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = slow.state.engine._runner  # type: ignore[attr-defined]
+
+    def broken(*_args: Any) -> Any:
+        raise RuntimeError("injected decode fault")
+
+    monkeypatch.setattr(runner, "decode_logits", broken)
+
+
+@pytest.mark.usefixtures("faulty")
+def test_engine_fault_is_response_failed_or_a_500(slow: RunningServer) -> None:
+    body = {"model": "m", "input": "hi", "max_output_tokens": 4}
+    events = stream_events(slow.base_url, body)
+    failed = final_response(events)
+    assert events[-1]["type"] == "response.failed" and failed["status"] == "failed"
+    assert failed["error"]["code"] == "server_error"
+    assert "injected decode fault" in failed["error"]["message"]
+    whole = httpx.post(f"{slow.base_url}/v1/responses", json=body, timeout=60)
+    assert whole.status_code == 500
+    assert "injected decode fault" in whole.json()["error"]["message"]
+    assert httpx.get(f"{slow.base_url}/health", timeout=10).status_code == 200
