@@ -80,6 +80,8 @@ class ResponseBuilder:
         self._calls: dict[int, dict[str, Any]] = {}
         self.reasoning_tokens = 0
         self.finish_reason: FinishReason | None = None
+        # The turn ended in tool calls (an abort once the allowed calls were made).
+        self.ended_in_tool_calls = False
 
     # ---- events -----------------------------------------------------------------------
 
@@ -317,6 +319,7 @@ class ResponseBuilder:
     def finish(self, final: EngineEvent, *, ended_in_tool_calls: bool) -> list[Event]:
         """Close the open item and end the response (completed, incomplete or failed)."""
         reason = self.finish_reason = final.finish_reason
+        self.ended_in_tool_calls = ended_in_tool_calls
         cut = reason in _INCOMPLETE and not ended_in_tool_calls
         if reason in (FinishReason.ERROR, FinishReason.SHUTDOWN):
             return self.fail("server_error", final.error or "the server is shutting down")

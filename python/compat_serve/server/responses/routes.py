@@ -103,7 +103,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
         if builder.finish_reason is FinishReason.SHUTDOWN:
             raise shutdown_error()
         raise ApiError(500, f"generation failed: {final['error']['message']}")
-    if builder.finish_reason in (None, FinishReason.ABORTED) and not final["output"]:
+    cut = builder.finish_reason is FinishReason.ABORTED and not builder.ended_in_tool_calls
+    if builder.finish_reason is None or cut:
         raise ApiError(499, "client closed the request")
     remember()
     return JSONResponse(final)
