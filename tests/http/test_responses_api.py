@@ -31,7 +31,7 @@ WEATHER: dict[str, Any] = {
     "parameters": {
         "type": "object",
         "properties": {
-            "city": {"type": "string", "maxLength": 30},
+            "city": {"type": "string", "maxLength": 16},
             "unit": {"enum": ["celsius", "fahrenheit"]},
         },
         "required": ["city", "unit"],
@@ -149,7 +149,7 @@ def test_forced_function_call_is_valid_five_times_at_temperature_0_8(
             tool_choice={"type": "function", "name": "get_weather"},
             parallel_tool_calls=False,
             temperature=0.8,
-            max_output_tokens=100,
+            max_output_tokens=48,
         )
 
     async def run() -> list[Any]:
@@ -195,7 +195,7 @@ def test_namespace_tool_call_comes_back_with_namespace_and_name(server: RunningS
                 "description": "Read a file",
                 "parameters": {
                     "type": "object",
-                    "properties": {"path": {"type": "string"}},
+                    "properties": {"path": {"type": "string", "maxLength": 16}},
                     "required": ["path"],
                 },
             }
@@ -222,7 +222,7 @@ def test_namespace_tool_call_comes_back_with_namespace_and_name(server: RunningS
         {"type": "function_call_output", "call_id": call.call_id, "output": "buy milk"},
     ]
     second = oai.responses.create(
-        model="m", input=history, tools=tools, temperature=0, max_output_tokens=8
+        model="m", input=history, tools=tools, temperature=0, max_output_tokens=1
     )
     assert second.status in ("completed", "incomplete")
     assert second.usage is not None
