@@ -118,9 +118,11 @@ class ToolCallIn(_Lenient):
 
 
 class ContentPart(_Lenient):
-    # Text-only model: any other part type is a 400 naming its position.
-    type: str = Field(json_schema_extra={"enum": ["text"]})
+    # Text parts; `image_url` parts on a vision-language model (a 400 on a text-only one).
+    type: str = Field(json_schema_extra={"enum": ["text", "image_url"]})
     text: str | None = None
+    # {"url": "data:image/png;base64,..." | "https://...", "detail": ...}
+    image_url: dict[str, Any] | None = None
 
 
 class ChatMessageIn(_Lenient):
