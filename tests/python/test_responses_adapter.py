@@ -186,3 +186,39 @@ def test_builder_cut_by_the_token_limit_is_incomplete() -> None:
     assert events[-1]["type"] == "response.incomplete"
     assert builder.response["incomplete_details"] == {"reason": "max_output_tokens"}
     assert builder.response["output"][0]["status"] == "incomplete"
+
+
+def test_input_images_leave_markers_on_a_vision_model_and_are_refused_otherwise() -> None:
+    from compat_serve.chat.images import marker
+
+    png = "data:image/png;base64,iVBORw0KGgo="
+    items = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "Look:"},
+                {"type": "input_image", "image_url": png, "detail": "auto"},
+            ],
+        },
+        {"type": "function_call", "call_id": "c", "name": "view_image", "arguments": "{}"},
+        {
+            "type": "function_call_output",
+            "call_id": "c",
+            "output": [{"type": "input_image", "image_url": "https://example.com/a.png"}],
+        },
+    ]
+    images: list[Any] = []
+    messages = input_messages(items, SEAL, images=images)
+    assert messages[0]["content"] == "Look:" + marker(0)  # glued, as chat does
+    assert messages[2]["content"] == marker(1)
+    assert [(i.media_type, i.url) for i in images] == [
+        ("image/png", None),
+        (None, "https://example.com/a.png"),
+    ]
+    with pytest.raises(ApiError) as caught:
+        input_messages(items, SEAL)
+    assert caught.value.param == "input[0].content[1]"
+    bad_url = [{"role": "user", "content": [{"type": "input_image", "image_url": "ftp://x"}]}]
+    with pytest.raises(ApiError) as caught:
+        input_messages(bad_url, SEAL, images=[])
+    assert caught.value.param == "input[0].content[0].image_url"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from compat_serve.chat.images import ImageRef
 from compat_serve.chat.types import ChatRequest, Message
 from compat_serve.engine.types import Grammar, SamplingParams
 from compat_serve.server.output_format import bad, json_schema_grammar
@@ -160,8 +161,11 @@ def plan_request(
     seal: ReasoningSeal,
     *,
     default_max_tokens: int,
+    vision: bool = False,
 ) -> Plan:
-    """`history`: the input and output items of `previous_response_id`'s conversation."""
+    """`history`: the input and output items of `previous_response_id`'s conversation;
+    `vision`: the model reads images (`input_image` parts), otherwise they are a 400."""
+    images: list[ImageRef] | None = [] if vision else None
     tools = response_tools(body.tools)
     choice = _tool_choice(body.tool_choice, tools)
     if choice.allowed is not None:
@@ -172,10 +176,10 @@ def plan_request(
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
     if history:
-        messages += input_messages(history, seal, where="previous_response_id")
+        messages += input_messages(history, seal, "previous_response_id", images)
     if not isinstance(body.input, (str, list)):
         raise bad("input", "must be a string or a list of input items")
-    messages += input_messages(body.input, seal)
+    messages += input_messages(body.input, seal, "input", images)
     if not messages:
         raise bad("input", "must not be empty")
     chat_tools: list[dict[str, Any]] | None = tools.chat_tools or None
@@ -196,5 +200,6 @@ def plan_request(
         parallel_tool_calls=body.parallel_tool_calls is not False,
         tool_choice=choice.mode,
         grammar=grammar,
+        images=images or [],
     )
     return Plan(chat, tools, choice.raw_custom, ENCRYPTED_REASONING in include, summary)

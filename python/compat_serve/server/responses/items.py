@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from compat_serve.chat.images import ImageError, ImageRef, join_parts, marker, url_image
 from compat_serve.chat.types import Message
 from compat_serve.server.output_format import bad
 from compat_serve.server.responses.sealed_reasoning import ReasoningSeal
@@ -47,8 +48,25 @@ def _optional_str(item: dict[str, Any], key: str, where: str) -> str | None:
     return value
 
 
-def content_text(content: object, where: str) -> str:
-    """A message's (or a call output's) content as text; images are a 400 (text-only)."""
+def _image(part: dict[str, Any], where: str, images: list[ImageRef] | None) -> str:
+    """An `input_image` part's marker, recording the image (a data: or http(s) URL)."""
+    if images is None:
+        raise bad(where, "this model is text-only and cannot read images")
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url:
+        if part.get("file_id") is not None:
+            raise bad(f"{where}.file_id", "files are not supported; send image_url")
+        raise bad(f"{where}.image_url", "field required")
+    try:
+        images.append(url_image(url, f"{where}.image_url"))
+    except ImageError as exc:
+        raise bad(exc.param, str(exc).removeprefix(f"{exc.param}: ")) from exc
+    return marker(len(images) - 1)
+
+
+def content_text(content: object, where: str, images: list[ImageRef] | None = None) -> str:
+    """A message's (or a call output's) content as text. `images`: where `input_image`
+    parts go, each leaving its marker in the text (None: a text-only model, a 400)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -65,16 +83,19 @@ def content_text(content: object, where: str) -> str:
             if not isinstance(text, str):
                 raise bad(f"{at}.{key}", "must be a string")
             texts.append(text)
-        elif kind in ("input_image", "input_file", "input_audio"):
-            raise bad(at, f"this model is text-only and cannot read {kind} parts")
+        elif kind == "input_image":
+            texts.append(_image(part, at, images))
+        elif kind in ("input_file", "input_audio"):
+            raise bad(at, f"{kind} parts are not supported")
         else:
             raise bad(f"{at}.type", f"unsupported content part type {kind!r}")
-    return "\n".join(texts)
+    return join_parts(texts)
 
 
 class _Conversation:
-    def __init__(self, seal: ReasoningSeal) -> None:
+    def __init__(self, seal: ReasoningSeal, images: list[ImageRef] | None) -> None:
         self.messages: list[Message] = []
+        self.images = images
         self._seal = seal
         self._reasoning: list[str] = []
         self._call_names: dict[str, str] = {}
@@ -100,7 +121,7 @@ class _Conversation:
             raise bad(
                 f"{where}.role", f"must be one of user, assistant, system, developer, not {role!r}"
             )
-        text = content_text(item.get("content", ""), f"{where}.content")
+        text = content_text(item.get("content", ""), f"{where}.content", self.images)
         if role == "assistant":
             msg = self._assistant()
             msg["content"] = (msg["content"] + "\n" if msg["content"] else "") + text
@@ -134,7 +155,7 @@ class _Conversation:
         call_id = _str(item, "call_id", where)
         if "output" not in item:
             raise bad(f"{where}.output", "field required")
-        text = content_text(item["output"], f"{where}.output")
+        text = content_text(item["output"], f"{where}.output", self.images)
         self._close_assistant()
         msg: Message = {"role": "tool", "content": text, "tool_call_id": call_id}
         if call_id in self._call_names:
@@ -159,11 +180,15 @@ class _Conversation:
 
 
 def input_messages(
-    items: str | list[Any], seal: ReasoningSeal, where: str = "input"
+    items: str | list[Any],
+    seal: ReasoningSeal,
+    where: str = "input",
+    images: list[ImageRef] | None = None,
 ) -> list[Message]:
+    """`images`: where `input_image` parts go (None: a text-only model, a 400)."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}] if items else []
-    conversation = _Conversation(seal)
+    conversation = _Conversation(seal, images)
     for i, item in enumerate(items):
         at = f"{where}[{i}]"
         if not isinstance(item, dict):

@@ -13,6 +13,7 @@ from compat_serve.server import sse
 from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import admit_chat, server_state
+from compat_serve.server.images import reads_images
 from compat_serve.server.lifecycle import shutdown_error
 from compat_serve.server.responses.adapter import plan_request
 from compat_serve.server.responses.encoder import Event, ResponseBuilder, base_response, item_id
@@ -64,7 +65,13 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
         if previous is None:
             raise _not_found(body.previous_response_id, "previous_response_id")
         history = previous.items
-    plan = plan_request(body, history, seal, default_max_tokens=state.context_length)
+    plan = plan_request(
+        body,
+        history,
+        seal,
+        default_max_tokens=state.context_length,
+        vision=reads_images(state),
+    )
     response_id = item_id("resp")
     builder = ResponseBuilder(
         base_response(response_id, body, body.tool_choice),
