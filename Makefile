@@ -81,6 +81,7 @@ bench-python: build
 	$(PY) benches/soak.py
 	$(PY) benches/prefix_disk.py
 	$(PY) benches/router.py
+	$(PY) benches/vision_session.py
 
 clean:
 	cargo clean
