@@ -61,6 +61,10 @@ CODEX_TOOLS: list[dict[str, Any]] = [
 ]
 REPLIES = [
     ("raw patch please", PATCH),
+    (
+        "count please",
+        '<tool_call>\n{"name": "counter", "arguments": {"input": "abc"}}\n</tool_call>',
+    ),
     ("Please read a.txt", MCP_CALL),
     ("", PATCH_CALL),
 ]
@@ -282,3 +286,16 @@ def test_engine_fault_is_response_failed_or_a_500(slow: RunningServer) -> None:
     assert whole.status_code == 500
     assert "injected decode fault" in whole.json()["error"]["message"]
     assert httpx.get(f"{slow.base_url}/health", timeout=10).status_code == 200
+
+
+def test_a_regex_custom_tool_constrains_its_input_in_auto_mode(qwen3: RunningServer) -> None:
+    counter = {
+        "type": "custom",
+        "name": "counter",
+        "format": {"type": "grammar", "syntax": "regex", "definition": "[0-9]{1,4}"},
+    }
+    body = {**_request("count please"), "tools": [counter], "max_output_tokens": 40}
+    (call,) = final_response(stream_events(qwen3.base_url, body))["output"]
+    # The script writes "abc"; the pattern lets only digits through.
+    assert call["type"] == "custom_tool_call" and call["name"] == "counter"
+    assert call["input"].isdigit() and 1 <= len(call["input"]) <= 4, call["input"]

@@ -114,13 +114,18 @@ def _custom(
     assert name is not None
     grammar = _custom_grammar(tool.get("format"), f"{where}.format")
     description = _text(tool.get("description"), f"{where}.description") or ""
+    value: dict[str, Any] = {"type": "string", "description": "the raw input"}
+    if grammar is not None and grammar.kind == "regex":
+        # The call's JSON string is constrained too (a Lark grammar cannot be put inside
+        # a JSON string: it applies when the tool is forced, see adapter.py).
+        value["pattern"] = f"^(?:{grammar.source})$"
     function = {
         "name": chat_name(name, namespace),
         "description": (description + "\n" if description else "")
         + "Freeform tool: put the raw input text in `input`.",
         "parameters": {
             "type": "object",
-            "properties": {CUSTOM_INPUT: {"type": "string", "description": "the raw input"}},
+            "properties": {CUSTOM_INPUT: value},
             "required": [CUSTOM_INPUT],
         },
     }
