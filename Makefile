@@ -82,6 +82,7 @@ bench-python: build
 	$(PY) benches/prefix_disk.py
 	$(PY) benches/router.py
 	$(PY) benches/vision_session.py
+	$(PY) benches/sampling_defaults.py
 
 clean:
 	cargo clean
