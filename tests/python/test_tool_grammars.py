@@ -105,6 +105,14 @@ CALL_STARTS = {
     "mistral": ("[ARGS]", '{"name"'),
     "deepseek_v3": ("<｜tool▁call▁begin｜>",),  # noqa: RUF001 (DeepSeek's own markup)
     "kimi_k2": ("<|tool_call_begin|>",),
+    "nemotron": ('{"name"',),
+    "granite": ('{"name"',),
+    "phi4_mini": ('{"name"',),
+    "command_r7b": ('"tool_call_id"',),
+    "command_r_plus": ('"tool_name"',),
+    "functionary_v3_1": ("<function=",),
+    # `>>>` alone also turns up inside random strings (`</seed:tool_call>>>`).
+    "functionary_v3_2": tuple(f">>>{name}\n" for name in TOOLS),
 }
 
 # The markup that starts a block of calls (what a model writes to start calling in auto).
@@ -119,6 +127,12 @@ TRIGGERS.update(
         "mistral": "[TOOL_CALLS]",
         "deepseek_v3": "<｜tool▁calls▁begin｜>",  # noqa: RUF001
         "kimi_k2": "<|tool_calls_section_begin|>",
+        "nemotron": "<TOOLCALL>",
+        "granite": "<|tool_call|>",
+        "phi4_mini": "<|tool_call|>",
+        "command_r7b": "<|START_ACTION|>",
+        "command_r_plus": "Action:\n```json",
+        "functionary_v3_2": ">>>",
     }
 )
 
@@ -371,6 +385,43 @@ def test_special_reasoning_tags(special: Vocab, name: str) -> None:
 LS, PWD = {"command": "ls -la", "timeout": 3}, {"command": "pwd", "timeout": 1}
 
 
+def _array_rendered(name: str, calls: list[dict[str, Any]]) -> str:
+    """Calls to run_command in the formats that write one JSON list of calls, as their
+    templates render them (Command R+'s renders arguments with `tojson(indent=4)`; the
+    grammar writes them compact)."""
+    if name == "command_r7b":
+        items = [
+            f'{{"tool_call_id": "{i}", "tool_name": "run_command", "parameters": {json.dumps(c)}}}'
+            for i, c in enumerate(calls)
+        ]
+        return "<|START_ACTION|>[\n    " + ",\n    ".join(items) + "\n]<|END_ACTION|>"
+    if name == "command_r_plus":
+        head = '{\n        "tool_name": "run_command",\n        "parameters": '
+        items = [f"{head}{json.dumps(c)}\n    }}" for c in calls]
+        return "Action:\n```json\n[\n    " + ",\n    ".join(items) + "\n]```"
+    if name == "functionary_v3_1":
+        return "".join(f"<function=run_command>{json.dumps(c)}</function>" for c in calls)
+    if name == "functionary_v3_2":
+        return "".join(f">>>run_command\n{json.dumps(c)}" for c in calls)
+    listed = ", ".join(f'{{"name": "run_command", "arguments": {json.dumps(c)}}}' for c in calls)
+    return {
+        "nemotron": f"<TOOLCALL>[{listed}]</TOOLCALL>",
+        "granite": f"<|tool_call|>[{listed}]",
+        "phi4_mini": f"<|tool_call|>[{listed}]<|/tool_call|>",
+    }[name]
+
+
+ARRAY_FORMATS = (
+    "nemotron",
+    "granite",
+    "phi4_mini",
+    "command_r7b",
+    "command_r_plus",
+    "functionary_v3_1",
+    "functionary_v3_2",
+)
+
+
 def _native_rendered(name: str, calls: list[dict[str, Any]]) -> str:
     """Calls to run_command as openai-gpt-oss-120b (one call per assistant message, after
     the prompt's `<|start|>assistant`), MiniMax-M2, Gemma 4 and LFM2 write them."""
@@ -405,6 +456,8 @@ def _rendered(name: str) -> str:
     in an assistant turn (Llama 3's template takes one call per turn)."""
     if name in NATIVE_FORMATS:
         return _native_rendered(name, [LS, PWD])
+    if name in ARRAY_FORMATS:
+        return _array_rendered(name, [LS, PWD])
     ls, pwd = json.dumps(LS), json.dumps(PWD)
     hermes = '<tool_call>\n{{"name": "run_command", "arguments": {}}}\n</tool_call>'
     qwen = (
@@ -472,6 +525,8 @@ def _first_call(name: str) -> str:
     """The first of the two rendered calls, as a turn of its own."""
     if name in NATIVE_FORMATS:
         return _native_rendered(name, [LS])
+    if name in ARRAY_FORMATS:
+        return _array_rendered(name, [LS])
     text = _rendered(name)
     if name == "llama3":
         return text

@@ -30,6 +30,9 @@ class Outcome(enum.Enum):
     MORE = "more"  # needs more text
     DONE = "done"  # the region ended; the rest of the buffer is ordinary output again
     REJECT = "reject"  # not a tool call after all
+    # Markup that holds no call (Functionary's `>>>all`, Command R's `<|START_RESPONSE|>`):
+    # dropped, and what follows is ordinary output again.
+    MARKUP = "markup"
 
 
 class CallSink(Protocol):
@@ -187,7 +190,9 @@ class Region:
     # ---- JSON call objects: {"name": ..., "arguments": {...}} ----------------------
 
     def json_call(
-        self, args_keys: tuple[str, ...] = ("arguments", "parameters")
+        self,
+        args_keys: tuple[str, ...] = ("arguments", "parameters"),
+        name_keys: tuple[str, ...] = ("name",),
     ) -> Generator[None, None, Outcome]:
         """One call written as a JSON object. REJECT (nothing consumed for good) if the
         object has no known `name` before anything was sent; the call is closed otherwise."""
@@ -205,7 +210,7 @@ class Region:
             yield from self.skip_ws()
             if key is None or not (yield from self.accept(":")):
                 break
-            if key == "name" and not opened:
+            if key in name_keys and not opened:
                 name = json_string((yield from self.read_json_value()))
                 if name is None or not self.sink.known(name):
                     return Outcome.REJECT

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from compat_serve.parsers.formats import (
+    command_r,
+    functionary,
     gemma4,
     glm,
+    granite,
     harmony,
     llama3,
     minimax,
     mistral,
+    nemotron,
     pythonic,
     sections,
     xml_function,
@@ -79,6 +83,52 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
             sections.kimi_k2_grammar,
         ),
         ToolFormat(
+            "nemotron",
+            {nemotron.TOOLCALL_OPEN: nemotron.NemotronRegion},
+            (nemotron.TOOLCALL_OPEN, nemotron.TOOLCALL_CLOSE),
+            nemotron.nemotron_grammar,
+        ),
+        ToolFormat(
+            "granite",
+            {granite.TOOL_CALL: granite.GraniteRegion},
+            (granite.TOOL_CALL, granite.TOOL_CALL_CLOSE),
+            granite.granite_grammar,
+        ),
+        ToolFormat(
+            "phi4_mini",
+            {granite.TOOL_CALL: granite.GraniteRegion},
+            (granite.TOOL_CALL, granite.TOOL_CALL_CLOSE),
+            granite.phi4_mini_grammar,
+        ),
+        ToolFormat(
+            "command_r7b",
+            {
+                command_r.START_ACTION: command_r.ActionRegion,
+                command_r.START_RESPONSE: command_r.ResponseMarkup,
+                command_r.END_RESPONSE: command_r.ResponseMarkup,
+            },
+            command_r.MARKUP,
+            command_r.command_r7b_grammar,
+        ),
+        ToolFormat(
+            "command_r_plus",
+            {command_r.ACTION_JSON: command_r.FencedActionRegion},
+            (command_r.ACTION_JSON,),  # not the fence: DeepSeek writes '```json' as text
+            command_r.command_r_plus_grammar,
+        ),
+        ToolFormat(
+            "functionary_v3_1",
+            {xml_function.FUNCTION_OPEN: xml_function.FunctionRegion},
+            (xml_function.FUNCTION_OPEN, xml_function.FUNCTION_CLOSE),
+            functionary.functionary_v3_1_grammar,
+        ),
+        ToolFormat(
+            "functionary_v3_2",
+            {functionary.RECIPIENT: functionary.RecipientRegion},
+            (functionary.RECIPIENT,),
+            functionary.functionary_v3_2_grammar,
+        ),
+        ToolFormat(
             "harmony",
             {},
             harmony.MARKUP,
@@ -127,6 +177,14 @@ _DETECTION: tuple[tuple[str, str], ...] = (
     (gemma4.CALL_OPEN, "gemma4"),
     (pythonic.CALL_START, "lfm2"),
     ("List of tools: [", "lfm2"),  # LFM2.5's template names no call markup
+    (nemotron.TOOLCALL_OPEN, "nemotron"),
+    (command_r.START_ACTION, "command_r7b"),
+    ('"tool_name"', "command_r_plus"),  # the R+ tool_use template's action list
+    (granite.TOOL_CALL_CLOSE, "phi4_mini"),
+    ("<|/tool|>", "phi4_mini"),  # Phi-4-mini's template: tools between <|tool|> and <|/tool|>
+    (granite.TOOL_CALL, "granite"),
+    (functionary.FUNCTION_JSON_EXAMPLE, "functionary_v3_1"),  # before qwen3_coder's <function=
+    (functionary.RECIPIENT + functionary.TEXT_RECIPIENT, "functionary_v3_2"),
     (sections.DS_CALLS_BEGIN, "deepseek_v3"),
     (sections.KIMI_SECTION_BEGIN, "kimi_k2"),
     (mistral.TOOL_CALLS, "mistral"),

@@ -129,6 +129,10 @@ class ToolCallParser:
         if outcome is Outcome.MORE:
             return ""
         self._region = None
+        if outcome is Outcome.MARKUP:
+            self._ws_before_region = ""
+            self._after_call = True
+            return region.rest
         if outcome is Outcome.DONE and self._region_opened:
             self._after_call = True
             return region.rest
