@@ -22,7 +22,7 @@ from compat_serve.engine.engine import Engine, EngineConfig
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams
 from compat_serve.parsers import OutputParsing, RequestTools
 from compat_serve.parsers.events import ParsedTurn
-from compat_serve.parsers.registry import detect_tool_format, template_uses_think_tags
+from compat_serve.parsers.registry import detect_tool_format, resolve_reasoning
 from tests.shared_data import manifest_rows, templates_dir
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def forced_call(model: LoadedModel, file: str) -> tuple[EngineRequest, OutputPar
     )
     prompt = builder.build(chat)
     parsing = OutputParsing(
-        detect_tool_format(template), template_uses_think_tags(template), model.tokenizer
+        detect_tool_format(template), resolve_reasoning("auto", template), model.tokenizer
     )
     tools = RequestTools.from_chat_tools([BASH], parallel=False)
     request_parsing = parsing.for_request(

@@ -55,9 +55,14 @@ class OutputParsing:
             return self.tool_format.name  # its parser reads the reasoning channel itself
         return self.tags.name if self.tags is not None else "none"
 
-    def describe(self) -> str:
+    def summary(self) -> dict[str, str]:
+        """What /v1/models shows: the tool-call format and the reasoning parser by name."""
         tools = self.tool_format.name if self.tool_format else "none"
-        return f"tool calls: {tools}, reasoning: {self.reasoning_name}"
+        return {"tool_calls": tools, "reasoning": self.reasoning_name}
+
+    def describe(self) -> str:
+        summary = self.summary()
+        return f"tool calls: {summary['tool_calls']}, reasoning: {summary['reasoning']}"
 
     def for_request(
         self,

@@ -30,6 +30,10 @@ def _model_card(request: Request) -> dict[str, Any]:
         **context_fields(state),
         "inline_system_policy": state.inline_system_policy,
         "sampling_defaults": state.sampling_defaults.as_dict(),
+        # The tool-call format and reasoning tags detected (or set) for this model.
+        "output_parsing": state.output_parsing.summary()
+        if state.output_parsing is not None
+        else {"tool_calls": "none", "reasoning": "none"},
     }
 
 

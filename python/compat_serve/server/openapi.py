@@ -209,6 +209,7 @@ SCHEMAS: dict[str, JsonSchema] = {
             "meta": _object({"n_ctx_train": _INT, "n_ctx": _INT, "n_vocab": _INT}),
             "inline_system_policy": _STR,
             "sampling_defaults": _SAMPLING_DEFAULTS,
+            "output_parsing": _object({"tool_calls": _STR, "reasoning": _STR}),
         }
     ),
     "ModelList": _object(

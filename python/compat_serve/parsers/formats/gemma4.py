@@ -69,6 +69,9 @@ class Gemma4Region(Region):
         self.sink.args("}" if count else "{}")
         yield from self.skip_ws()
         yield from self.accept(CALL_CLOSE)
+        # The template follows a call with `<|tool_response>` (where the tool's answer
+        # goes): a model ends its call turn with it; it is markup, not text.
+        yield from self.accept(TOOL_RESPONSE)
         self.sink.close_call()
         return Outcome.DONE
 

@@ -132,16 +132,20 @@ class _HarmonyBody(Region):
         """Stream text up to one of `ends` (left in place), holding back a partial one.
         `skip_first`: an end right here is text (it was not a header)."""
         floor = self.pos + 1 if skip_first else self.pos
+
+        def clean(text: str) -> str:  # stray header markup is never content
+            return text.replace(MESSAGE, "").replace(CONSTRAIN, "")
+
         while True:
             hits = [at for at in (self.buf.find(e, floor) for e in ends) if at != -1]
             if hits:
                 upto = min(hits)
-                emit(self.buf[self.pos : upto])
+                emit(clean(self.buf[self.pos : upto]))
                 self.pos = upto
                 return None
             avail = self.buf[self.pos :]
-            hold = 0 if self.final else partial_marker_length(avail, ends)
-            emit(avail[: len(avail) - hold])
+            hold = 0 if self.final else partial_marker_length(avail, (*ends, MESSAGE, CONSTRAIN))
+            emit(clean(avail[: len(avail) - hold]))
             self.pos += len(avail) - hold
             floor = max(floor, self.pos)
             if self.final:
