@@ -5,7 +5,12 @@ hints) and free generation, at concurrency 1 and 4. For each, engines with and w
 speculation run alternately (`--repeats` times each, same greedy requests, prefix cache
 off so every run prefills the same); decode tok/s = generated tokens / (last token time -
 first token time), summed over the concurrent requests' span. Reports medians with the
-min-max spread, the speed-up, and the drafts' acceptance.
+min-max spread, the speed-up, the drafts' acceptance, the tokens each verified row
+emitted (`tok/row`), and the cost of a verify step against a plain step as the engine
+measured it (`verify/plain`, the widest verify shape it ran at that batch size) — with
+`gpu est`, the speed-up where a verify step costs about one plain step (a GPU reading
+the weights once either way): tokens per verified row, as every step would verify. The
+load average is printed before and after: the machine may be shared.
 
 Run: `make bench-python` or `.venv/bin/python benches/speculative.py [--repeats N]`.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
 from typing import Any
@@ -106,8 +112,13 @@ def main() -> None:
         return eng
 
     plain, spec = engine("off"), engine("ngram")
-    header = ("workload", "conc", "plain tok/s", "ngram tok/s", "speed-up", "accept")
-    print("{:<16} {:>4} {:>18} {:>18} {:>8} {:>7}".format(*header))
+    print(f"load average before: {os.getloadavg()[0]:.2f} (repeats {args.repeats})")
+    header = (
+        "workload", "conc", "plain tok/s", "ngram tok/s", "speed-up", "accept", "tok/row",
+        "verify/plain", "gpu est",
+    )  # fmt: skip
+    line = "{:<16} {:>4} {:>18} {:>18} {:>8} {:>7} {:>7} {:>12} {:>7}"
+    print(line.format(*header))
     try:
         for name, text in WORKLOADS.items():
             prompt = chat(loaded, text)
@@ -119,19 +130,46 @@ def main() -> None:
                         tag = f"{mode}-{name[:4]}-{concurrency}-{rep}"
                         rates[mode].append(run(eng, prompt, concurrency, args.max_tokens, tag))
                 after = spec.speculation_status()
-                drafted = int(after["draft_tokens"]) - int(before["draft_tokens"])  # type: ignore[call-overload]
-                accepted = int(after["accepted_tokens"]) - int(before["accepted_tokens"])  # type: ignore[call-overload]
+                drafted = _delta(before, after, "draft_tokens")
+                accepted = _delta(before, after, "accepted_tokens")
+                rows = _delta(before, after, "verified_rows")
+                emitted = _delta(before, after, "emitted_tokens")
+                per_row = emitted / rows if rows else 1.0
                 cells = []
                 for mode in ("off", "ngram"):
                     r = rates[mode]
                     cells.append(f"{statistics.median(r):6.1f} [{min(r):5.1f}-{max(r):5.1f}]")
                 ratio = statistics.median(rates["ngram"]) / statistics.median(rates["off"])
                 acc = f"{accepted / drafted:.0%}" if drafted else "-"
-                row = (name, concurrency, *cells, f"{ratio:.2f}x", acc)
-                print("{:<16} {:>4} {:>18} {:>18} {:>8} {:>7}".format(*row), flush=True)
+                row = (
+                    name, concurrency, *cells, f"{ratio:.2f}x", acc, f"{per_row:.2f}",
+                    _cost_ratio(after, concurrency), f"{per_row:.2f}x",
+                )  # fmt: skip
+                print(line.format(*row), flush=True)
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
+        print(
+            "measured step costs (ms, rows x positions):",
+            spec.speculation_status()["step_costs_ms"],
+        )
     finally:
         plain.shutdown()
         spec.shutdown()
+
+
+def _delta(before: dict[str, Any], after: dict[str, Any], key: str) -> int:
+    return int(after.get(key) or 0) - int(before.get(key) or 0)
+
+
+def _cost_ratio(status: dict[str, Any], rows: int) -> str:
+    """The engine's measured cost of its widest verify shape at `rows` rows over a plain
+    step at as many rows."""
+    costs: dict[str, float] = status["step_costs_ms"]
+    plain = costs.get(f"{rows}x1")
+    widths = [int(k.split("x")[1]) for k in costs if k.startswith(f"{rows}x")]
+    widest = max(widths, default=1)
+    if plain is None or widest == 1:
+        return "-"
+    return f"{costs[f'{rows}x{widest}'] / plain:.2f} (w{widest})"
 
 
 if __name__ == "__main__":

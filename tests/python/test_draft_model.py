@@ -27,8 +27,14 @@ if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
 
 
-def draft_engine(target: LoadedModel, draft: LoadedModel | None) -> Engine:
-    spec = SpeculationConfig("draft", num_tokens=4, draft=draft) if draft else SpeculationConfig()
+def draft_engine(
+    target: LoadedModel, draft: LoadedModel | None, *, cost_aware: bool = False
+) -> Engine:
+    """An engine drafting with `draft` (None: no speculation), by default on every step
+    a draft exists (drafting with the target itself never pays: the cost policy would
+    soon stop, and these tests are about the drafting path)."""
+    spec = SpeculationConfig("draft", num_tokens=4, draft=draft, cost_aware=cost_aware)
+    spec = spec if draft else SpeculationConfig()
     engine = Engine(
         target,
         EngineConfig(prefill_chunk=128, max_num_seqs=8, prefix_cache=False, speculation=spec),
@@ -37,7 +43,7 @@ def draft_engine(target: LoadedModel, draft: LoadedModel | None) -> Engine:
     return engine
 
 
-def mixed_requests(loaded: LoadedModel, tag: str, max_tokens: int = 32) -> list[EngineRequest]:
+def mixed_requests(loaded: LoadedModel, tag: str, max_tokens: int = 24) -> list[EngineRequest]:
     return [
         EngineRequest(f"{tag}{i}", chat_ids(loaded, text), greedy(max_tokens))
         for i, text in enumerate([*COPY_PROMPTS, FREE_PROMPT])
@@ -66,7 +72,7 @@ def test_the_model_drafting_for_itself_is_always_accepted(
             EngineRequest(
                 f"ss{i}",
                 chat_ids(embedded_model, FREE_PROMPT),
-                SamplingParams(max_tokens=24, temperature=1.0, seed=i),
+                SamplingParams(max_tokens=16, temperature=1.0, seed=i),
             )
             for i in range(2)
         ]
@@ -81,8 +87,7 @@ def test_the_model_drafting_for_itself_is_always_accepted(
     assert greedy_status["acceptance_rate"] == 1.0, greedy_status
     drafted = int(status["draft_tokens"]) - int(greedy_status["draft_tokens"])  # type: ignore[call-overload]
     accepted = int(status["accepted_tokens"]) - int(greedy_status["accepted_tokens"])  # type: ignore[call-overload]
-    # (Few: drafting with the target itself never pays, and the cost policy learns that.)
-    assert drafted >= 4 and accepted / drafted > 0.95, (drafted, accepted, status)
+    assert drafted > 10 and accepted / drafted > 0.95, (drafted, accepted, status)
 
 
 def test_a_random_draft_model_is_rejected_and_changes_nothing(

@@ -278,7 +278,7 @@ class StepExecutor:
         rates = [stats.per_row[seq.request_id].rate for seq in seqs]
         probs: list[Any] = [None] * len(seqs)
         if self._draft_model is not None:  # decide before paying for the draft forwards
-            cap = stats.costs.choose_width([[0] * room for room in rooms], rates)
+            cap = self._verify_width([[0] * room for room in rooms], rates)
             if not cap:
                 return None
             proposal = self._draft_model.propose(
@@ -311,11 +311,16 @@ class StepExecutor:
         if not any(drafts):
             return None
         if self._draft_model is None:
-            cap = stats.costs.choose_width(drafts, rates)
+            cap = self._verify_width(drafts, rates)
             if not cap:
                 return None
             drafts = [d[:cap] for d in drafts]
         return drafts, probs
+
+    def _verify_width(self, drafts: list[list[int]], rates: list[float]) -> int:
+        if self._spec.cost_aware:
+            return self.spec_stats.costs.choose_width(drafts, rates)
+        return max(len(draft) for draft in drafts)
 
     def _draft_rooms(self, seqs: list[Sequence]) -> list[int]:
         """How many tokens each row may draft: no more than its adaptive length, than what
@@ -374,6 +379,7 @@ class StepExecutor:
         stats = self.spec_stats
         stats.costs.observe(len(seqs), width, time.perf_counter() - started)
         stats.steps += 1
+        stats.row_steps += len(seqs)
         for seq, draft, tokens in zip(seqs, drafts, emitted, strict=True):
             if isinstance(tokens, GrammarError):
                 self._fail(seq, tokens)

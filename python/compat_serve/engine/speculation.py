@@ -38,6 +38,9 @@ class SpeculationConfig:
     # Suffix lengths prompt lookup tries, longest first.
     ngram_min: int = 2
     ngram_max: int = 4
+    # Verify only when the measured cost pays for the expected tokens (`StepCosts`);
+    # False verifies every draft (tests of the drafting paths).
+    cost_aware: bool = True
     # The draft model (`--speculative draft --draft-model DIR`; engine/draft_model.py):
     # its path, loaded by the engine, or the model itself.
     draft_model: str | None = None
@@ -164,67 +167,90 @@ RATE_DECAY = 0.8
 
 class StepCosts:
     """Wall time of a decode forward of `rows` rows by `width` positions (1: a plain step;
-    more: a verify step, its rollback included), measured online as a moving average.
+    more: a verify step, its drafting and rollback included), measured online as a
+    moving average.
 
     What a verify step costs against a plain one depends on the platform and the shape:
     on a GPU a few more positions cost about nothing (decode reads the weights once
-    either way), on a CPU whose plain step has a one-position fast path they can cost
-    twice a step. So nothing is assumed: `choose_width` compares measured costs, and an
-    unmeasured shape is tried once (estimated at a plain step's cost, the GPU case), and
-    again every `REEXPLORE_EVERY` steps so a cost measured under a load spike does not
-    stick."""
+    either way); on this CPU, whose plain step has a fused one-position path, a verify
+    step costs two to four plain steps. So nothing is assumed: `choose_width` compares
+    measured costs. A shape never measured is estimated from its measured neighbours
+    (between a narrower and a wider one; no less than a narrower one), or at a plain
+    step's cost (the GPU case), so it gets tried. A batch size that has not verified
+    for a while tries its best shape again at the optimistic estimate, after 64 plain
+    steps, then 128, ... (at most 4096), so a cost measured under a load spike does not
+    stick, and exploring costs free generation almost nothing."""
 
     SMOOTHING = 0.3
-    REEXPLORE_EVERY = 64
+    REEXPLORE_FIRST = 64
+    REEXPLORE_MAX = 4096
+    # Explore only when the optimistic estimate gains at least this much.
+    EXPLORE_GAIN = 1.1
 
     def __init__(self) -> None:
         self._mean: dict[tuple[int, int], float] = {}
-        self._plain_since_verify = 0
+        self._plain_steps: dict[int, int] = {}  # per batch size, since its last verify
+        self._explore_after: dict[int, int] = {}
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         key = (rows, width)
         old = self._mean.get(key)
         self._mean[key] = seconds if old is None else old + self.SMOOTHING * (seconds - old)
         if width > 1:
-            self._plain_since_verify = 0
+            self._plain_steps[rows] = 0
 
     def estimate(self, rows: int, width: int) -> float | None:
-        """The measured cost, else the dearest measured narrower shape of as many rows
-        (a wider forward costs no less), else None."""
+        """The measured cost; else interpolated between the nearest measured narrower and
+        wider shapes of as many rows; else the nearest narrower one's; else None."""
         exact = self._mean.get((rows, width))
         if exact is not None:
             return exact
-        known = [c for (r, w), c in self._mean.items() if r == rows and w <= width]
-        return max(known) if known else None
+        widths = sorted(w for r, w in self._mean if r == rows)
+        lower = [w for w in widths if w < width]
+        upper = [w for w in widths if w > width]
+        if not lower:
+            return None
+        lo = lower[-1]
+        low_cost = self._mean[(rows, lo)]
+        if not upper:
+            return low_cost
+        hi = upper[0]
+        high_cost = max(self._mean[(rows, hi)], low_cost)
+        return low_cost + (high_cost - low_cost) * (width - lo) / (hi - lo)
 
     def choose_width(self, drafts: list[list[int]], rates: list[float]) -> int:
         """How many drafted tokens per row to verify this step (0: a plain step): the cap
         that maximises expected emitted tokens per second. A row with draft `d` and
         acceptance rate `a` emits `1 + a + a^2 + ... + a^min(cap, len(d))` tokens."""
         rows = len(drafts)
-        plain = self.estimate(rows, 1)
         longest = max((len(d) for d in drafts), default=0)
         if longest == 0:
             return 0
+        plain = self.estimate(rows, 1)
         if plain is None:  # try speculation first, then measure a plain step
             return 0 if any(r == rows for r, _ in self._mean) else longest
-        explore = self._plain_since_verify >= self.REEXPLORE_EVERY
-        best, best_rate = 0, rows / plain
-        for cap in range(1, longest + 1):
-            cost = None if explore else self._mean.get((rows, cap + 1))
-            if cost is None and not explore:
-                narrower = self.estimate(rows, cap + 1)
-                cost = plain if narrower is None else max(narrower, plain)
-            expected = sum(
+        expected = [
+            sum(
                 sum(rate**j for j in range(min(cap, len(draft)) + 1))
                 for draft, rate in zip(drafts, rates, strict=True)
             )
-            tokens_per_s = expected / (cost if cost is not None else plain)
+            for cap in range(longest + 1)
+        ]
+        best, best_rate = 0, rows / plain
+        for cap in range(1, longest + 1):
+            cost = self.estimate(rows, cap + 1)
+            tokens_per_s = expected[cap] / max(plain if cost is None else cost, plain)
             if tokens_per_s > best_rate:
                 best, best_rate = cap, tokens_per_s
-        if best == 0:
-            self._plain_since_verify += 1
-        return best
+        if best:
+            return best
+        waited = self._plain_steps.get(rows, 0) + 1
+        self._plain_steps[rows] = waited
+        after = self._explore_after.get(rows, self.REEXPLORE_FIRST)
+        if waited >= after and expected[longest] >= self.EXPLORE_GAIN * rows:
+            self._explore_after[rows] = min(2 * after, self.REEXPLORE_MAX)
+            return longest  # costed as a plain step: the optimistic case
+        return 0
 
     def status(self) -> dict[str, float]:
         """Measured costs in ms by shape, e.g. `{"4x1": 61.2, "4x5": 118.0}`."""
@@ -237,6 +263,8 @@ class SpeculationStats:
 
     mode: str
     steps: int = 0
+    # Rows verified over all verify steps (a row without a draft counts too).
+    row_steps: int = 0
     drafted: int = 0
     accepted: int = 0
     emitted: int = 0
@@ -252,8 +280,13 @@ class SpeculationStats:
             "verify_steps": self.steps,
             "draft_tokens": self.drafted,
             "accepted_tokens": self.accepted,
+            "emitted_tokens": self.emitted,
+            "verified_rows": self.row_steps,
             "acceptance_rate": round(rate, 4) if rate is not None else None,
             "tokens_per_verify_step": round(self.emitted / self.steps, 3) if self.steps else None,
+            "tokens_per_verified_row": (
+                round(self.emitted / self.row_steps, 3) if self.row_steps else None
+            ),
             "step_costs_ms": self.costs.status(),
         }
 
