@@ -261,12 +261,14 @@ def write_model_dir(
     *,
     seed: int = 0,
     bits: int | None = None,
+    mode: str = "affine",
     generation_config: dict[str, Any] | None = None,
 ) -> Any:
     """Write a tiny `model_type` model as a user's download looks: config.json, safetensors
     (mlx-lm's `save_model`), `like`'s tokenizer.json and chat template, optionally
     quantized the way `mlx_lm.convert -q` does (`quantize_model`: the model's own quant
-    predicate, a `quantization` entry in config.json). Returns the source model."""
+    predicate, a `quantization` entry in config.json; `mode` "affine", or "mxfp4" as
+    gpt-oss ships). Returns the source model."""
     import mlx.core as mx
     from mlx_lm.utils import quantize_model, save_config, save_model
 
@@ -276,7 +278,8 @@ def write_model_dir(
     model = module.Model(module.ModelArgs.from_dict(config))
     mx.eval(model.parameters())
     if bits is not None:
-        model, config = quantize_model(model, config, group_size=32, bits=bits)
+        group_size = 16 if mode == "nvfp4" else 32
+        model, config = quantize_model(model, config, group_size=group_size, bits=bits, mode=mode)
     out.mkdir(parents=True)
     save_model(out, model)
     save_config(config, out / "config.json")

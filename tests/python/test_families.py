@@ -40,8 +40,13 @@ if TYPE_CHECKING:
 
 BLOCK = 16
 CHUNK = 32
-QUANTIZED = ("qwen3_moe", "gpt_oss")
-FAMILIES = [*sorted(FAMILY_CONFIGS), *(f"{name}-4bit" for name in QUANTIZED)]
+# Quantized checkpoints: (family, bits, mode). MXFP4 is gpt-oss's own format.
+QUANTIZED: dict[str, tuple[str, int | None, str]] = {
+    "qwen3_moe-4bit": ("qwen3_moe", 4, "affine"),
+    "gpt_oss-4bit": ("gpt_oss", 4, "affine"),
+    "gpt_oss-mxfp4": ("gpt_oss", 4, "mxfp4"),
+}
+FAMILIES = [*sorted(FAMILY_CONFIGS), *QUANTIZED]
 # The cache kinds each family must bring (so the test covers what it claims to).
 CACHE_KINDS = {
     "gemma3_text": {"RotatingKVCache", "KVCache"},
@@ -79,11 +84,10 @@ def family(
     request: pytest.FixtureRequest, embedded_model: LoadedModel, tmp_path_factory: Any
 ) -> Iterator[Family]:
     name: str = request.param
-    model_type, _, quant = name.partition("-")
-    bits = int(quant.removesuffix("bit")) if quant else None
+    model_type, bits, mode = QUANTIZED.get(name, (name, None, "affine"))
     t0 = time.perf_counter()
     out = tmp_path_factory.mktemp("families") / name
-    source = write_model_dir(out, model_type, embedded_model, bits=bits)
+    source = write_model_dir(out, model_type, embedded_model, bits=bits, mode=mode)
     # A quantized checkpoint runs quantized (as on a GPU); dense ones as loaded on the CPU.
     loaded = load_model(str(out), dtype="quantized" if bits else None)
     fam = Family(
@@ -143,7 +147,7 @@ def test_the_directory_loads_as_the_model_that_was_written(family: Family) -> No
     # Same weights; the CPU fast paths sum in another order.
     assert mx.abs(got - expected).max().item() < 1e-3
     assert mx.array_equal(mx.argmax(got, axis=-1), mx.argmax(expected, axis=-1)).item()
-    if family.name.endswith("-4bit"):
+    if family.name in QUANTIZED:
         assert loaded.dtype == "quantized-4bit"
         switches = [
             m for _, m in loaded.model.named_modules() if isinstance(m, QuantizedSwitchLinear)

@@ -139,16 +139,22 @@ def dequantize(
     biases: mx.array | None,
     params: QuantParams,
     dtype: mx.Dtype = mx.float32,
+    global_scale: mx.array | None = None,
 ) -> mx.array:
     """Dense weight, computed in float32 (GGUF stores f16 scales/minimums; llama.cpp dequantizes
-    them in f32 too) and then cast to `dtype`."""
+    them in f32 too) and then cast to `dtype`. The floating-point modes (mxfp4 — gpt-oss's
+    own format —, nvfp4, mxfp8) keep their 8-bit scales as stored: MLX reads them as
+    uint8 exponents / e4m3 values, not as numbers to cast."""
+    affine = params.mode == "affine"
     dense = mx.dequantize(
         weight,
-        scales.astype(mx.float32),
+        scales.astype(mx.float32) if affine else scales,
         None if biases is None else biases.astype(mx.float32),
         group_size=params.group_size,
         bits=params.bits,
         mode=params.mode,
+        global_scale=global_scale,
+        dtype=mx.float32,
     )
     return dense if dense.dtype == dtype else dense.astype(dtype)
 
@@ -173,7 +179,8 @@ def dequantize_model(model: Module, dtype: mx.Dtype = mx.float32) -> int:
             mode = str(getattr(module, "mode", "affine"))
             params = QuantParams(int(module.group_size), int(module.bits), mode)
             biases = module.get("biases") if "biases" in module else None
-            weight = dequantize(module["weight"], module["scales"], biases, params, dtype)
+            scale = module.get("global_scale") if "global_scale" in module else None
+            weight = dequantize(module["weight"], module["scales"], biases, params, dtype, scale)
             has_bias = "bias" in module
             dense: Module
             if isinstance(module, QuantizedEmbedding):
