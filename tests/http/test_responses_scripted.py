@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
+from tests.conftest import start_server
 from tests.http.responses_helpers import (
     APPLY_PATCH_TOOL,
     client,
@@ -17,7 +19,8 @@ from tests.http.responses_helpers import (
     is_apply_patch,
     stream_events,
 )
-from tests.http.scripted_servers import scripted_server
+from tests.http.scripted_servers import scripted_server, template
+from tests.scripted_model import scripted_model
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -72,8 +75,13 @@ REPLIES = [
 
 @pytest.fixture(scope="module")
 def qwen3(embedded_model: LoadedModel) -> Iterator[RunningServer]:
-    with scripted_server(embedded_model, "Qwen-Qwen3-0.6B.jinja", REPLIES) as s:
-        yield s
+    # Codex's captured prompts run to ~8.7k tokens in this tokenizer: a 16k window.
+    loaded = scripted_model(
+        embedded_model, template("Qwen-Qwen3-0.6B.jinja"), REPLIES, context_length=16384
+    )
+    running = start_server(loaded)
+    yield running
+    running.stop()
 
 
 def _request(text: str, **extra: Any) -> dict[str, Any]:
@@ -221,20 +229,21 @@ def test_stored_response_is_retrieved(qwen3: RunningServer) -> None:
 
 @pytest.fixture(scope="module")
 def slow(embedded_model: LoadedModel) -> Iterator[RunningServer]:
+    # Every forward pass takes 0.1 s; a 96-token window (prompt + at most ~75 tokens).
     with scripted_server(
         embedded_model,
         "Qwen-Qwen3-0.6B.jinja",
-        [("", "word " * 40)],
-        step_delay_s=0.25,
+        [("", "word " * 80)],
+        step_delay_s=0.1,
         context_length=96,
     ) as s:
-        s.state.ping_interval_s = 0.1  # type: ignore[attr-defined]
+        s.state.ping_interval_s = 0.03  # type: ignore[attr-defined]
         yield s
 
 
 def test_keep_alive_while_waiting_and_disconnect_aborts(slow: RunningServer) -> None:
     lines: list[str] = []
-    body = {"model": "m", "input": "hi", "stream": True, "max_output_tokens": 40}
+    body = {"model": "m", "input": "hi", "stream": True, "max_output_tokens": 70}
     with httpx.stream("POST", f"{slow.base_url}/v1/responses", json=body, timeout=60) as r:
         for line in r.iter_lines():
             lines.append(line)
@@ -243,7 +252,8 @@ def test_keep_alive_while_waiting_and_disconnect_aborts(slow: RunningServer) -> 
     first_delta = len(lines) - 1
     assert ": keep-alive" in lines[:first_delta]
     engine = slow.state.engine  # type: ignore[attr-defined]
-    for _ in range(100):
+    # Left alone, the rest of the reply would take seconds more.
+    for _ in range(40):
         if engine.in_flight == 0:
             break
         time.sleep(0.05)
@@ -299,3 +309,31 @@ def test_a_regex_custom_tool_constrains_its_input_in_auto_mode(qwen3: RunningSer
     # The script writes "abc"; the pattern lets only digits through.
     assert call["type"] == "custom_tool_call" and call["name"] == "counter"
     assert call["input"].isdigit() and 1 <= len(call["input"]) <= 4, call["input"]
+
+
+def _capture(name: str) -> dict[str, Any]:
+    path = Path(__file__).parent.parent / "fixtures" / "codex" / name
+    body: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))["body"]
+    return body
+
+
+def test_codex_captured_requests_are_served_and_resent_history_reads_the_cache(
+    qwen3: RunningServer,
+) -> None:
+    """Codex 0.163's real requests (tests/fixtures/codex), replayed as sent."""
+    first = final_response(stream_events(qwen3.base_url, _capture("gpt-5.5-turn1-request.json")))
+    assert first["status"] == "completed"
+    call = first["output"][-1]
+    assert call["type"] == "custom_tool_call" and call["input"] == PATCH
+    assert first["output"][0]["encrypted_content"]  # include: reasoning.encrypted_content
+    # Turn 2 resends the history with the capture server's items, ids verbatim.
+    later = final_response(
+        stream_events(qwen3.base_url, _capture("gpt-5.5-turn2-after-apply-patch-request.json"))
+    )
+    assert later["status"] == "completed"
+    usage = later["usage"]
+    assert usage["input_tokens"] > first["usage"]["input_tokens"]
+    cached = usage["input_tokens_details"]["cached_tokens"]
+    assert cached >= 0.8 * first["usage"]["input_tokens"], usage
+    other = final_response(stream_events(qwen3.base_url, _capture("unknown-model-request.json")))
+    assert other["status"] == "completed", other["error"]
