@@ -267,8 +267,10 @@ def write_model_dir(
     """Write a tiny `model_type` model as a user's download looks: config.json, safetensors
     (mlx-lm's `save_model`), `like`'s tokenizer.json and chat template, optionally
     quantized the way `mlx_lm.convert -q` does (`quantize_model`: the model's own quant
-    predicate, a `quantization` entry in config.json; `mode` "affine", or "mxfp4" as
-    gpt-oss ships). Returns the source model."""
+    predicate, a `quantization` entry in config.json). `mode` "affine" quantizes every
+    layer to `bits`; another mode ("mxfp4", as gpt-oss ships) quantizes the experts in it
+    and the rest to 8-bit affine, with per-layer entries in config.json. Returns the
+    source model."""
     import mlx.core as mx
     from mlx_lm.utils import quantize_model, save_config, save_model
 
@@ -278,8 +280,17 @@ def write_model_dir(
     model = module.Model(module.ModelArgs.from_dict(config))
     mx.eval(model.parameters())
     if bits is not None:
-        group_size = 16 if mode == "nvfp4" else 32
-        model, config = quantize_model(model, config, group_size=group_size, bits=bits, mode=mode)
+        if mode == "affine":
+            model, config = quantize_model(model, config, group_size=32, bits=bits)
+        else:  # as mlx-community's "MXFP4-Q8" checkpoints: experts in `mode`, the rest 8-bit
+            experts = {"group_size": 16 if mode == "nvfp4" else 32, "bits": bits, "mode": mode}
+
+            def predicate(path: str, _module: Any) -> bool | dict[str, Any]:
+                return dict(experts) if "experts" in path else True
+
+            model, config = quantize_model(
+                model, config, group_size=32, bits=8, quant_predicate=predicate
+            )
     out.mkdir(parents=True)
     save_model(out, model)
     save_config(config, out / "config.json")

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
 BLOCK = 16
 CHUNK = 32
-# Quantized checkpoints: (family, bits, mode). MXFP4 is gpt-oss's own format.
+# Quantized checkpoints: (family, bits, mode). MXFP4 is gpt-oss's own format: its experts
+# in MXFP4, the other layers 8-bit affine (as mlx-community's gpt-oss MXFP4-Q8).
 QUANTIZED: dict[str, tuple[str, int | None, str]] = {
     "qwen3_moe-4bit": ("qwen3_moe", 4, "affine"),
     "gpt_oss-4bit": ("gpt_oss", 4, "affine"),
@@ -148,11 +149,14 @@ def test_the_directory_loads_as_the_model_that_was_written(family: Family) -> No
     assert mx.abs(got - expected).max().item() < 1e-3
     assert mx.array_equal(mx.argmax(got, axis=-1), mx.argmax(expected, axis=-1)).item()
     if family.name in QUANTIZED:
-        assert loaded.dtype == "quantized-4bit"
+        _, bits, mode = QUANTIZED[family.name]
+        # The checkpoint's base quantization (experts in another mode have their own entry).
+        assert loaded.dtype == f"quantized-{bits if mode == 'affine' else 8}bit"
         switches = [
             m for _, m in loaded.model.named_modules() if isinstance(m, QuantizedSwitchLinear)
         ]
         assert switches, "the experts were not quantized"
+        assert {(m.mode, m.bits) for m in switches} == {(mode, bits)}
         # The default load on the CPU dequantizes every layer, experts included.
         dense = load_model(family.loaded.extra["model_dir"])
         assert dense.dtype == "float32"
