@@ -137,3 +137,99 @@ def write_qwen25_vl_dir(out: Path, like: LoadedModel, *, seed: int = 0) -> Path:
     }
     (out / "preprocessor_config.json").write_text(json.dumps(preprocessor))
     return out
+
+
+# SmolVLM / Idefics3: a Llama language model, a SigLIP-style encoder and a pixel-shuffle
+# connector; one image (no tiling) is 4 `<image>` tokens between its markers.
+IDEFICS3_TOKENS = ("<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>")
+IDEFICS3_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
+    "{% if message['content'] is string %}: {{ message['content'] }}"
+    "{% else %}{% if message['content'][0]['type'] == 'image' %}:{% else %}: {% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{ line['text'] }}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}{% endif %}"
+    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+IDEFICS3_IMAGE = 56  # pixels per side after resizing: 4x4 patches, 2x2 after the shuffle
+
+
+def write_idefics3_dir(out: Path, like: LoadedModel, *, seed: int = 0) -> Path:
+    """Write a tiny random Idefics3 (SmolVLM's architecture) to `out` (created)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.models import idefics3
+    from mlx_vlm.utils import update_module_configs
+    from tokenizers import AddedToken
+
+    out.mkdir(parents=True)
+    backend = like.tokenizer.backend.__class__.from_str(like.tokenizer.backend.to_str())
+    backend.add_special_tokens([AddedToken(t, special=True) for t in IDEFICS3_TOKENS])
+    vocab = backend.get_vocab_size(with_added_tokens=True)
+    config: dict[str, Any] = {
+        "model_type": "idefics3",
+        "architectures": ["Idefics3ForConditionalGeneration"],
+        "image_token_id": backend.token_to_id("<image>"),
+        "scale_factor": 2,
+        "vocab_size": vocab,
+        "eos_token_id": backend.token_to_id("<end_of_utterance>"),
+        "text_config": {
+            "model_type": "llama",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_hidden_layers": 2,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "vocab_size": vocab,
+            "max_position_embeddings": 4096,
+        },
+        "vision_config": {
+            "model_type": "idefics3",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "num_hidden_layers": 1,
+            "patch_size": 14,
+            "image_size": IDEFICS3_IMAGE,
+        },
+    }
+    mx.random.seed(seed)
+    params = {**config}
+    model_config = idefics3.ModelConfig.from_dict(params)
+    model_config = update_module_configs(model_config, idefics3, params, ["text", "vision"])
+    model = idefics3.Model(model_config)
+    mx.eval(model.parameters())
+    weights = {
+        k: v * LM_WEIGHT_SCALE if _scaled(k) else v for k, v in tree_flatten(model.parameters())
+    }
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    backend.save(str(out / "tokenizer.json"))
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": like.tokenizer.bos_token,
+        "eos_token": "<end_of_utterance>",
+        "pad_token": "<|endoftext|>",
+        "chat_template": IDEFICS3_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    (out / "chat_template.json").write_text(json.dumps({"chat_template": IDEFICS3_TEMPLATE}))
+    preprocessor = {
+        "image_processor_type": "Idefics3ImageProcessor",
+        "processor_class": "Idefics3Processor",
+        "do_image_splitting": False,
+        "do_resize": True,
+        "size": {"longest_edge": IDEFICS3_IMAGE},
+        "max_image_size": {"longest_edge": IDEFICS3_IMAGE},
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
+    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor))
+    (out / "processor_config.json").write_text(
+        json.dumps({"image_seq_len": 4, "processor_class": "Idefics3Processor"})
+    )
+    return out

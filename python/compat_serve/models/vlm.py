@@ -44,8 +44,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# mlx-vlm model types whose language model takes (3, B, L) M-RoPE positions.
-SUPPORTED_VLM_TYPES = frozenset({"qwen2_5_vl", "qwen2_vl"})
+# mlx-vlm model types driven here: Qwen2/2.5-VL (M-RoPE positions) and Idefics3/SmolVLM
+# (a Llama language model; images unsplit).
+QWEN_VL_TYPES = frozenset({"qwen2_5_vl", "qwen2_vl"})
+IDEFICS3_TYPES = frozenset({"idefics3", "smolvlm"})
+SUPPORTED_VLM_TYPES = QWEN_VL_TYPES | IDEFICS3_TYPES
 
 
 def vision_architecture(config: dict[str, Any]) -> str | None:
@@ -56,31 +59,57 @@ def vision_architecture(config: dict[str, Any]) -> str | None:
 
 
 class VisionLanguageModel(Module):
-    """The language model of an mlx-vlm Qwen-VL, called the way the engine calls models.
+    """The language model of an mlx-vlm model, called the way the engine calls models.
 
-    `model(inputs[B, L], cache=...)` returns logits `[B, L, vocab]`. Positions are, per
-    row, the cache offset (a `BatchKVCache` has one per row) plus `rope_deltas[row]` on
-    all three M-RoPE axes; `positions` (`[3, B, L]`) overrides them and
-    `input_embeddings` (`[B, L, D]`) replaces the token embeddings (image rows)."""
+    `model(inputs[B, L], cache=...)` returns logits `[B, L, vocab]`;
+    `input_embeddings` (`[B, L, D]`) replaces the token embeddings (image rows). Qwen-VL
+    (M-RoPE): positions are, per row, the cache offset (a `BatchKVCache` has one per row)
+    plus `rope_deltas[row]` on all three axes, or `positions` (`[3, B, L]`). Other
+    architectures take positions from the cache offset alone."""
 
     def __init__(self, vlm: Module) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.vlm = vlm
+        self.mrope = hasattr(vlm.language_model, "get_rope_index")
+
+    @property
+    def _text(self) -> Any:
+        lm = self.vlm.language_model
+        return lm.model if self.mrope else lm
 
     @property
     def layers(self) -> list[Any]:
-        layers: list[Any] = self.vlm.language_model.model.layers
+        layers: list[Any] = self._text.layers
         return layers
 
     def embed(self, inputs: mx.array) -> mx.array:
-        out: mx.array = self.vlm.language_model.model.embed_tokens(inputs)
+        out: mx.array = self._text.embed_tokens(inputs)
         return out
 
     def encode_image(self, pixel_values: Any, grid: tuple[int, int, int]) -> mx.array:
         """The vision tower's features of one image: `[tokens, hidden]`."""
+        if not self.mrope:
+            return self._encode_idefics3(pixel_values)
         tower = self.vlm.vision_tower
         pixels = mx.array(pixel_values).astype(tower.patch_embed.proj.weight.dtype)
         out: mx.array = tower(pixels, mx.array([list(grid)]), output_hidden_states=False)
+        return out
+
+    def _encode_idefics3(self, inputs: dict[str, Any]) -> mx.array:
+        """mlx-vlm's Idefics3 image path: patches the pixel mask covers, the encoder, the
+        pixel-shuffle connector."""
+        pixels = mx.array(inputs["pixel_values"])  # [tiles, C, H, W]
+        mask = mx.array(inputs["pixel_attention_mask"]).astype(mx.bool_)  # [tiles, H, W]
+        size = int(self.vlm.config.vision_config.patch_size)
+        tiles, height, width = mask.shape
+        rows, cols = height // size, width // size
+        patches = mask[:, : rows * size, : cols * size].reshape(tiles, rows, size, cols, size)
+        patch_mask = patches.transpose(0, 1, 3, 2, 4).sum(axis=(-1, -2)) > 0
+        pooled, *_ = self.vlm.vision_model(
+            pixels.transpose(0, 2, 3, 1), patch_attention_mask=patch_mask, output_hidden_states=True
+        )
+        features = self.vlm.connector(pooled.astype(pixels.dtype))
+        out: mx.array = features.reshape(-1, features.shape[-1])
         return out
 
     def __call__(
@@ -93,6 +122,10 @@ class VisionLanguageModel(Module):
         rope_deltas: Sequence[int] | None = None,
     ) -> mx.array:
         lm = self.vlm.language_model
+        if not self.mrope:
+            out = lm(inputs, inputs_embeds=input_embeddings, cache=cache)
+            logits: mx.array = out.logits
+            return logits
         rows, length = inputs.shape[0], inputs.shape[1]
         if positions is None:
             offset = cache[0].offset if cache else 0
@@ -109,7 +142,7 @@ class VisionLanguageModel(Module):
             inputs, cache=cache, inputs_embeds=input_embeddings, position_ids=positions
         )
         if lm.args.tie_word_embeddings:
-            logits: mx.array = lm.model.embed_tokens.as_linear(hidden)
+            logits = lm.model.embed_tokens.as_linear(hidden)
         else:
             logits = lm.lm_head(hidden)
         return logits
@@ -205,6 +238,66 @@ class VisionProcessor:
         return np.asarray(positions[:, 0, :]).astype(np.int32), int(deltas.reshape(-1)[0].item())
 
 
+class Idefics3Processor:
+    """`VisionProcessor` for Idefics3/SmolVLM: an image is `<fake><global-img>`, its
+    `<image>` tokens and `<fake>` (mlx-vlm's processor rule for an unsplit image);
+    positions are plain (the language model is a Llama)."""
+
+    def __init__(self, vlm: Module, processor: Any) -> None:
+        self.image_processor = processor.image_processor
+        self.image_token_id = int(vlm.config.image_token_id)
+        self.image_seq_len = int(processor.image_seq_len)
+        tok = processor.tokenizer
+        self.image_markup = str(processor.image_token)
+        self._around = int(tok.convert_tokens_to_ids(str(processor.fake_image_token)))
+        self._global = int(tok.convert_tokens_to_ids(str(processor.global_image_tag)))
+        self._settings = _settings(self.image_processor, self.image_seq_len)
+
+    def prepare(self, image: Any) -> PreparedImage:
+        rgb = image.convert("RGB") if image.mode != "RGB" else image
+        out = self.image_processor([[rgb]], return_row_col_info=True, return_tensors="np")
+        rows, cols = out.get("rows", [[0]])[0][0], out.get("cols", [[0]])[0][0]
+        if rows or cols:
+            raise ValueError("images split into tiles are not supported yet for this model")
+        pixels = {
+            "pixel_values": np.asarray(out["pixel_values"])[0],
+            "pixel_attention_mask": np.asarray(out["pixel_attention_mask"])[0],
+        }
+        digest = image_hash(self._settings + f"|{rgb.width}x{rgb.height}|".encode() + rgb.tobytes())
+        return PreparedImage(digest, self.image_seq_len, pixels, (1, 0, 0))
+
+    def expand(
+        self, token_ids: Sequence[int], images: Sequence[PreparedImage]
+    ) -> tuple[list[int], VisionInput]:
+        at = [i for i, t in enumerate(token_ids) if t == self.image_token_id]
+        if len(at) != len(images):
+            raise ValueError(
+                f"the prompt has {len(at)} image placeholders for {len(images)} images"
+            )
+        ids: list[int] = []
+        spans: list[ImageSpan] = []
+        last = 0
+        for where, image in zip(at, images, strict=True):
+            ids.extend(token_ids[last:where])
+            ids.extend([self._around, self._global])
+            spans.append(
+                ImageSpan(len(ids), image.num_tokens, image.hash, image.pixel_values, image.grid)
+            )
+            ids.extend([self.image_token_id] * image.num_tokens)
+            ids.append(self._around)
+            last = where + 1
+        ids.extend(token_ids[last:])
+        positions = np.tile(np.arange(len(ids), dtype=np.int32), (3, 1))
+        return ids, VisionInput(tuple(spans), positions, 0)
+
+
+def _settings(image_processor: Any, *extra: Any) -> bytes:
+    """What the processor does to pixels, for the image hash."""
+    names = sorted(k for k, v in vars(image_processor).items() if not k.startswith("_"))
+    settings = {k: getattr(image_processor, k) for k in names}
+    return json.dumps([settings, extra], sort_keys=True, default=str).encode()
+
+
 def load_vlm_dir(
     model_dir: Path, config: dict[str, Any], *, dtype: str | None, source: str, name: str
 ) -> LoadedModel | None:
@@ -271,7 +364,11 @@ def load_vlm_dir(
             "config": config,
             "backend": plan.backend,
             "model_dir": str(model_dir),
-            "vision": VisionProcessor(vlm, processor),
+            "vision": (
+                VisionProcessor(vlm, processor)
+                if model_type in QWEN_VL_TYPES
+                else Idefics3Processor(vlm, processor)
+            ),
             "load_seconds": {"total": time.perf_counter() - t0},
         },
     )
