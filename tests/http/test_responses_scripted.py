@@ -131,19 +131,25 @@ def test_codex_shaped_turn_streams_reasoning_text_and_a_raw_patch(qwen3: Running
     assert httpx.get(f"{qwen3.base_url}/v1/responses/{final['id']}").status_code == 404
 
 
-def test_non_streamed_equals_streamed(qwen3: RunningServer) -> None:
+def test_non_streamed_equals_streamed_and_the_sdk_stream_helper(qwen3: RunningServer) -> None:
     body = _request("Create hello.txt")
     whole = httpx.post(f"{qwen3.base_url}/v1/responses", json=body, timeout=60).json()
     streamed = final_response(stream_events(qwen3.base_url, body))
+    with client(qwen3.base_url).responses.stream(**body) as stream:
+        for _ in stream:
+            pass
+        helper = stream.get_final_response().model_dump(mode="json", exclude_none=True)
 
     def strip(response: dict[str, Any]) -> list[Any]:
         return [
-            {k: v for k, v in item.items() if k not in ("id", "call_id")}
+            {k: v for k, v in item.items() if k not in ("id", "call_id", "encrypted_content")}
             for item in response["output"]
         ]
 
     assert strip(whole) == strip(streamed)
-    assert whole["usage"] == streamed["usage"]
+    for key in ("input_tokens", "output_tokens", "output_tokens_details"):
+        assert whole["usage"][key] == streamed["usage"][key]
+    assert strip(helper) == strip(whole)  # the SDK rebuilt the same items from events
 
 
 def _history(reasoning: dict[str, Any]) -> list[Any]:
