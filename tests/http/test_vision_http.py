@@ -182,6 +182,30 @@ def test_openai_sdk_image_url_answer_equals_mlx_vlm(
     assert reply.choices[0].message.content == text_of(vlm_server, expected)
 
 
+def test_responses_input_image_answer_equals_mlx_vlm(
+    vlm_server: RunningServer, reference: Any
+) -> None:
+    image = picture(1)
+    expected, prompt_tokens = reference(image)
+    data_url = f"data:image/png;base64,{b64(encoded(image))}"
+    reply = gpt(vlm_server).responses.create(
+        model="m",
+        max_output_tokens=TOKENS,
+        temperature=0,
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_image", "image_url": data_url},
+                    {"type": "input_text", "text": QUESTION},
+                ],
+            }
+        ],
+    )
+    assert reply.usage is not None and reply.usage.input_tokens == prompt_tokens
+    assert reply.output_text == text_of(vlm_server, expected)
+
+
 def test_url_sources_are_fetched(
     vlm_server: RunningServer, image_host: str, reference: Any
 ) -> None:
