@@ -275,3 +275,15 @@ def test_images_for_a_text_only_model_are_refused(embedded_model: LoadedModel, v
             asyncio.run(submit())
     finally:
         engine.shutdown()
+
+
+def test_a_text_prompt_spelling_the_placeholders_never_reads_an_image(vlm: Vlm) -> None:
+    """Placeholder ids are the same for every image: only block hashes tell images
+    apart, so no partial (token-id) match may read into a cached image."""
+    prompt, vision = vlm.request("Spell the placeholders.", image(11))
+    assert vision is not None
+    run(vlm.cached, prompt, vision)
+    span = vision.spans[0]
+    tokens, usage = run(vlm.cached, prompt)  # the same ids, as text
+    assert usage.cached_tokens <= span.start
+    assert tokens == run(vlm.uncached, prompt)[0]

@@ -218,7 +218,15 @@ class PrefixCaching:
             if block.is_new:
                 self.store.put_block(block.block_id, found[i - start])
                 kv = found[i - start]
-                meta = self._register(block.block_id, hashes, i, prompt, seq.request.cache_salt, kv)
+                meta = self._register(
+                    block.block_id,
+                    hashes,
+                    i,
+                    prompt,
+                    seq.request.cache_salt,
+                    kv,
+                    image=_starts_image(seq, i, bs),
+                )
                 stored.append(self._stored_event(block.block_id, meta, i))
         if self.events is not None and stored:
             self.events.stored(stored)
@@ -439,12 +447,20 @@ class PrefixCaching:
             _count_written(seq, start, start + bs)
             i = start // bs
             meta = self._register(
-                block.block_id, hashes, i, known, salt, self.store.block_kv(block.block_id)
+                block.block_id,
+                hashes,
+                i,
+                known,
+                salt,
+                self.store.block_kv(block.block_id),
+                image=_starts_image(seq, i, bs),
             )
             stored.append(self._stored_event(block.block_id, meta, i))
         for i in spill:
             assert self.disk is not None
             parent = hashes[i - 1] if i > 0 else _root_key(salt)
+            if _starts_image(seq, i, bs):
+                parent = _IMAGE_PARENT + parent
             pieces = copy_positions(kv, row, i * bs, (i + 1) * bs)
             self.disk.put(hashes[i].hex(), parent_id(parent), known[i * bs : (i + 1) * bs], pieces)
             _count_written(seq, i * bs, (i + 1) * bs)
@@ -460,18 +476,23 @@ class PrefixCaching:
         tokens: list[int],
         salt: bytes | None,
         kv: BlockKV,
+        *,
+        image: bool = False,
     ) -> _BlockMeta:
         """Block `i` of a sequence (`hashes` its chain, `tokens` its tokens) is now cached
-        in RAM under `block_id`."""
+        in RAM under `block_id`. `image`: an image starts in it (`_starts_image`): it is
+        found by its hash only, never as a child matched by token ids."""
         bs = self.block_size
         parent = hashes[i - 1] if i > 0 else _root_key(salt)
         meta = _BlockMeta(hashes[i], parent, tuple(tokens[i * bs : (i + 1) * bs]))
         self._forget(block_id)
         self._meta[block_id] = meta
-        self._children.setdefault(parent, {})[block_id] = None
+        if not image:
+            self._children.setdefault(parent, {})[block_id] = None
         self._by_hash[meta.hash] = block_id
         if self.disk is not None:
-            self.disk.put(meta.hash.hex(), parent_id(parent), meta.tokens, kv)
+            disk_parent = _IMAGE_PARENT + parent if image else parent
+            self.disk.put(meta.hash.hex(), parent_id(disk_parent), meta.tokens, kv)
         return meta
 
     def _forget(self, block_id: int) -> None:
@@ -528,6 +549,20 @@ def _snapshot_key(block_hash: bytes) -> str:
 
 
 _Images = list[tuple[int, int, bytes]] | None
+
+
+# Disk entries of blocks an image starts in are filed under a parent no lookup by token
+# ids asks for (whole-block lookups go by hash).
+_IMAGE_PARENT = b"image:"
+
+
+def _starts_image(seq: Sequence, i: int, block_size: int) -> bool:
+    """Whether an image starts in block `i` of `seq`. Such a block is never matched as a
+    child by token ids: image placeholder ids are the same for every image (and a
+    text-only prompt could spell them), only its hash tells images apart."""
+    vision = seq.request.vision
+    at = vision.first_image_at_or_after(i * block_size) if vision is not None else None
+    return at is not None and at < (i + 1) * block_size
 
 
 def _images(seq: Sequence) -> _Images:
