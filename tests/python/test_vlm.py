@@ -173,7 +173,18 @@ def test_different_images_give_different_answers(vlm: Vlm) -> None:
     assert a != b
 
 
-def test_a_batch_mixing_image_and_text_rows_equals_each_row_alone(vlm: Vlm) -> None:
+def test_a_batch_mixing_image_and_text_rows_equals_each_row_alone(
+    vlm: Vlm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = vlm.uncached._runner
+    real = runner.decode_logits
+    steps: list[tuple[int, Any]] = []  # rows and M-RoPE deltas of each decode step
+
+    def spy(cache: Any, tokens: Any, *deltas: Any) -> Any:
+        steps.append((len(tokens), deltas[0] if deltas else None))
+        return real(cache, tokens, *deltas)
+
+    monkeypatch.setattr(runner, "decode_logits", spy)
     sampling = SamplingParams(max_tokens=TOKENS, temperature=0, stop_at_eos=False)
     rows = [
         vlm.request("Describe this picture.", image(5)),
@@ -186,6 +197,9 @@ def test_a_batch_mixing_image_and_text_rows_equals_each_row_alone(vlm: Vlm) -> N
     ]
     alone, together = run_alone_then_together_vision(vlm.uncached, requests)
     assert together == alone
+    assert max(rows for rows, _ in steps) == len(requests), steps
+    if vlm.loaded.model.mrope:  # image rows decode with their own position deltas
+        assert any(d is not None and 0 in d and min(d) < 0 for _, d in steps), steps
 
 
 def run_alone_then_together_vision(
