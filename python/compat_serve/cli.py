@@ -235,8 +235,10 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "--reasoning-parser",
         default="auto",
         choices=REASONING_CHOICES,
-        help="split <think>...</think> reasoning from the answer: auto when the chat "
-        "template uses it (default), think always, none never",
+        help="split reasoning from the answer: auto detects the tags from the chat "
+        "template (default), think (<think>...</think>), gemma4 "
+        "(<|channel>thought...<channel|>), none never; gpt-oss's analysis channel is "
+        "read by the harmony tool parser",
     )
     p.add_argument(
         "--log-level",

@@ -114,13 +114,15 @@ def _reasoning(g: GrammarBuilder, reasoning: str, tags: ReasoningTags = THINK) -
     thought = g.rule("thought", f'{g.text_until("thinking", tags.close)} "\\n"{{0,2}}')
     if reasoning == "open":
         return f"{thought} "
-    return f"({g.lit(*_pieces(tags.open, tags.markup))} {thought})? "
+    return f"({g.lit(*_pieces(g, tags.open, tags.markup))} {thought})? "
 
 
-def _pieces(text: str, markup: tuple[str, ...]) -> tuple[str, ...]:
-    """`<|channel>thought` → (`<|channel>`, `thought`): a special token is its own piece."""
+def _pieces(g: GrammarBuilder, text: str, markup: tuple[str, ...]) -> tuple[str, ...]:
+    """`<|channel>thought` → (`<|channel>`, `thought`) when `<|channel>` is a special
+    token; one literal otherwise (two text lexemes there would be ambiguous with free
+    text that starts the same way)."""
     for m in markup:
-        if text.startswith(m) and text != m:
+        if text.startswith(m) and text != m and g.is_special(m):
             return (m, text[len(m) :])
     return (text,)
 

@@ -199,7 +199,7 @@ def gemma_to_json(raw: str) -> str:
 
 def _any_value(g: GrammarBuilder) -> str:
     """A Gemma value of any shape (what the schema does not pin down)."""
-    string = f"{g.lit(QUOTE)} {g.text('gemma_str', (QUOTE,))} {g.lit(QUOTE)}"
+    string = f"{g.lit(QUOTE)} {g.text_until('gemma_str', QUOTE)}"
     scalar = g.terminal("gemma_scalar", r"/-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?|true|false|null/")
     key = g.terminal("gemma_key", "/[A-Za-z_][A-Za-z0-9_]{0,63}/")
     value = "gemma_value"
@@ -217,9 +217,10 @@ def _value(g: GrammarBuilder, hint: str, schema: Any, any_value: list[str]) -> s
             literals = [schema["const"]]
         if literals and all(isinstance(v, str) for v in literals):
             inner = " | ".join(g.lit(v) for v in literals)
-        else:
-            inner = g.text(f"{hint}_text", (QUOTE,), length=_length(schema))
-        return f"{g.lit(QUOTE)} ({inner}) {g.lit(QUOTE)}"
+            return f"{g.lit(QUOTE)} ({inner}) {g.lit(QUOTE)}"
+        # The text and its closing quote as one lazy lexeme (a greedy text lexeme could
+        # not end before a quote it might still be part of).
+        return f"{g.lit(QUOTE)} {g.text_until(f'{hint}_text', QUOTE, length=_length(schema))}"
     if kind in ("integer", "number", "boolean", "null"):
         return g.json(schema)
     if kind not in (None, "object", "array"):
@@ -257,7 +258,8 @@ def _length(schema: Mapping[str, Any]) -> tuple[int, int | None] | None:
 
 def gemma4_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:
     """`<|tool_call>call:NAME{k:v,...}<tool_call|>` per call, keys sorted as the
-    template's `dictsort` renders them."""
+    template's `dictsort` renders them; the `<|tool_response>` the template writes after
+    a call may follow."""
     any_value: list[str] = []
 
     def call(name: str, schema: Schema) -> str:
@@ -269,7 +271,8 @@ def gemma4_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax
             separator=",",
             sort=True,
         )
-        return f"{g.lit(CALL_PREFIX + name + '{')} {props} {g.lit('}', CALL_CLOSE)}"
+        end = f"{g.lit('}', CALL_CLOSE)} {g.lit(TOOL_RESPONSE)}?"
+        return f"{g.lit(CALL_PREFIX + name + '{')} {props} {end}"
 
     one = one_of_tools(g, tools, call)
     return CallSyntax(CALL_OPEN, one, one, '""')
