@@ -400,6 +400,7 @@ def test_a_claude_code_session_with_an_image_reads_later_turns_from_cache(
                 }
             ]
         messages.append({"role": "user", "content": follow})
+    print(f"\nshare of each later prompt read from cache: {[round(r, 3) for r in reads]}")
     assert all(r >= 0.9 for r in reads), reads
     # Two distinct images in the session, each through the vision encoder once.
     assert encoder_runs(vlm_server) - before == 2
