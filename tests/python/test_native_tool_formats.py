@@ -17,7 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compat_serve.parsers import OutputEvent, ParsedTurn, RequestTools, assemble
+from compat_serve.parsers import (
+    OutputEvent,
+    ParsedTurn,
+    RequestTools,
+    ToolCallArgsDelta,
+    assemble,
+)
 from compat_serve.parsers.formats import harmony
 from compat_serve.parsers.reasoning import GEMMA4, THINK, ReasoningTags
 from compat_serve.parsers.registry import (
@@ -230,6 +236,16 @@ CASES: list[tuple[str, str, list[Part]]] = [
             ("call", "any_tool", {}),
         ],
     ),
+    (  # Python escapes in a streamed string, an empty one, a triple-quoted one
+        "lfm2",
+        "<|tool_call_start|>[Bash(command='it\\'s \\\"x\\\"\\n\\x41\\u00e9\\101\\N{BULLET}\\\\', "
+        'timeout=1), get_weather(location=""), any_tool(a="""t""")]<|tool_call_end|>',
+        [
+            ("call", "Bash", {"command": 'it\'s "x"\nAéA\u2022\\', "timeout": 1}),
+            ("call", "get_weather", {"location": ""}),
+            ("call", "any_tool", {"a": "t"}),
+        ],
+    ),
     (  # JSON spellings, and an unknown function: the list is text
         "lfm2",
         '<|tool_call_start|>[search(filters={"ok": true, "x": null})]<|tool_call_end|> '
@@ -297,6 +313,24 @@ def test_any_chunking_gives_the_whole_text_result(
     events = run(fmt, split(text, cuts))
     check_well_formed(events)
     assert _merged(parts_of(events)) == _merged(expected)
+
+
+def test_string_arguments_stream_as_generated() -> None:
+    """A long string value reaches the client in pieces, before the call is complete."""
+    content = "line one\n" * 20
+    calls = {
+        "lfm2": f"<|tool_call_start|>[Bash(command={json.dumps(content)})]<|tool_call_end|>",
+        "gemma4": f'<|tool_call>call:Bash{{command:<|"|>{content}<|"|>}}<tool_call|>',
+        "minimax_m2": f'</think>\n<minimax:tool_call>\n<invoke name="Bash">\n'
+        f'<parameter name="command">{content}</parameter>\n</invoke>\n</minimax:tool_call>',
+        "harmony": f"<|channel|>commentary to=functions.Bash json<|message|>"
+        f"{json.dumps({'command': content})}<|call|>",
+    }
+    for fmt, text in calls.items():
+        events = run(fmt, [text[i : i + 8] for i in range(0, len(text), 8)])
+        pieces = [e.fragment for e in events if isinstance(e, ToolCallArgsDelta)]
+        assert len(pieces) > 10, fmt
+        assert json.loads("".join(pieces)) == {"command": content}, fmt
 
 
 def test_calls_stop_at_max_calls() -> None:

@@ -71,7 +71,8 @@ class MiniMaxRegion(Region):
                 break
             writer.key(param.strip())
             ends = (PARAM_CLOSE, PARAM_OPEN, INVOKE_CLOSE)
-            yield from writer.value(param.strip(), ends, PARAM_CLOSE, trim_newlines=True)
+            # Values are inline and raw (the template writes them so): nothing trimmed.
+            yield from writer.value(param.strip(), ends, PARAM_CLOSE, trim_newlines=False)
         writer.close()
 
 
@@ -79,10 +80,8 @@ def _param_key(g: GrammarBuilder, key: str) -> str:
     return f"{g.lit(PARAM_OPEN)} {key} {g.lit(NAME_END)}"
 
 
-# Values inline between the tags; the parser trims a newline at either edge.
-MINIMAX_ARGS = TagStyle(
-    _param_key, PARAM_CLOSE, (PARAM_CLOSE, PARAM_OPEN, INVOKE_CLOSE), edge_newlines=False
-)
+# Values inline and raw between the tags.
+MINIMAX_ARGS = TagStyle(_param_key, PARAM_CLOSE, (PARAM_CLOSE, PARAM_OPEN, INVOKE_CLOSE))
 
 
 def minimax_m2_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:

@@ -62,17 +62,61 @@ class PythonicRegion(Region):
             if delim != "=":
                 break
             self.pos += 1
-            raw = yield from self._value()
-            value = python_value_to_json(raw)
             prefix = "{" if count == 0 else ", "
-            self.sink.args(f"{prefix}{json.dumps(key.strip(), ensure_ascii=False)}: {value}")
+            self.sink.args(f"{prefix}{json.dumps(key.strip(), ensure_ascii=False)}: ")
             count += 1
+            yield from self.skip_ws()
+            quote = yield from self._string_quote()
+            if quote:
+                yield from self._stream_string(quote)
+            else:
+                self.sink.args(python_value_to_json((yield from self._value())))
             yield from self.skip_ws()
             if not (yield from self.accept(",")):
                 yield from self.skip_ws()
                 yield from self.accept(")")
                 break
         self.sink.args("}" if count else "{}")
+
+    def _string_quote(self) -> Generator[None, None, str]:
+        """The quote of a (single-line) string literal starting here, else ""."""
+        while len(self.buf) - self.pos < 3 and not self.final:
+            yield
+        head = self.buf[self.pos : self.pos + 3]
+        if not head or head[0] not in "'\"" or head == head[0] * 3:
+            return ""  # not a string, or a triple-quoted one (read whole)
+        return head[0]
+
+    def _stream_string(self, quote: str) -> Generator[None, None, None]:
+        """A string literal sent as a JSON string as it is generated (escapes decoded)."""
+        self.pos += 1
+        self.sink.args('"')
+        while True:
+            decoded: list[str] = []
+            at = self.pos
+            closed = False
+            while at < len(self.buf):
+                ch = self.buf[at]
+                if ch == quote:
+                    closed = True
+                    at += 1
+                    break
+                if ch != "\\":
+                    decoded.append(ch)
+                    at += 1
+                    continue
+                size = _escape_size(self.buf, at, final=self.final)
+                if size is None:
+                    break  # an escape still being written
+                decoded.append(_decode_escape(self.buf[at : at + size]))
+                at += size
+            self.pos = at
+            if decoded:
+                self.sink.args(json.dumps("".join(decoded), ensure_ascii=False)[1:-1])
+            if closed or self.final:
+                self.sink.args('"')
+                return None
+            yield
 
     def _value(self) -> Generator[None, None, str]:
         """The raw text of one Python literal, up to the `,` or `)` after it."""
@@ -84,6 +128,33 @@ class PythonicRegion(Region):
             if scanner.done or self.final:
                 return self.buf[start : self.pos].strip()
             yield
+
+
+def _escape_size(buf: str, at: int, *, final: bool) -> int | None:
+    """Length of the escape sequence at `buf[at]` (a backslash); None while incomplete."""
+    if at + 1 >= len(buf):
+        return None if not final else len(buf) - at
+    kind = buf[at + 1]
+    fixed = {"x": 4, "u": 6, "U": 10}.get(kind)
+    if fixed is not None:
+        return fixed if at + fixed <= len(buf) or final else None
+    if kind == "N":
+        end = buf.find("}", at)
+        return end - at + 1 if end != -1 else (len(buf) - at if final else None)
+    if kind in "01234567":
+        size = 2
+        while size < 4 and at + size < len(buf) and buf[at + size] in "01234567":
+            size += 1
+        return size if size == 4 or at + size < len(buf) or final else None
+    return 2
+
+
+def _decode_escape(sequence: str) -> str:
+    try:
+        value = ast.literal_eval(f'"{sequence}"')
+    except (ValueError, SyntaxError):
+        return sequence
+    return value if isinstance(value, str) else sequence
 
 
 def _is_identifier_prefix(text: str) -> bool:
