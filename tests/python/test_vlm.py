@@ -301,3 +301,19 @@ def test_a_text_prompt_spelling_the_placeholders_never_reads_an_image(vlm: Vlm) 
     tokens, usage = run(vlm.cached, prompt)  # the same ids, as text
     assert usage.cached_tokens <= span.start
     assert tokens == run(vlm.uncached, prompt)[0]
+
+
+def test_the_feature_lru_is_bounded_by_bytes(vlm: Vlm) -> None:
+    from compat_serve.engine.vision import FeatureCache
+
+    model: Any = vlm.loaded.model
+    spans = [vlm.request("x", image(20 + i))[1].spans[0] for i in range(3)]  # type: ignore[union-attr]
+    one = model.encode_image(spans[0].pixel_values, spans[0].grid).nbytes
+    lru = FeatureCache(model, max_bytes=2 * one)
+    for span in spans:
+        lru.get(span)
+    assert lru.encoder_runs == 3 and lru.bytes_in_use == 2 * one
+    lru.get(spans[2])  # still there
+    assert lru.encoder_runs == 3 and lru.hits == 1
+    lru.get(spans[0])  # the least recently used went first
+    assert lru.encoder_runs == 4

@@ -51,15 +51,20 @@ class ImageEncoder(Protocol):
     def encode_image(self, pixel_values: Any, grid: tuple[int, int, int]) -> mx.array: ...
 
 
-class FeatureCache:
-    """Vision-encoder features by image hash, least recently used out first, so a turn
-    that re-sends an image whose tokens are not all cached does not re-run the
-    encoder."""
+# Encoder features kept for re-sent images: a real model's image is 1-20 MB of features.
+FEATURE_CACHE_BYTES = 256 * 1024 * 1024
 
-    def __init__(self, encoder: ImageEncoder, capacity: int = 32) -> None:
+
+class FeatureCache:
+    """Vision-encoder features by image hash, least recently used out first (at most
+    `max_bytes`), so a turn that re-sends an image whose tokens are not all cached does
+    not re-run the encoder."""
+
+    def __init__(self, encoder: ImageEncoder, max_bytes: int = FEATURE_CACHE_BYTES) -> None:
         self._encoder = encoder
-        self._capacity = capacity
+        self._max_bytes = max_bytes
         self._features: OrderedDict[bytes, mx.array] = OrderedDict()
+        self.bytes_in_use = 0
         self.encoder_runs = 0
         self.hits = 0
 
@@ -78,8 +83,10 @@ class FeatureCache:
             )
         self.encoder_runs += 1
         self._features[span.hash] = features
-        while len(self._features) > self._capacity:
-            self._features.popitem(last=False)
+        self.bytes_in_use += features.nbytes
+        while self.bytes_in_use > self._max_bytes and len(self._features) > 1:
+            _, dropped = self._features.popitem(last=False)
+            self.bytes_in_use -= dropped.nbytes
         return features
 
     def render_metrics(self) -> list[str]:
