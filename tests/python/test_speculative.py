@@ -319,13 +319,17 @@ def test_step_costs_draft_only_when_the_expected_tokens_pay_for_the_verify() -> 
     assert gpu.choose_width(drafts, [0.2, 0.2, 0.2]) == 4
     assert set(gpu.status()) == {"3x1", "3x2", "3x3", "3x4", "3x5"}
     # A batch size that stopped verifying tries again (a load spike must not stick),
-    # after 64 plain steps, then after 128; never for drafts that cannot gain 10%.
-    costs.observe(3, 5, 0.2)  # the last verify at 3 rows
-    for wait in (StepCosts.REEXPLORE_FIRST, 2 * StepCosts.REEXPLORE_FIRST):
+    # after 64 plain steps, then after 128, the shape it measured least recently; never
+    # for drafts that cannot gain 10%.
+    costs.observe(3, 5, 0.2)  # the last verify at 3 rows; widths 2, 3, 4 are older
+    for wait, width in ((StepCosts.REEXPLORE_FIRST, 2), (2 * StepCosts.REEXPLORE_FIRST, 3)):
         for _ in range(wait - 1):
             assert costs.choose_width(drafts, [0.5, 0.5, 0.5]) == 0
-        assert costs.choose_width(drafts, [0.5, 0.5, 0.5]) == 4
-        costs.observe(3, 5, 0.2)
+        assert costs.choose_width(drafts, [0.5, 0.5, 0.5]) == width - 1
+        costs.observe(3, width, 0.2)
+    # Costs are medians of recent steps: one spike does not move them.
+    costs.observe(3, 5, 5.0)
+    assert costs.estimate(3, 5) == 0.2
     assert all(costs.choose_width(drafts, [0.01] * 3) == 0 for _ in range(300))
 
 

@@ -19,6 +19,8 @@ the ordinary one-token decode. `RowState` backs off a row whose drafts keep miss
 from __future__ import annotations
 
 import logging
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -167,8 +169,9 @@ RATE_DECAY = 0.8
 
 class StepCosts:
     """Wall time of a decode forward of `rows` rows by `width` positions (1: a plain step;
-    more: a verify step, its drafting and rollback included), measured online as a
-    moving average.
+    more: a verify step, its drafting and rollback included), measured online: the
+    median of the last `WINDOW` steps of that shape (a shared machine's load spikes
+    only add time, and a mean would keep them).
 
     What a verify step costs against a plain one depends on the platform and the shape:
     on a GPU a few more positions cost about nothing (decode reads the weights once
@@ -177,25 +180,33 @@ class StepCosts:
     measured costs. A shape never measured is estimated from its measured neighbours
     (between a narrower and a wider one; no less than a narrower one), or at a plain
     step's cost (the GPU case), so it gets tried. A batch size that has not verified
-    for a while tries its best shape again at the optimistic estimate, after 64 plain
-    steps, then 128, ... (at most 4096), so a cost measured under a load spike does not
-    stick, and exploring costs free generation almost nothing."""
+    for a while tries again, after 64 plain steps, then 128, ... (at most 4096), the
+    shape it measured least recently (an interpolated estimate can hide a cheaper one:
+    on this CPU 4 rows x 4 positions still take the skinny matmul kernel, 4 x 5 do not),
+    so a cost measured under a load spike does not stick, and exploring costs free
+    generation almost nothing."""
 
-    SMOOTHING = 0.3
+    WINDOW = 9
     REEXPLORE_FIRST = 64
     REEXPLORE_MAX = 4096
     # Explore only when the optimistic estimate gains at least this much.
     EXPLORE_GAIN = 1.1
 
     def __init__(self) -> None:
-        self._mean: dict[tuple[int, int], float] = {}
+        self._recent: dict[tuple[int, int], deque[float]] = {}
+        self._mean: dict[tuple[int, int], float] = {}  # the median of `_recent`
+        self._seen: dict[tuple[int, int], int] = {}  # when each shape was last measured
+        self._clock = 0
         self._plain_steps: dict[int, int] = {}  # per batch size, since its last verify
         self._explore_after: dict[int, int] = {}
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         key = (rows, width)
-        old = self._mean.get(key)
-        self._mean[key] = seconds if old is None else old + self.SMOOTHING * (seconds - old)
+        recent = self._recent.setdefault(key, deque(maxlen=self.WINDOW))
+        recent.append(seconds)
+        self._mean[key] = statistics.median(recent)
+        self._clock += 1
+        self._seen[key] = self._clock
         if width > 1:
             self._plain_steps[rows] = 0
 
@@ -249,7 +260,8 @@ class StepCosts:
         after = self._explore_after.get(rows, self.REEXPLORE_FIRST)
         if waited >= after and expected[longest] >= self.EXPLORE_GAIN * rows:
             self._explore_after[rows] = min(2 * after, self.REEXPLORE_MAX)
-            return longest  # costed as a plain step: the optimistic case
+            widths = range(2, longest + 2)
+            return min(widths, key=lambda w: self._seen.get((rows, w), -1)) - 1
         return 0
 
     def status(self) -> dict[str, float]:
