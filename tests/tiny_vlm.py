@@ -141,7 +141,13 @@ def write_qwen25_vl_dir(out: Path, like: LoadedModel, *, seed: int = 0) -> Path:
 
 # SmolVLM / Idefics3: a Llama language model, a SigLIP-style encoder and a pixel-shuffle
 # connector; one image (no tiling) is 4 `<image>` tokens between its markers.
-IDEFICS3_TOKENS = ("<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>")
+IDEFICS3_TOKENS = (
+    "<image>",
+    "<fake_token_around_image>",
+    "<global-img>",
+    "<end_of_utterance>",
+    *(f"<row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2)),
+)
 IDEFICS3_TEMPLATE = (
     "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
     "{% if message['content'] is string %}: {{ message['content'] }}"
@@ -153,8 +159,10 @@ IDEFICS3_TEMPLATE = (
 IDEFICS3_IMAGE = 56  # pixels per side after resizing: 4x4 patches, 2x2 after the shuffle
 
 
-def write_idefics3_dir(out: Path, like: LoadedModel, *, seed: int = 0) -> Path:
-    """Write a tiny random Idefics3 (SmolVLM's architecture) to `out` (created)."""
+def write_idefics3_dir(out: Path, like: LoadedModel, *, seed: int = 0, split: bool = False) -> Path:
+    """Write a tiny random Idefics3 (SmolVLM's architecture) to `out` (created).
+    `split`: images up to 112 px are split into 56 px tiles plus the global one (as
+    SmolVLM checkpoints do), else resized to one 56 px tile."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_vlm.models import idefics3
@@ -218,9 +226,9 @@ def write_idefics3_dir(out: Path, like: LoadedModel, *, seed: int = 0) -> Path:
     preprocessor = {
         "image_processor_type": "Idefics3ImageProcessor",
         "processor_class": "Idefics3Processor",
-        "do_image_splitting": False,
+        "do_image_splitting": split,
         "do_resize": True,
-        "size": {"longest_edge": IDEFICS3_IMAGE},
+        "size": {"longest_edge": 2 * IDEFICS3_IMAGE if split else IDEFICS3_IMAGE},
         "max_image_size": {"longest_edge": IDEFICS3_IMAGE},
         "do_rescale": True,
         "rescale_factor": 1 / 255,

@@ -6,6 +6,7 @@ own generation on the same files."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -72,7 +73,12 @@ class Vlm:
         )
 
 
-WRITERS = {"qwen2_5_vl": write_qwen25_vl_dir, "idefics3": write_idefics3_dir}
+WRITERS = {
+    "qwen2_5_vl": write_qwen25_vl_dir,
+    "idefics3": write_idefics3_dir,
+    # SmolVLM's default: images split into tiles (2x2 + the global one here).
+    "idefics3-tiled": functools.partial(write_idefics3_dir, split=True),
+}
 
 
 @pytest.fixture(scope="module", params=sorted(WRITERS))
@@ -160,6 +166,10 @@ def test_image_answer_and_prompt_count_equal_mlx_vlm(vlm: Vlm) -> None:
         tokens, usage = run(vlm.uncached, prompt, vision)
         assert usage.prompt_tokens == ref.prompt_tokens == len(prompt)
         assert tokens == list(ref.token_ids), (seed, size)
+    if getattr(vlm.loaded.extra["vision"].image_processor, "do_image_splitting", False):
+        # 112x112 in 56 px tiles: 2x2 tiles and the global one, a span each.
+        _, tiled = vlm.request("x", image(1))
+        assert tiled is not None and [s.length for s in tiled.spans] == [4] * 5
     if vlm.loaded.model_type == "qwen2_5_vl":
         # A 112x112 image is 4x4 merged tokens on 4 M-RoPE positions per axis: later
         # positions are shifted back by 12, per request.
@@ -269,11 +279,13 @@ def test_cached_and_uncached_prefill_logits_agree_with_an_image(vlm: Vlm) -> Non
 def test_a_resent_image_does_not_rerun_the_encoder(vlm: Vlm) -> None:
     prompt, vision = vlm.request("Once more: what is it?", image(10))
     before = vlm.uncached.vision_encoder_runs
+    assert vision is not None
+    encoded = len(vision.spans)  # one encoder run per image, or per tile of a tiled one
     run(vlm.uncached, prompt, vision)
-    assert vlm.uncached.vision_encoder_runs == before + 1
+    assert vlm.uncached.vision_encoder_runs == before + encoded
     # No prefix cache on this engine: the whole image prefills again, from the LRU.
     run(vlm.uncached, prompt, vision)
-    assert vlm.uncached.vision_encoder_runs == before + 1
+    assert vlm.uncached.vision_encoder_runs == before + encoded
 
 
 def test_images_for_a_text_only_model_are_refused(embedded_model: LoadedModel, vlm: Vlm) -> None:

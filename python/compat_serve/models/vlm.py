@@ -239,32 +239,40 @@ class VisionProcessor:
 
 
 class Idefics3Processor:
-    """`VisionProcessor` for Idefics3/SmolVLM: an image is `<fake><global-img>`, its
-    `<image>` tokens and `<fake>` (mlx-vlm's processor rule for an unsplit image);
-    positions are plain (the language model is a Llama)."""
+    """`VisionProcessor` for Idefics3/SmolVLM. An image is split into tiles (or not, as
+    the checkpoint's image processor says) and written as mlx-vlm's processor writes it:
+    per tile `<fake><row_i_col_j>` and its `<image>` tokens, then `<fake><global-img>`,
+    the global tile's tokens and `<fake>`. Each tile's run of `<image>` tokens is one
+    span with its own pixels and hash (image hash + tile), encoded on its own (tiles go
+    through the encoder independently). Positions are plain (a Llama language model)."""
 
     def __init__(self, vlm: Module, processor: Any) -> None:
+        from mlx_vlm.models.idefics3.processing_idefics3 import get_image_prompt_string
+
+        self._prompt_string: Any = get_image_prompt_string
         self.image_processor = processor.image_processor
+        self.tokenizer = processor.tokenizer
         self.image_token_id = int(vlm.config.image_token_id)
         self.image_seq_len = int(processor.image_seq_len)
-        tok = processor.tokenizer
         self.image_markup = str(processor.image_token)
-        self._around = int(tok.convert_tokens_to_ids(str(processor.fake_image_token)))
-        self._global = int(tok.convert_tokens_to_ids(str(processor.global_image_tag)))
+        self._around = str(processor.fake_image_token)
+        self._global = str(processor.global_image_tag)
         self._settings = _settings(self.image_processor, self.image_seq_len)
 
     def prepare(self, image: Any) -> PreparedImage:
         rgb = image.convert("RGB") if image.mode != "RGB" else image
         out = self.image_processor([[rgb]], return_row_col_info=True, return_tensors="np")
-        rows, cols = out.get("rows", [[0]])[0][0], out.get("cols", [[0]])[0][0]
-        if rows or cols:
-            raise ValueError("images split into tiles are not supported yet for this model")
-        pixels = {
-            "pixel_values": np.asarray(out["pixel_values"])[0],
-            "pixel_attention_mask": np.asarray(out["pixel_attention_mask"])[0],
-        }
+        rows = int(out.get("rows", [[0]])[0][0])
+        cols = int(out.get("cols", [[0]])[0][0])
+        pixels = np.asarray(out["pixel_values"])[0]  # [tiles, C, H, W]
+        masks = np.asarray(out["pixel_attention_mask"])[0]  # [tiles, H, W]
+        tiles = [
+            {"pixel_values": pixels[t : t + 1], "pixel_attention_mask": masks[t : t + 1]}
+            for t in range(pixels.shape[0])
+        ]
         digest = image_hash(self._settings + f"|{rgb.width}x{rgb.height}|".encode() + rgb.tobytes())
-        return PreparedImage(digest, self.image_seq_len, pixels, (1, 0, 0))
+        layout = {"tiles": tiles, "rows": rows, "cols": cols}
+        return PreparedImage(digest, len(tiles) * self.image_seq_len, layout, (1, rows, cols))
 
     def expand(
         self, token_ids: Sequence[int], images: Sequence[PreparedImage]
@@ -279,16 +287,41 @@ class Idefics3Processor:
         last = 0
         for where, image in zip(at, images, strict=True):
             ids.extend(token_ids[last:where])
-            ids.extend([self._around, self._global])
-            spans.append(
-                ImageSpan(len(ids), image.num_tokens, image.hash, image.pixel_values, image.grid)
+            layout = image.pixel_values
+            text = self._prompt_string(
+                layout["rows"],
+                layout["cols"],
+                self.image_seq_len,
+                fake_token_around_image=self._around,
+                image_token=self.image_markup,
+                global_img_token=self._global,
             )
-            ids.extend([self.image_token_id] * image.num_tokens)
-            ids.append(self._around)
+            markup = self.tokenizer.encode(text, add_special_tokens=False)
+            runs = _runs(markup, self.image_token_id)
+            if len(runs) != len(layout["tiles"]):
+                raise ValueError(f"{len(runs)} image token runs for {len(layout['tiles'])} tiles")
+            for tile, (start, length) in enumerate(runs):
+                key = image_hash(image.hash + tile.to_bytes(4, "little"))
+                pixels = layout["tiles"][tile]
+                spans.append(ImageSpan(len(ids) + start, length, key, pixels, (1, 0, 0)))
+            ids.extend(markup)
             last = where + 1
         ids.extend(token_ids[last:])
         positions = np.tile(np.arange(len(ids), dtype=np.int32), (3, 1))
         return ids, VisionInput(tuple(spans), positions, 0)
+
+
+def _runs(ids: Sequence[int], token: int) -> list[tuple[int, int]]:
+    """(start, length) of each run of `token` in `ids`."""
+    runs: list[tuple[int, int]] = []
+    for i, t in enumerate(ids):
+        if t != token:
+            continue
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
 
 
 def _settings(image_processor: Any, *extra: Any) -> bytes:
