@@ -299,7 +299,7 @@ def test_speculative_sampling_rule_keeps_the_target_distribution(deterministic: 
 def test_step_costs_draft_only_when_the_expected_tokens_pay_for_the_verify() -> None:
     drafts = [[1, 2, 3, 4], [5, 6], []]
     costs = StepCosts()
-    assert costs.choose_width(drafts, [0.5] * 3) == 4  # nothing measured: try it
+    assert costs.choose_width(drafts, [0.5] * 3) == 1  # nothing measured: the narrowest
     costs.observe(3, 5, 0.2)
     assert costs.choose_width(drafts, [0.5] * 3) == 0  # then measure a plain step
     costs.observe(3, 1, 0.1)
@@ -311,6 +311,14 @@ def test_step_costs_draft_only_when_the_expected_tokens_pay_for_the_verify() -> 
     # drafts right 90% of the time emit ~7.8 at cap 4, drafts right 10% of the time ~3.2.
     assert costs.choose_width(drafts, [0.9, 0.9, 0.0]) == 4
     assert costs.choose_width(drafts, [0.1, 0.1, 0.1]) == 0
+    # Widths are climbed one at a time while they pay.
+    climb = StepCosts()
+    for width in (2, 3, 4):
+        assert climb.choose_width(drafts, [0.9] * 3) == width - 1
+        climb.observe(3, width, 0.11)
+        if width == 2:
+            assert climb.choose_width(drafts, [0.9] * 3) == 0  # a plain step, measured
+            climb.observe(3, 1, 0.1)
     # Where a verify costs about one step (a GPU), even a poor draft pays.
     gpu = StepCosts()
     gpu.observe(3, 1, 0.1)

@@ -177,9 +177,11 @@ class StepCosts:
     on a GPU a few more positions cost about nothing (decode reads the weights once
     either way); on this CPU, whose plain step has a fused one-position path, a verify
     step costs two to four plain steps. So nothing is assumed: `choose_width` compares
-    measured costs. A shape never measured is estimated from its measured neighbours
-    (between a narrower and a wider one; no less than a narrower one), or at a plain
-    step's cost (the GPU case), so it gets tried. A batch size that has not verified
+    measured costs. A batch size first verifies one drafted token per row; a shape never
+    measured is estimated from its measured neighbours (between a narrower and a wider
+    one; else as the nearest narrower one: the GPU case), and a step verifies at most one
+    position more than the widest measured, so widths are tried from the narrowest up
+    while they pay. A batch size that has not verified
     for a while tries again, after 64 plain steps, then 128, ... (at most 4096), the
     shape it measured least recently (an interpolated estimate can hide a cheaper one:
     on this CPU 4 rows x 4 positions still take the skinny matmul kernel, 4 x 5 do not),
@@ -238,8 +240,8 @@ class StepCosts:
         if longest == 0:
             return 0
         plain = self.estimate(rows, 1)
-        if plain is None:  # try speculation first, then measure a plain step
-            return 0 if any(r == rows for r, _ in self._mean) else longest
+        if plain is None:  # try the narrowest verify first, then measure a plain step
+            return 0 if any(r == rows for r, _ in self._mean) else 1
         expected = [
             sum(
                 sum(rate**j for j in range(min(cap, len(draft)) + 1))
@@ -248,7 +250,8 @@ class StepCosts:
             for cap in range(longest + 1)
         ]
         best, best_rate = 0, rows / plain
-        for cap in range(1, longest + 1):
+        widest = max(w for r, w in self._mean if r == rows)
+        for cap in range(1, min(longest, widest) + 1):  # one wider than measured at most
             cost = self.estimate(rows, cap + 1)
             tokens_per_s = expected[cap] / max(plain if cost is None else cost, plain)
             if tokens_per_s > best_rate:
