@@ -306,6 +306,13 @@ def test_bad_images_are_anthropic_400s(
     assert body["error"]["message"].startswith(message)
 
 
+def test_more_than_100_images_is_a_400(vlm_server: RunningServer) -> None:
+    tiny = image_block(encoded(picture(7, (8, 8))))
+    status, body = anthropic_error(vlm_server, [tiny] * 101)
+    assert status == 400
+    assert body["error"]["message"] == "messages: too many images: 101 > 100 per request"
+
+
 def test_bad_image_urls_are_400s_in_each_api(vlm_server: RunningServer, image_host: str) -> None:
     for url, message in (
         (f"{image_host}/missing.png", "fetching the image failed: HTTP 404"),

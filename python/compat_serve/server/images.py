@@ -9,7 +9,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from compat_serve.chat.images import ImageError, ImageRef, decode_image, fetch_image
+from compat_serve.chat.images import (
+    MAX_IMAGES,
+    ImageError,
+    ImageRef,
+    decode_image,
+    fetch_image,
+)
 from compat_serve.chat.prompt import Prompt, PromptError
 from compat_serve.chat.types import ChatRequest
 from compat_serve.server.errors import ApiError
@@ -29,6 +35,12 @@ async def build_vision_prompt(state: ServerState, chat: ChatRequest) -> Prompt:
     processor = vision_processor(state)
     if processor is None:  # the adapters refuse images for text-only models first
         raise ApiError(400, "messages: this model is text-only and cannot read images")
+    if len(chat.images) > MAX_IMAGES:
+        raise ApiError(
+            400,
+            f"messages: too many images: {len(chat.images)} > {MAX_IMAGES} per request",
+            param="messages",
+        )
     try:
         raws = await asyncio.gather(*(_fetched(ref) for ref in chat.images))
     except ImageError as exc:
