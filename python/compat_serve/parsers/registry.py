@@ -134,6 +134,7 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
             harmony.MARKUP,
             harmony.harmony_grammar,
             free_text_grammar=False,
+            turn_grammar=harmony.harmony_turn_grammar,
             whole_output=harmony.harmony_parser,
         ),
         ToolFormat(

@@ -168,7 +168,7 @@ def request_grammar(
             tags=tags,
         )
         return Grammar("lark", source, "tool_choice") if source else None
-    if not fmt.free_text_grammar:
+    if not fmt.free_text_grammar and fmt.turn_grammar is None:
         return None
     return Grammar("lark", _lark(fmt, tools, "auto", reasoning, special_tokens, tags), "tools")
 

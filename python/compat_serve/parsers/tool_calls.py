@@ -37,6 +37,9 @@ class ToolFormat:
     # False when the format's free text holds its own markup (harmony's channel headers):
     # only forced calls are constrained then.
     free_text_grammar: bool = True
+    # The grammar of a whole turn in auto/none, for a format whose free text is its own
+    # markup: `(g, tools, mode, single) -> Lark start expression`.
+    turn_grammar: Callable[..., str] | None = None
     # A parser of the whole output (text, reasoning and calls), used instead of
     # ToolCallParser and also without tools: `(tools, new_id, max_calls) -> CallParser`.
     whole_output: Callable[..., Any] | None = None

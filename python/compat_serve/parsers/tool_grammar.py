@@ -64,8 +64,11 @@ def tool_call_grammar(
     # Free text never holds the format's markup (the parser would take a start marker
     # for a call, and show other markup as text) nor reasoning tags.
     markup = (*fmt.regions, *fmt.markup, tags.open, tags.close)
+    if fmt.turn_grammar is not None and mode != "required":
+        # The format's free text holds its own markup (harmony channels).
+        return g.source(fmt.turn_grammar(g, tools.schemas, mode, tools.max_calls == 1))
     if not fmt.free_text_grammar and mode != "required":
-        return None  # the format's free text holds its own markup (harmony channels)
+        return None
     if mode == "none":
         return g.source(_reasoning(g, reasoning, tags) + g.text("text", markup))
     if fmt.grammar is None or not tools.schemas:

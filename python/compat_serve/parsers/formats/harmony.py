@@ -256,3 +256,40 @@ def harmony_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSynta
 
     one = one_of_tools(g, tools, call)
     return CallSyntax(f" {TO}{FUNCTIONS}", one, one, g.lit(START, "assistant"))
+
+
+def harmony_turn_grammar(
+    g: GrammarBuilder, tools: Mapping[str, Schema], mode: str, single: bool
+) -> str:
+    """A whole turn in `auto` or `none`: messages on `analysis` or recipient-less
+    `commentary`, then a `final` answer or (auto) calls to the request's tools, the
+    recipient before or after the channel, as gpt-oss writes them. Message text never
+    holds markup; a call's arguments follow its tool's schema."""
+    others = [m for m in MARKUP if m not in (END, RETURN)]
+
+    def message(channel: str, end: str) -> str:
+        body = g.text_until(f"{channel}_text", end, others)
+        return f"{g.lit(CHANNEL, channel, MESSAGE)} {body}"
+
+    nxt = g.lit(START, "assistant")
+    # The next message's `<|start|>assistant` may be left out (the parser reads either).
+    notes = g.rule(
+        "notes", f"(({message('analysis', END)} | {message('commentary', END)}) ({nxt})?)*"
+    )
+    final = g.rule("final", message("final", RETURN))
+    if mode == "none" or not tools:
+        return f"{notes} {final}"
+    ctype = f"({g.lit(' ')} {g.lit(CONSTRAIN)}? {g.lit('json')})?"
+
+    def after(name: str, schema: Schema) -> str:  # NAME ... <|message|>{...}<|call|>
+        lead = f"{g.lit(name)} ({g.lit(CHANNEL, 'commentary')})? {ctype}"
+        return f"{lead} {g.lit(MESSAGE)} {g.json(arguments_schema(schema))} {g.lit(CALL)}"
+
+    named = one_of_tools(g, tools, after)
+    call = g.rule(
+        "call",
+        f"({g.lit(f' {TO}{FUNCTIONS}')} | {g.lit(CHANNEL, 'commentary', f' {TO}{FUNCTIONS}')}) "
+        f"{named}",
+    )
+    calls = call if single else f"{call} ({nxt} {call})*"
+    return f"{notes} ({final} | {calls})"
