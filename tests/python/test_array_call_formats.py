@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from compat_serve.parsers import OutputEvent, OutputParser, ToolCall, assemble
 from compat_serve.parsers.events import ReasoningPart, TextPart
-from compat_serve.parsers.reasoning import ReasoningSplitter
+from compat_serve.parsers.reasoning import REASONING_TAGS, ReasoningSplitter
 from compat_serve.parsers.registry import TOOL_FORMATS, detect_tool_format
 from compat_serve.parsers.tool_calls import ToolCallParser
 from tests.python.test_output_parsers import check_well_formed
@@ -338,3 +338,23 @@ def test_qwen3_coder_is_still_qwen3_coder() -> None:
     """Functionary v3.1's detection must not take templates that write XML parameters."""
     template = Path(templates_dir() / "Qwen-Qwen3-Coder.jinja").read_text(encoding="utf-8")
     assert detect_tool_format(template).name == "qwen3_coder"
+
+
+def test_command_r7b_thinking_then_action() -> None:
+    """transformers' Cohere golden output: thinking, then the action list, then the end of
+    turn (the stop token, not part of the parsed text)."""
+    text = (
+        "<|START_THINKING|>I should call a tool.<|END_THINKING|>"
+        '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "simple_tool", '
+        '"parameters": {"temperature_format": "Celsius"}}\n]<|END_ACTION|>'
+    )
+    for chunks in ([text], list(text)):
+        tools = ToolCallParser(TOOL_FORMATS["command_r7b"], TOOLS, new_id=lambda: "call_0")
+        tags = REASONING_TAGS["cohere"]
+        splitter = ReasoningSplitter(open_tag=tags.open, close_tag=tags.close)
+        events = run(OutputParser(reasoning=splitter, tools=tools), chunks)
+        check_well_formed(events)
+        assert parts_of(events) == [
+            ("reasoning", "I should call a tool."),
+            ("call", "simple_tool", {"temperature_format": "Celsius"}),
+        ]

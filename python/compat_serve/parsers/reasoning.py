@@ -33,7 +33,14 @@ THINK = ReasoningTags("think", THINK_OPEN, THINK_CLOSE, (THINK_OPEN, THINK_CLOSE
 # Gemma 4: `<|channel>thought\n...<channel|>` (google-gemma-4-31B-it.jinja renders an
 # empty one, `<|channel>thought\n<channel|>`, into the prompt when thinking is off).
 GEMMA4 = ReasoningTags("gemma4", "<|channel>thought", "<channel|>", ("<|channel>", "<channel|>"))
-REASONING_TAGS = {t.name: t for t in (THINK, GEMMA4)}
+# Command R7B / A: `<|START_THINKING|>...<|END_THINKING|>` (then an action or a response).
+COHERE = ReasoningTags(
+    "cohere",
+    "<|START_THINKING|>",
+    "<|END_THINKING|>",
+    ("<|START_THINKING|>", "<|END_THINKING|>"),
+)
+REASONING_TAGS = {t.name: t for t in (THINK, GEMMA4, COHERE)}
 
 
 class _State(enum.Enum):
