@@ -17,6 +17,7 @@ from typing import Any
 
 from compat_serve.engine.types import Grammar
 from compat_serve.server.output_format import bad, lark_grammar, regex_grammar
+from compat_serve.server.responses.lark_regex import lark_to_regex
 
 CUSTOM_INPUT = "input"
 
@@ -116,9 +117,14 @@ def _custom(
     description = _text(tool.get("description"), f"{where}.description") or ""
     value: dict[str, Any] = {"type": "string", "description": "the raw input"}
     if grammar is not None and grammar.kind == "regex":
-        # The call's JSON string is constrained too (a Lark grammar cannot be put inside
-        # a JSON string: it applies when the tool is forced, see adapter.py).
+        # The call's JSON string is constrained too.
         value["pattern"] = f"^(?:{grammar.source})$"
+    elif grammar is not None and grammar.kind == "lark":
+        # A regular Lark grammar (Codex's apply_patch) becomes the JSON string's pattern;
+        # any other applies only when the tool is forced (see adapter.py).
+        pattern = lark_to_regex(grammar.source)
+        if pattern is not None:
+            value["pattern"] = f"^(?:{pattern})$"
     function = {
         "name": chat_name(name, namespace),
         "description": (description + "\n" if description else "")
