@@ -61,6 +61,7 @@ class ServeOptions:
     max_queue: int = 256
     strict_model_names: bool = False
     max_output_tokens: int | None = None
+    max_tool_rounds: int | None = None
     max_request_bytes: int = 32 * 1024 * 1024
     default_temperature: float | None = None
     default_top_p: float | None = None
@@ -115,6 +116,8 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         raise ValueError("--prefill-chunk must be at least 1")
     if options.max_output_tokens is not None and options.max_output_tokens < 1:
         raise ValueError("--max-output-tokens must be at least 1")
+    if options.max_tool_rounds is not None and options.max_tool_rounds < 1:
+        raise ValueError("--max-tool-rounds must be at least 1")
     if options.max_request_bytes < 1024:
         raise ValueError("--max-request-bytes must be at least 1024")
     check_sampling_flags(options.default_temperature, options.default_top_p, options.default_top_k)
@@ -187,6 +190,7 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         inline_system_policy=traits.inline_system,
         max_request_bytes=options.max_request_bytes,
         max_output_tokens=options.max_output_tokens,
+        max_tool_rounds=options.max_tool_rounds,
         sampling_defaults=sampling_defaults,
         output_parsing=output_parsing,
         cache_salt_per_key=options.cache_salt_per_key,

@@ -194,6 +194,13 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "context is full). Agents ask for 32k+ tokens, which a slow CPU cannot deliver",
     )
     p.add_argument(
+        "--max-tool-rounds",
+        type=int,
+        help="after this many rounds of tool calls since the user's last message, answer "
+        "without tools (default: no limit). Agents end a turn only on a text answer; a small "
+        "model that repeats its call never gives one, and Codex has no turn limit",
+    )
+    p.add_argument(
         "--default-temperature",
         type=float,
         help="temperature for requests that set none (default: the model's "
@@ -352,6 +359,7 @@ def _serve(ns: argparse.Namespace) -> int:
                 max_queue=ns.max_queue,
                 strict_model_names=ns.strict_model_names,
                 max_output_tokens=ns.max_output_tokens,
+                max_tool_rounds=ns.max_tool_rounds,
                 max_request_bytes=ns.max_request_bytes,
                 default_temperature=ns.default_temperature,
                 default_top_p=ns.default_top_p,

@@ -33,6 +33,7 @@ from compat_serve.server.errors import ApiError
 from compat_serve.server.keys import cache_salt
 from compat_serve.server.lifecycle import check_admitting, shutdown_error
 from compat_serve.server.state import ServerState
+from compat_serve.server.tool_rounds import limit_tool_rounds
 
 if TYPE_CHECKING:
     from compat_serve.engine.vision import VisionInput
@@ -148,6 +149,7 @@ async def admit_chat(
     """The common start of every chat endpoint: model check, prompt, engine submission."""
     state = server_state(request)
     check_model_name(state, model)
+    chat = limit_tool_rounds(chat, state.max_tool_rounds)
     prompt = await build_chat_prompt(state, chat)
     request_id = new_id(id_prefix)
     if state.output_parsing is None:

@@ -26,6 +26,9 @@ class ServerState:
     max_request_bytes: int = 32 * 1024 * 1024
     # Clamp every request's max_tokens (None: no cap beyond the context window).
     max_output_tokens: int | None = None
+    # Tool rounds since the user's last message after which tools are withheld
+    # (server/tool_rounds.py; None: no limit).
+    max_tool_rounds: int | None = None
     # Seconds between Anthropic `ping` events while a stream waits for tokens: Claude
     # Code abandons a request after ~300 s without a byte.
     ping_interval_s: float = 10.0
