@@ -52,10 +52,10 @@ MINIMAX_CALL = (
     f'<parameter name="opts">{json.dumps(PARIS["opts"])}</parameter>\n'
     "</invoke>\n</minimax:tool_call>"
 )
-# Double-quoted, as Liquid AI's model card shows (the parser also reads 'single' quotes;
-# the grammar of a started call writes JSON-compatible literals).
+# A single-quoted string (Python) and a JSON-spelled dict: the grammar of a started call
+# takes both for a free string, JSON for the rest.
 LFM2_CALL = (
-    'Checking.<|tool_call_start|>[get_weather(city="Paris", '
+    "Checking.<|tool_call_start|>[get_weather(city='Paris', "
     'opts={"units": "metric", "days": [1, 2]})]<|tool_call_end|>'
 )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import json
+import warnings
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
@@ -151,10 +152,17 @@ def _escape_size(buf: str, at: int, *, final: bool) -> int | None:
 
 def _decode_escape(sequence: str) -> str:
     try:
-        value = ast.literal_eval(f'"{sequence}"')
+        value = _literal_eval(f'"{sequence}"')
     except (ValueError, SyntaxError):
         return sequence
     return value if isinstance(value, str) else sequence
+
+
+def _literal_eval(text: str) -> Any:
+    """ast.literal_eval without the warning an unknown escape (`\\q`) raises."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.literal_eval(text)
 
 
 def _is_identifier_prefix(text: str) -> bool:
@@ -196,7 +204,7 @@ def python_value_to_json(raw: str) -> str:
     """A Python (or JSON) literal as JSON text; anything else becomes a JSON string."""
     value: Any
     try:
-        value = ast.literal_eval(raw)
+        value = _literal_eval(raw)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         try:
             value = json.loads(raw)
@@ -221,7 +229,15 @@ def _python_value(g: GrammarBuilder, hint: str, schema: Any) -> str:
     if kind == "null":
         return '"None"'
     sub = schema if isinstance(schema, Mapping | bool) else {}
+    if kind == "string" and isinstance(sub, Mapping) and set(sub) <= _FREE_STRING_KEYS:
+        # A free string may also be a 'single-quoted' Python literal, as models write it.
+        single = g.terminal(f"{hint}_single", r"/'([^'\\\n]|\\.)*'/")
+        return f"({g.json(sub)} | {single})"
     return g.json(sub)
+
+
+# Keywords that leave a string free (any single-quoted literal satisfies them).
+_FREE_STRING_KEYS = frozenset({"type", "description", "title", "default", "examples"})
 
 
 def separated_properties(
