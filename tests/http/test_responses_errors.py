@@ -27,6 +27,7 @@ CASES: list[tuple[str, dict[str, Any], int, str]] = [
     ("item without type", {"input": [{"content": "x"}]}, 400, "input[0].type"),
     ("unknown item type", {"input": [{"type": "banana"}]}, 400, "input[0].type"),
     ("bad role", {"input": [{"role": "robot", "content": "x"}]}, 400, "input[0].role"),
+    ("role not a string", {"input": [{"role": {"a": 1}, "content": "x"}]}, 400, "input[0].role"),
     (
         "content of a wrong type",
         {"input": [{"role": "user", "content": 3}]},

@@ -117,7 +117,7 @@ class _Conversation:
 
     def message(self, item: dict[str, Any], where: str) -> None:
         role = item.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise bad(
                 f"{where}.role", f"must be one of user, assistant, system, developer, not {role!r}"
             )
