@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from compat_serve.chat.images import replace_markers
 from compat_serve.chat.normalize import normalize_messages
 from compat_serve.chat.probe import probe_template
+from compat_serve.chat.reply_tokens import ReplyTokens
 from compat_serve.chat.tool_injection import inject_tools
 from compat_serve.chat.types import ChatRequest, Message
 from compat_serve.templating import ChatTemplate, TemplateError
@@ -74,6 +75,8 @@ class PromptBuilder:
         # Set when the template ignores `tools` and the model answers in the JSON envelope
         # (parsers/formats/envelope.py): tools are told in the system prompt instead.
         self.injects_tools = False
+        # Recent replies' token ids: an echoed reply is tokenized as it was generated.
+        self.replies = ReplyTokens()
 
     def normalize(self, messages: Sequence[Message]) -> list[Message]:
         return normalize_messages(
@@ -108,7 +111,17 @@ class PromptBuilder:
 
     def encode(self, text: str) -> list[int]:
         # The template already writes BOS where the model wants it.
+        return self.replies.encode(text, self._encode_plain)
+
+    def _encode_plain(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False)
+
+    def remember_reply(self, token_ids: Sequence[int]) -> None:
+        """The ids of a reply the model generated (without the stop token), so a next
+        turn that echoes it repeats its tokens."""
+        decode = getattr(self._tokenizer, "decode", None)
+        if decode is not None and token_ids:
+            self.replies.remember(decode(list(token_ids), skip_special_tokens=False), token_ids)
 
     def build(self, request: ChatRequest, image_markup: str | None = None) -> Prompt:
         """`image_markup`: what the model's template writes for one image (vision models);

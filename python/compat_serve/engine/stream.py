@@ -48,6 +48,10 @@ class RequestStream:
         # (cache read, cache creation) prompt tokens expected at submission; the final
         # event's usage has the exact figures.
         self.cache_preview: tuple[int, int] = (0, 0)
+        # Called on the event loop with every generated id (not the stop token) once the
+        # request ends (chat requests: remember the reply's tokens for the next turn).
+        self.on_reply: Callable[[tuple[int, ...]], None] | None = None
+        self._generated: list[int] = []
 
     @property
     def finished(self) -> bool:
@@ -61,6 +65,13 @@ class RequestStream:
 
     def _deliver(self, event: EngineEvent) -> None:
         """On the event loop: queue the event unless the consumer fell too far behind."""
+        if self.on_reply is not None:
+            self._generated += event.token_ids
+            if event.finished:
+                ids = self._generated
+                if ids and event.stop_token_id is not None and ids[-1] == event.stop_token_id:
+                    ids = ids[:-1]
+                self.on_reply(tuple(ids))
         waiting = self._queue.qsize()
         if self._gave_up:
             if event.finished and waiting < self._max_backlog + 1:

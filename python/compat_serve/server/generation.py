@@ -176,6 +176,8 @@ async def admit_chat(
         parsing.grammar,
         prompt.vision,
     )
+    if not prompt.vision:
+        stream.on_reply = state.prompt_builder.remember_reply
     return Admitted(state, request_id, prompt, stream, parsing.parser)
 
 
