@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from compat_serve.chat.prompt import PromptBuilder
+from compat_serve.chat.prompt import PromptBuilder, PromptError
 from compat_serve.chat.types import ChatRequest
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams
 from compat_serve.parsers import OutputParsing, RequestTools
@@ -86,6 +86,7 @@ class TemplateTurns:
     # Filled by run_next_turns:
     next_prompt: tuple[int, ...] = ()
     next_read: int = 0
+    next_error: str = ""
 
     @property
     def format(self) -> str:
@@ -105,6 +106,17 @@ class TemplateTurns:
     def echo_read(self) -> int:
         """Tokens of the call the next turn read from the prefix cache."""
         return max(0, min(self.next_read - len(self.prompt), self.call_tokens))
+
+    @property
+    def kept_prompt(self) -> int:
+        """Tokens of turn 1's prompt the next prompt starts with (all of them unless the
+        template renders the history differently from its generation prompt)."""
+        same = 0
+        for a, b in zip(self.prompt, self.next_prompt, strict=False):
+            if a != b:
+                break
+            same += 1
+        return same
 
     @property
     def echo_exact(self) -> int:
@@ -186,7 +198,7 @@ def next_turn_messages(job: TemplateTurns) -> list[dict[str, Any]]:
 def run_next_turns(engine: Engine, jobs: list[TemplateTurns]) -> None:
     """Turn 2 of every job (one token each, after its turn 1 finished): the prompt and
     how many of its tokens the prefix cache served."""
-    requests = []
+    requests, rendered = [], []
     for job in jobs:
         chat = ChatRequest(
             messages=next_turn_messages(job),
@@ -194,14 +206,19 @@ def run_next_turns(engine: Engine, jobs: list[TemplateTurns]) -> None:
             tools=[BASH],
             template_kwargs={"enable_thinking": False},
         )
-        prompt = job.builder.build(chat)
+        try:
+            prompt = job.builder.build(chat)
+        except PromptError as exc:  # the template refuses the echo (a 400 in the server)
+            job.next_error = str(exc)
+            continue
         job.next_prompt = prompt.token_ids
+        rendered.append(job)
         requests.append(EngineRequest(f"next-{job.file}", prompt.token_ids, chat.sampling))
 
     async def run_all() -> list[tuple[str, list[Any]]]:
         return await asyncio.gather(*(_generate(engine, r) for r in requests))
 
-    for job, (_, events) in zip(jobs, asyncio.run(run_all()), strict=True):
+    for job, (_, events) in zip(rendered, asyncio.run(run_all()), strict=True):
         usage = events[-1].usage
         assert usage is not None, job.file
         job.next_read = usage.cached_tokens
@@ -215,9 +232,12 @@ def table(jobs: list[TemplateTurns]) -> str:
     ]
     for job in jobs:
         share = job.echo_read / job.call_tokens if job.call_tokens else 0.0
+        note = f"  next turn refused: {job.next_error}" if job.next_error else ""
+        if not note and job.kept_prompt < len(job.prompt):
+            note = f"  history differs from turn 1 after {job.kept_prompt} tokens"
         rows.append(
             f"{job.file:52} {job.format:16} {len(job.prompt):5} {job.call_tokens:4} "
-            f"{job.next_read:5} {job.echo_read:4} {job.echo_exact:5} {share:8.0%}"
+            f"{job.next_read:5} {job.echo_read:4} {job.echo_exact:5} {share:8.0%}{note}"
         )
     rows.append(f"mean echo survival: {mean_survival(jobs):.1%} over {len(jobs)} templates")
     return "\n".join(rows)

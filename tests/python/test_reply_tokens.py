@@ -51,15 +51,15 @@ def test_without_replies_text_is_tokenized_as_a_whole(gguf_tokenizer: Tokenizer)
     text = "<|im_start|>user\nhello there, a longer text<|im_end|>\n"
     replies = ReplyTokens()
     assert replies.encode(text, gguf_tokenizer.encode) == gguf_tokenizer.encode(text)
-    replies.remember("short", [1, 2])  # too short to be worth a split
+    replies.remember([1, 2], ["sh", "ort"])  # too short to be worth a split
     assert len(replies) == 0
 
 
 def test_replies_are_kept_by_recency_and_splice_every_occurrence() -> None:
     replies = ReplyTokens(capacity=2)
-    replies.remember("first reply, long enough", [1])
-    replies.remember("second reply, long enough", [2])
-    replies.remember("third reply, long enough!", [3])
+    replies.remember([1], ["first reply, long enough"])
+    replies.remember([2], ["second reply, long enough"])
+    replies.remember([3], ["third reply, long enough!"])
     assert len(replies) == 2
 
     def encode(text: str) -> list[int]:
@@ -68,6 +68,20 @@ def test_replies_are_kept_by_recency_and_splice_every_occurrence() -> None:
     text = "a third reply, long enough! b third reply, long enough!"
     assert replies.encode(text, encode) == [ord("a"), ord(" "), 3, *encode(" b "), 3]
     assert replies.encode("first reply, long enough", encode) == encode("first reply, long enough")
+
+
+def test_a_partly_repeated_reply_is_spliced_up_to_its_last_whole_token() -> None:
+    """A template that renders the end of a call differently still gets the tokens of the
+    part it repeats; a token that ends inside a character is never a cut."""
+    replies = ReplyTokens()
+    replies.remember([1, 2, 3, 4], ['<call>{"name": ', '"Bash"', "", "é}</call>"])
+
+    def encode(text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    text = 'x <call>{"name": "Bash"é, "id": 0}'
+    assert replies.encode(text, encode) == [*encode("x "), 1, 2, *encode('é, "id": 0}')]
+    assert replies.encode('<call>{"name": "Ba', encode) == encode('<call>{"name": "Ba')
 
 
 def test_the_stream_reports_the_generated_ids_without_the_stop_token() -> None:

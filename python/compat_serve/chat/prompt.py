@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from compat_serve.chat.call_shapes import RESHAPES, Reshape
 from compat_serve.chat.images import replace_markers
 from compat_serve.chat.normalize import normalize_messages
 from compat_serve.chat.probe import probe_template
@@ -77,6 +79,7 @@ class PromptBuilder:
         self.injects_tools = False
         # Recent replies' token ids: an echoed reply is tokenized as it was generated.
         self.replies = ReplyTokens()
+        self._call_shape: Reshape | None = None  # see _render_calls
 
     def normalize(self, messages: Sequence[Message]) -> list[Message]:
         return normalize_messages(
@@ -119,9 +122,31 @@ class PromptBuilder:
     def remember_reply(self, token_ids: Sequence[int]) -> None:
         """The ids of a reply the model generated (without the stop token), so a next
         turn that echoes it repeats its tokens."""
-        decode = getattr(self._tokenizer, "decode", None)
-        if decode is not None and token_ids:
-            self.replies.remember(decode(list(token_ids), skip_special_tokens=False), token_ids)
+        decode_stream = getattr(self._tokenizer, "decode_stream", None)
+        if decode_stream is None or not token_ids:
+            return
+        decoder = decode_stream(skip_special_tokens=False)
+        self.replies.remember(token_ids, [decoder.step(t) for t in token_ids])
+
+    def _render_calls(self, messages: list[Message], **kwargs: Any) -> str:
+        """`render`, retried with past tool calls in the shapes some templates need
+        (chat/call_shapes.py) when the usual shape fails; the shape that worked is tried
+        first next time. The first error stands when none works."""
+        try:
+            return self.render(messages, **kwargs)
+        except PromptError:
+            if not any(m.get("tool_calls") for m in messages):
+                raise
+            first_error = sys.exc_info()[1]
+        for reshape in sorted(RESHAPES, key=lambda r: r is not self._call_shape):
+            try:
+                text = self.render(reshape(messages), **kwargs)
+            except PromptError:
+                continue
+            self._call_shape = reshape
+            return text
+        assert first_error is not None
+        raise first_error
 
     def build(self, request: ChatRequest, image_markup: str | None = None) -> Prompt:
         """`image_markup`: what the model's template writes for one image (vision models);
@@ -132,7 +157,7 @@ class PromptBuilder:
                 messages, tools, continue_final_message=request.continue_final_message
             )
             tools = None
-        text = self.render(
+        text = self._render_calls(
             self.normalize(messages),
             tools=tools,
             continue_final_message=request.continue_final_message,

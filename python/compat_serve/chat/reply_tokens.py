@@ -26,33 +26,44 @@ class ReplyTokens:
 
     def __init__(self, capacity: int = 256) -> None:
         self.capacity = capacity
-        self._replies: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        # text -> (ids, the text length after each id, -1 inside a character)
+        self._replies: OrderedDict[str, tuple[tuple[int, ...], tuple[int, ...]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._replies)
 
-    def remember(self, text: str, token_ids: Sequence[int]) -> None:
-        """`text` must be what `token_ids` decode to (special tokens as text)."""
-        if len(text) < MIN_CHARS or not token_ids:
+    def remember(self, token_ids: Sequence[int], pieces: Sequence[str]) -> None:
+        """A reply: its ids and the text each one adds (special tokens as text; "" for a
+        token that ends inside a character, whose text comes with a later one)."""
+        text = "".join(pieces)
+        if len(text) < MIN_CHARS or not token_ids or len(pieces) != len(token_ids):
             return
+        ends, length = [], 0
+        for piece in pieces:
+            length += len(piece)
+            ends.append(length if piece else -1)
         with self._lock:
-            self._replies[text] = tuple(token_ids)
+            self._replies[text] = (tuple(token_ids), tuple(ends))
             self._replies.move_to_end(text)
             while len(self._replies) > self.capacity:
                 self._replies.popitem(last=False)
 
     def encode(self, text: str, encode: Callable[[str], list[int]]) -> list[int]:
-        """`text` tokenized by `encode`, except that each remembered reply it holds is its
-        remembered ids (earliest first; the longer of two replies found at one place)."""
+        """`text` tokenized by `encode`, except where it repeats a remembered reply: there
+        the reply's ids, as far as the text repeats the reply (whole tokens; a template
+        may render the end of a call differently), and the text around it on its own."""
         with self._lock:
             replies = list(self._replies.items())
         spans: list[tuple[int, int, tuple[int, ...]]] = []
-        for reply, ids in replies:
-            at = text.find(reply)
+        for reply, (ids, ends) in replies:
+            head = reply[:MIN_CHARS]
+            at = text.find(head)
             while at != -1:
-                spans.append((at, at + len(reply), ids))
-                at = text.find(reply, at + len(reply))
+                span = _repeated(text, at, reply, ids, ends)
+                if span is not None:
+                    spans.append(span)
+                at = text.find(head, at + 1)
         if not spans:
             return encode(text)
         spans.sort(key=lambda s: (s[0], -s[1]))
@@ -68,3 +79,27 @@ class ReplyTokens:
         if pos < len(text):
             out += encode(text[pos:])
         return out
+
+
+def _repeated(
+    text: str, at: int, reply: str, ids: tuple[int, ...], ends: tuple[int, ...]
+) -> tuple[int, int, tuple[int, ...]] | None:
+    """(start, end, ids) of the longest run of `reply`'s tokens that `text` repeats at
+    `at`, or None when that is less than MIN_CHARS of text."""
+    same = 0
+    limit = min(len(reply), len(text) - at)
+    while same < limit and text[at + same] == reply[same]:
+        same += 1
+    if same == len(reply):
+        return at, at + same, ids
+    # Only whole tokens: the longest prefix of ids whose text fits in `same` characters
+    # and ends where a character does.
+    best = 0
+    for count, end in enumerate(ends, 1):
+        if end > same:
+            break
+        if end >= 0:
+            best = count
+    if best == 0 or ends[best - 1] < MIN_CHARS:
+        return None
+    return at, at + ends[best - 1], ids[:best]
