@@ -72,16 +72,24 @@ def test_replies_are_kept_by_recency_and_splice_every_occurrence() -> None:
 
 def test_a_partly_repeated_reply_is_spliced_up_to_its_last_whole_token() -> None:
     """A template that renders the end of a call differently still gets the tokens of the
-    part it repeats; a token that ends inside a character is never a cut."""
-    replies = ReplyTokens()
-    replies.remember([1, 2, 3, 4], ['<call>{"name": ', '"Bash"', "", "é}</call>"])
+    part it repeats (half the reply at least); a token that ends inside a character is
+    never a cut."""
 
     def encode(text: str) -> list[int]:
         return [ord(c) for c in text]
 
-    text = 'x <call>{"name": "Bash"é, "id": 0}'
-    assert replies.encode(text, encode) == [*encode("x "), 1, 2, *encode('é, "id": 0}')]
-    assert replies.encode('<call>{"name": "Ba', encode) == encode('<call>{"name": "Ba')
+    replies = ReplyTokens()
+    pieces = ['<call>{"name": ', '"Bash", ', '"arguments": ', '{"command": "ls -la"}', "}</call>"]
+    replies.remember([1, 2, 3, 4, 5], pieces)
+    text = 'x <call>{"name": "Bash", "arguments": {"command": "ls -la"}, "id": 7}</call>'
+    assert replies.encode(text, encode) == [*encode("x "), 1, 2, 3, 4, *encode(', "id": 7}</call>')]
+    # An example call in a system prompt shares only the head of the reply: left alone.
+    example = 'Write <call>{"name": "Bash", <args>}'
+    assert replies.encode(example, encode) == encode(example)
+
+    replies = ReplyTokens()
+    replies.remember([1, 2, 3], ['<call>{"name": "Bash', "", 'é"}</call>'])
+    assert replies.encode('<call>{"name": "Bashé"!', encode) == [1, *encode('é"!')]
 
 
 def test_the_stream_reports_the_generated_ids_without_the_stop_token() -> None:

@@ -85,7 +85,7 @@ def _repeated(
     text: str, at: int, reply: str, ids: tuple[int, ...], ends: tuple[int, ...]
 ) -> tuple[int, int, tuple[int, ...]] | None:
     """(start, end, ids) of the longest run of `reply`'s tokens that `text` repeats at
-    `at`, or None when that is less than MIN_CHARS of text."""
+    `at`, or None when that is less than half the reply (or MIN_CHARS)."""
     same = 0
     limit = min(len(reply), len(text) - at)
     while same < limit and text[at + same] == reply[same]:
@@ -100,6 +100,8 @@ def _repeated(
             break
         if end >= 0:
             best = count
-    if best == 0 or ends[best - 1] < MIN_CHARS:
+    # Half the reply at least: a system prompt's example call shares the first few
+    # characters of a real call, and splitting it would change turn 1's tokens.
+    if best == 0 or ends[best - 1] < max(MIN_CHARS, len(reply) // 2):
         return None
     return at, at + ends[best - 1], ids[:best]
