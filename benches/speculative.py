@@ -102,6 +102,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--speculative-tokens", type=int, default=4)
+    parser.add_argument("--only", default="", help="run the workloads whose name has this")
+    parser.add_argument("--concurrency", default="1,4", help="comma-separated (1,4)")
     args = parser.parse_args()
     loaded = load_model(None)
 
@@ -121,8 +123,10 @@ def main() -> None:
     print(line.format(*header))
     try:
         for name, text in WORKLOADS.items():
+            if args.only not in name:
+                continue
             prompt = chat(loaded, text)
-            for concurrency in (1, 4):
+            for concurrency in (int(c) for c in args.concurrency.split(",")):
                 rates: dict[str, list[float]] = {"off": [], "ngram": []}
                 before = spec.speculation_status()
                 for rep in range(args.repeats):  # alternate: drift hits both alike
