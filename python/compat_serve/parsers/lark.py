@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from compat_serve.parsers.number_bounds import bound_numbers
+
 # Compact JSON laid out like `json.dumps`: free whitespace lets small models loop on
 # newlines until `max_tokens`. Tool schemas are lenient: a keyword the grammar engine does
 # not implement (`propertyNames`, `if`/`then`, an unknown `format`) is not enforced
@@ -33,10 +35,12 @@ _REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~/")
 
 
 def with_json_layout(schema: Mapping[str, Any] | bool) -> Mapping[str, Any] | bool:
-    """`schema` with the compact layout merged in (the one place that sets it)."""
+    """`schema` with the compact layout merged in (the one place that sets it) and its
+    numbers bounded (`number_bounds`)."""
     if isinstance(schema, bool):
         return schema
-    return {**schema, "x-guidance": {**JSON_LAYOUT, **(schema.get("x-guidance") or {})}}
+    bounded = bound_numbers(schema)
+    return {**bounded, "x-guidance": {**JSON_LAYOUT, **(schema.get("x-guidance") or {})}}
 
 
 def arguments_schema(schema: Mapping[str, Any] | None) -> Mapping[str, Any]:

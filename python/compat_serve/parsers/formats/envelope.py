@@ -27,6 +27,7 @@ from compat_serve.parsers.events import (
     ToolCallEnd,
     ToolCallStart,
 )
+from compat_serve.parsers.number_bounds import bound_numbers
 from compat_serve.parsers.region import Outcome, Region, json_string
 from compat_serve.parsers.request_tools import RequestTools
 from compat_serve.parsers.scan import WHITESPACE
@@ -61,8 +62,9 @@ def arguments_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
 
     Lenient: a keyword the grammar engine does not support is ignored instead of failing
     the whole request (agents send dozens of tools with schemas from everywhere).
+    Numbers are bounded (`number_bounds`).
     """
-    out = {k: v for k, v in schema.items() if k not in ("$schema", "x-guidance")}
+    out = {k: v for k, v in bound_numbers(schema).items() if k not in ("$schema", "x-guidance")}
     out.setdefault("type", "object")
     out["x-guidance"] = {**_COMPACT, "lenient": True}
     return out
