@@ -83,13 +83,52 @@ def test_a_forced_call_round_trips_on_every_tool_template(
         assert job.turn.text.strip() == "", (job.file, job.format, job.text)
 
 
+# What the templates do, kept as it is (the echo cannot survive it):
+# - the next turn cannot start with turn 1's prompt (the history renders the assistant
+#   turn's start differently from the generation prompt), or the template refuses it;
+HISTORY_DIFFERS = {
+    "MiniMaxAI-MiniMax-M2.jinja": "the generation prompt's thinking opener is not kept",
+    "Qwen-QwQ-32B.jinja": "the generation prompt's <think> is not kept",
+    "Qwen-Qwen3-0.6B.jinja": "the empty <think></think> of thinking-off is not kept",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": "the generation prompt's <think> is not kept",
+    "google-gemma-4-31B-it.jinja": "the empty thought channel is not kept",
+    "nvidia-NVIDIA-Nemotron-Nano-v2.jinja": "the generation prompt's <think> is not kept",
+    "ibm-granite-granite-3.0-8b-instruct.jinja": "past calls are not rendered (content only)",
+    "ibm-granite-granite-3.3-2b-instruct.jinja": "past calls are not rendered (content only)",
+    "mistralai-Mistral-Small-3.2-24B-Instruct-2506.jinja": "renders a [CALL_ID] not generated",
+    "unsloth-Devstral-Small-2507.jinja": "renders the call otherwise than generated",
+    "moonshotai-Kimi-K2-Instruct.jinja": "list.append: refused by the sandboxed renderer",
+    "moonshotai-Kimi-K2.jinja": "renders the server's call id, not the model's functions.Bash:0",
+}
+# - or the next turn keeps turn 1's prompt but renders the call otherwise than generated
+#   (less than half of it as the model wrote it).
+CALL_RENDERED_OTHERWISE = {
+    "HuggingFaceTB-SmolLM3-3B.jinja": "past calls are not rendered",
+    "LiquidAI-LFM2.5-Instruct.jinja": "past calls are not rendered",
+    "ai-sage-GigaChat3-10B-A1.8B.jinja": "its own call syntax (detected as generic)",
+    "stepfun-ai-Step-3.5-Flash.jinja": "another layout of the XML call",
+    "unsloth-Apriel-1.5.jinja": "a <tool_calls>[...] list (detected as hermes)",
+    "zai-org-GLM-4.6.jinja": "a newline after </think> that the grammar does not write",
+}
+
+
 def test_the_next_turn_reads_the_echoed_call_from_the_prefix_cache(
     engine: Engine, first_turns: list[TemplateTurns]
 ) -> None:
     run_next_turns(engine, first_turns)
     print("\n" + table(first_turns))
-    short = {
-        j.file: (j.next_read, len(j.prompt)) for j in first_turns if j.next_read < len(j.prompt)
-    }
-    assert short == {}, short
-    assert mean_survival(first_turns) >= 0.8, table(first_turns)
+    differs = {j.file for j in first_turns if j.next_error or j.kept_prompt < len(j.prompt)}
+    assert differs == set(HISTORY_DIFFERS), table(first_turns)
+    for job in first_turns:
+        if job.next_error:
+            continue
+        # Everything the template keeps of turn 1's prompt is read from the cache: all of
+        # it wherever the history repeats the generation prompt.
+        assert job.next_read >= job.kept_prompt, (job.file, job.next_read, job.kept_prompt)
+    # Less than half the call repeated as generated: rendered otherwise.
+    lost = {j.file for j in first_turns if 2 * j.echo_exact < j.call_tokens}
+    lost -= set(HISTORY_DIFFERS)
+    assert lost == set(CALL_RENDERED_OTHERWISE), table(first_turns)
+    echoing = [j for j in first_turns if j.file not in {*HISTORY_DIFFERS, *lost}]
+    assert len(echoing) >= 10
+    assert mean_survival(echoing) >= 0.8, table(first_turns)
