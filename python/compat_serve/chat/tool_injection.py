@@ -37,6 +37,7 @@ _FORMAT = (
     "\n\n# Reply format\n\n"
     "Reply with exactly one JSON object and nothing else. To call tools:\n"
     '{"tool_calls": [{"name": "TOOL_NAME", "arguments": {...}}]}\n'
+    "Give only the arguments the call needs: leave optional ones out.\n"
     "To answer the user:\n"
     '{"response": "your answer"}\n'
     "Tool results come back in the next message."
