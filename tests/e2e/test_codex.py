@@ -216,3 +216,59 @@ def check_scripted_runs(tmp_path: Path) -> None:
     # Turn 2 resent turn 1's custom_tool_call verbatim with Codex's output for it.
     kinds = [item.get("type") for item in by_model["gpt-5.5"][1]["input"]]
     assert kinds[-2:] == ["custom_tool_call", "custom_tool_call_output"]
+
+
+# The embedded SmolLM2-135M through Codex, set up as the README's recipe for tiny local
+# models: greedy, one tool round per user message, a small window, codex-config's profile
+# (short base instructions) and Codex's lean settings; the user spells out the call.
+EMBEDDED_PORT = 8131
+EMBEDDED_PROMPT = (
+    'Create hello.txt: call exec_command with the arguments {"cmd": "printf hi > hello.txt"}. '
+    "When it has run, answer only: Created hello.txt."
+)
+LEAN_CODEX = (
+    '-c web_search=\\"disabled\\" -c features.goals=false -c features.multi_agent=false '
+    "-c features.view_image=false -c include_permissions_instructions=false "
+    "-c include_environment_context=false -c include_apps_instructions=false "
+    "-c include_collaboration_mode_instructions=false -c skills.include_instructions=false"
+)
+EMBEDDED = (
+    """
+set -u
+ip link set lo up
+cd "$REPO"
+"$PYTHON" -m compat_serve.cli --port {port} --default-temperature 0 --max-tool-rounds 1 \
+  --context-length 4096 --max-output-tokens 256 > "$WORK/server.log" 2>&1 &
+server=$!
+"""
+    + WAIT_FOR_SERVER
+    + """"$PYTHON" -m compat_serve.cli codex-config --base-url http://127.0.0.1:{port} \
+  --codex-home "$WORK/embedded/codex" > "$WORK/codex-config.txt" 2>&1
+"""
+    + CODEX_RUN
+    + """run_codex embedded --profile compat-serve -c approval_policy='"never"' \
+  -s danger-full-access {lean} "$(cat "$WORK/embedded/prompt")"
+kill $server
+wait $server || true
+"""
+)
+
+
+def test_codex_embedded_model_creates_the_file(tmp_path: Path) -> None:
+    _need_namespace()
+    root = _prepare(tmp_path, "embedded", None, EMBEDDED_PROMPT)
+    script = EMBEDDED.format(port=EMBEDDED_PORT, timeout=150, lean=LEAN_CODEX)
+    subprocess.run(
+        ["unshare", "-n", "sh", "-c", script], env=_env(tmp_path), timeout=180, check=True
+    )
+    server_log = (tmp_path / "server.log").read_text()
+    assert " 500 " not in server_log
+    assert "wrote" in (tmp_path / "codex-config.txt").read_text()
+    events = _assert_success(root, server_log)
+    # The model's own call wrote the file (nothing else in the run can).
+    assert [c["command"] for c in _items(events, "command_execution")] == [
+        "/bin/bash -lc 'printf hi > hello.txt'"
+    ]
+    # The turn ended with the model's text, once --max-tool-rounds withheld the tools.
+    assert _items(events, "agent_message")
+    assert "1 tool rounds since the user's last message: answering without tools" in server_log
