@@ -201,3 +201,34 @@ def test_generated_outputs_round_trip(
         events = run(make_parser(fmt), chunks)
         check_well_formed(events)
         assert parts_of(events) == expected
+
+
+def _call_ids(text: str, earlier_text: str = "") -> list[str]:
+    ids = itertools.count()
+    tools = ToolCallParser(
+        TOOL_FORMATS["mistral_call_id"],
+        TOOLS,
+        new_id=lambda: f"call_{next(ids)}",
+        earlier_text=earlier_text,
+    )
+    events = run(OutputParser(tools=tools), split(text, set(range(1, len(text)))))
+    return [e.id for e in events if isinstance(e, ToolCallStart)]
+
+
+def test_a_call_keeps_the_id_the_model_wrote() -> None:
+    # Mistral Small 3.2's `[CALL_ID]`: the client echoes it, the template re-renders it.
+    text = (
+        '[TOOL_CALLS]Bash[CALL_ID]a1b2c3d4e[ARGS]{"command": "ls"}'
+        '[TOOL_CALLS]Bash[ARGS]{"command": "pwd"}'
+    )
+    assert _call_ids(text) == ["a1b2c3d4e", "call_0"]
+
+
+def test_a_model_written_id_used_before_gets_a_new_one() -> None:
+    call = '[TOOL_CALLS]Bash[CALL_ID]{}[ARGS]{{"command": "ls"}}'
+    # Twice in one turn, or already in the conversation (the prompt): ids stay unique.
+    assert _call_ids(call.format("a1b2c3d4e") * 2) == ["a1b2c3d4e", "call_0"]
+    earlier = '[TOOL_CALLS]Bash[CALL_ID]a1b2c3d4e[ARGS]{"command": "ls"}</s>'
+    assert _call_ids(call.format("a1b2c3d4e"), earlier) == ["call_0"]
+    # Not an id every API accepts (Anthropic's tool_use.id is [A-Za-z0-9_-]+).
+    assert _call_ids(call.format("a1b2:c3d4")) == ["call_0"]

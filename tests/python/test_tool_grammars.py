@@ -103,6 +103,8 @@ CALL_STARTS = {
     "glm45": ("<tool_call>",),
     "llama3": ('{"name"',),
     "mistral": ("[ARGS]", '{"name"'),
+    "mistral_call_id": ("[CALL_ID]",),
+    "mistral_args": ("[ARGS]",),
     "deepseek_v3": ("<｜tool▁call▁begin｜>",),  # noqa: RUF001 (DeepSeek's own markup)
     "kimi_k2": ("<|tool_call_begin|>",),
     "nemotron": ('{"name"',),
@@ -125,6 +127,8 @@ TRIGGERS.update(
         "qwen3_coder": "<tool_call>",
         "seed_oss": "<seed:tool_call>",
         "mistral": "[TOOL_CALLS]",
+        "mistral_call_id": "[TOOL_CALLS]",
+        "mistral_args": "[TOOL_CALLS]",
         "deepseek_v3": "<｜tool▁calls▁begin｜>",  # noqa: RUF001
         "kimi_k2": "<|tool_calls_section_begin|>",
         "nemotron": "<TOOLCALL>",
@@ -491,6 +495,10 @@ def _rendered(name: str) -> str:
         f"[TOOL_CALLS]run_command[ARGS]{pwd}"
         f'[TOOL_CALLS][{{"name": "run_command", "arguments": {ls}, "id": "def456uvw"}}, '
         f'{{"name": "run_command", "arguments": {pwd}}}]',
+        # As Small 3.2's template renders them (ids required) and as Devstral's does.
+        "mistral_call_id": f"[TOOL_CALLS]run_command[CALL_ID]abc123xyz[ARGS]{ls}"
+        f"[TOOL_CALLS]run_command[CALL_ID]def456uvw[ARGS]{pwd}",
+        "mistral_args": f"[TOOL_CALLS]run_command[ARGS]{ls}[TOOL_CALLS]run_command[ARGS]{pwd}",
         "deepseek_v3": "<｜tool▁calls▁begin｜>"  # noqa: RUF001
         + deepseek.format(ls)
         + "\n"
@@ -547,6 +555,27 @@ def test_single_call_grammar_refuses_a_second_call(plain: Vocab, name: str) -> N
     assert [
         json.loads(c.arguments) for c in _parse(plain, fmt, tools, walk, "none").tool_calls
     ] == [LS]
+
+
+def test_mistral_layouts_follow_their_templates(plain: Vocab) -> None:
+    """Small 3.2's template renders `[CALL_ID]` + a 9-alphanumeric id, Devstral's none:
+    each grammar writes only what its template renders (the id becomes the call's id)."""
+    tools = RequestTools(TOOLS, max_calls=1)
+    ls = '[ARGS]{"command": "ls -la", "timeout": 3}'
+    with_id = Walk(
+        plain, _compile(plain, TOOL_FORMATS["mistral_call_id"], tools, mode="required"), 0
+    )
+    assert not with_id.can_write("[TOOL_CALLS]run_command[ARGS]")
+    assert not with_id.can_write("[TOOL_CALLS]run_command[CALL_ID]abc12[ARGS]")
+    with_id.write(f"[TOOL_CALLS]run_command[CALL_ID]abc123xyz{ls}")
+    assert with_id.matcher.is_accepting()
+    turn = _parse(plain, TOOL_FORMATS["mistral_call_id"], tools, with_id, "none")
+    assert [c.id for c in turn.tool_calls] == ["abc123xyz"]
+    no_id = Walk(plain, _compile(plain, TOOL_FORMATS["mistral_args"], tools, mode="required"), 0)
+    assert not no_id.can_write("[TOOL_CALLS]run_command[CALL_ID]")
+    assert not no_id.can_write('[TOOL_CALLS][{"name"')
+    no_id.write(f"[TOOL_CALLS]run_command{ls}")
+    assert no_id.matcher.is_accepting()
 
 
 # ---- errors and edges ------------------------------------------------------------------------

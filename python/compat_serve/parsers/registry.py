@@ -53,6 +53,18 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
             mistral.mistral_grammar,
         ),
         ToolFormat(
+            "mistral_call_id",
+            {mistral.TOOL_CALLS: mistral.MistralRegion},
+            (mistral.TOOL_CALLS, mistral.ARGS, mistral.CALL_ID),
+            mistral.mistral_call_id_grammar,
+        ),
+        ToolFormat(
+            "mistral_args",
+            {mistral.TOOL_CALLS: mistral.MistralRegion},
+            (mistral.TOOL_CALLS, mistral.ARGS, mistral.CALL_ID),
+            mistral.mistral_args_grammar,
+        ),
+        ToolFormat(
             "glm45",
             {"<tool_call>": glm.GlmToolCallRegion},
             (*_TAG_MARKUP, glm.KEY_OPEN, glm.KEY_CLOSE, glm.VALUE_OPEN, glm.VALUE_CLOSE),
@@ -188,6 +200,8 @@ _DETECTION: tuple[tuple[str, str], ...] = (
     (functionary.RECIPIENT + functionary.TEXT_RECIPIENT, "functionary_v3_2"),
     (sections.DS_CALLS_BEGIN, "deepseek_v3"),
     (sections.KIMI_SECTION_BEGIN, "kimi_k2"),
+    (mistral.CALL_ID, "mistral_call_id"),  # Small 3.2: NAME[CALL_ID]id[ARGS]
+    (mistral.ARGS, "mistral_args"),  # Devstral: NAME[ARGS], no ids
     (mistral.TOOL_CALLS, "mistral"),
     ("<arg_key>", "glm45"),
     ("<seed:tool_call>", "seed_oss"),

@@ -100,6 +100,7 @@ class OutputParsing:
                 tools.schemas,
                 new_id=new_call_id(call_id_prefix),
                 max_calls=tools.max_calls,
+                earlier_text=prompt_text,
             )
             markup += self.tool_format.markup
         visible = self._special_ids(markup)

@@ -8,6 +8,7 @@ other text is kept, in order. Calls to tools the request did not define stay tex
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,9 @@ from compat_serve.parsers.events import (
 from compat_serve.parsers.lark import SyntaxBuilder
 from compat_serve.parsers.region import Outcome, Region
 from compat_serve.parsers.scan import WHITESPACE, find_first, partial_marker_length
+
+# A call id every API accepts (Anthropic's `tool_use.id` pattern).
+_API_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -55,11 +59,20 @@ class ToolCallParser:
         *,
         new_id: Callable[[], str],
         max_calls: int | None = None,
+        earlier_text: str = "",
     ) -> None:
-        """`tools`: name → JSON schema of its parameters, for the tools calls may use."""
+        """`tools`: name → JSON schema of its parameters, for the tools calls may use.
+
+        A call gets the id the model wrote for it (Mistral's `[CALL_ID]`), so that the
+        client echoes it and the template re-renders the call as generated; `new_id()`
+        when the model wrote none, or one that is not an API-safe id (`[A-Za-z0-9_-]+`,
+        what Anthropic's `tool_use.id` allows), or one already used in this turn or found
+        in `earlier_text` (the prompt: ids of earlier turns, which must stay unique)."""
         self.format = fmt
         self._tools = tools
         self._new_id = new_id
+        self._earlier_text = earlier_text
+        self._ids: set[str] = set()
         self._max_calls = max_calls
         self._markers = tuple(fmt.regions)
         self._pending = ""  # held back: a possible partial marker, or trailing whitespace
@@ -168,7 +181,7 @@ class ToolCallParser:
         prop = properties.get(param)
         return isinstance(prop, Mapping) and prop.get("type") == "string"
 
-    def open_call(self, name: str) -> None:
+    def open_call(self, name: str, call_id: str = "") -> None:
         self._region_opened = True
         self._ws_before_region = ""
         if self.satisfied:
@@ -176,7 +189,17 @@ class ToolCallParser:
         index = self._calls
         self._calls += 1
         self._open = (index, name)
-        self._events.append(ToolCallStart(index, self._new_id(), name))
+        if not self._usable_id(call_id):
+            call_id = self._new_id()
+        self._ids.add(call_id)
+        self._events.append(ToolCallStart(index, call_id, name))
+
+    def _usable_id(self, call_id: str) -> bool:
+        return (
+            _API_ID.fullmatch(call_id) is not None
+            and call_id not in self._ids
+            and call_id not in self._earlier_text
+        )
 
     def args(self, fragment: str) -> None:
         if fragment and self._open is not None and not self.satisfied:

@@ -338,7 +338,7 @@ class EnvelopeParser:
     def param_is_string(self, param: str) -> bool:
         return False  # arguments are JSON here, never tagged values
 
-    def open_call(self, name: str) -> None:
+    def open_call(self, name: str, call_id: str = "") -> None:  # no ids in this format
         if self.satisfied:
             return
         self._open = self._calls

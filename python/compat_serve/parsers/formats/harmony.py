@@ -213,7 +213,7 @@ class HarmonyParser:
     def param_is_string(self, param: str) -> bool:
         return False
 
-    def open_call(self, name: str) -> None:
+    def open_call(self, name: str, call_id: str = "") -> None:  # no ids in this format
         self._open = self._calls
         self._calls += 1
         self._events.append(ToolCallStart(self._open, self._new_id(), name))

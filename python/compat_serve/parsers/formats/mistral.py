@@ -2,6 +2,12 @@
 
 [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]        (v3 tokenizers, Nemo)
 [TOOL_CALLS]f[ARGS]{...}    or  f[CALL_ID]abc123xyz[ARGS]{...}  (v11+, Small 3.2, Devstral)
+
+The parser reads both. The grammars: `mistral` allows either generation (for
+`--tool-parser mistral`); a template that renders `[CALL_ID]` (Small 3.2) gets
+`mistral_call_id`, where the model writes the 9-alphanumeric id, which becomes the call's
+id, so the client's echo re-renders the call as generated; one that renders `NAME[ARGS]`
+without ids (Devstral) gets `mistral_args`.
 """
 
 from __future__ import annotations
@@ -26,10 +32,11 @@ class MistralRegion(Region):
         name = yield from self.read_name((ARGS, CALL_ID))
         if name is None:
             return Outcome.REJECT
+        call_id = ""
         if (yield from self.accept(CALL_ID)):
-            yield from self.read_until((ARGS,))
+            call_id, _ = yield from self.read_until((ARGS,))
         yield from self.accept(ARGS)
-        self.sink.open_call(name)
+        self.sink.open_call(name, call_id.strip())
         yield from self.stream_json_value()
         self.sink.close_call()
         return Outcome.DONE
@@ -72,3 +79,23 @@ def mistral_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSynta
     one = f"({g.lit('[')} {v3} {g.lit(']')} | {v11})"
     many = f"({g.lit('[')} {v3} ({g.lit(', ')} {v3})* {g.lit(']')} | {v11})"
     return CallSyntax(TOOL_CALLS, one, many, "")
+
+
+def _v11_grammar(g: GrammarBuilder, tools: Mapping[str, Schema], with_id: bool) -> CallSyntax:
+    """`[TOOL_CALLS]NAME[CALL_ID]id[ARGS]{...}` (or without the id) once per call."""
+    call_id = g.terminal("call_id", "/[A-Za-z0-9]{9}/") if with_id else ""
+
+    def named(name: str, schema: Schema) -> str:
+        id_part = f"{g.lit(CALL_ID)} {call_id}" if with_id else ""
+        return f"{g.lit(name)} {id_part} {g.lit(ARGS)} {g.json(arguments_schema(schema))}"
+
+    v11 = one_of_tools(g, tools, named)
+    return CallSyntax(TOOL_CALLS, v11, v11, "")
+
+
+def mistral_call_id_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:
+    return _v11_grammar(g, tools, with_id=True)
+
+
+def mistral_args_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:
+    return _v11_grammar(g, tools, with_id=False)
