@@ -488,7 +488,8 @@ def _rendered(name: str) -> str:
         "generic": hermes.format(ls) + "\n" + hermes.format(pwd),
         "qwen3_coder": qwen.format("ls -la", 3) + "\n" + qwen.format("pwd", 1),
         "seed_oss": seed.format("ls -la", 3) + "\n" + seed.format("pwd", 1),
-        "glm45": glm.format("ls -la", 3) + "\n" + glm.format("pwd", 1),
+        # GLM's template puts a newline before the first call, after `<think></think>`.
+        "glm45": "\n" + glm.format("ls -la", 3) + "\n" + glm.format("pwd", 1),
         "llama3": f'{{"name": "run_command", "parameters": {ls}}}',
         # Mistral Small 3.2 (call ids), Devstral (none), Nemo (one array, ids inside).
         "mistral": f"[TOOL_CALLS]run_command[CALL_ID]abc123xyz[ARGS]{ls}"

@@ -67,13 +67,15 @@ class CallSyntax:
     `trigger` is the markup that starts a block of calls; `one` and `many` are what
     follows it for a block holding exactly one call and one or more calls. When
     `separator` is set, further blocks may follow a block (after that expression);
-    when it is None one block holds every call (a section of calls).
+    when it is None one block holds every call (a section of calls). `lead`: layout the
+    template renders before the first block (GLM's newline), written by forced calls.
     """
 
     trigger: str
     one: str
     many: str
     separator: str | None
+    lead: str = ""
 
 
 # What each format exposes next to its parser (ToolFormat.grammar).

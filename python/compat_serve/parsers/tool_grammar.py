@@ -86,9 +86,10 @@ def tool_call_grammar(
 
 def _calls(g: GrammarBuilder, syntax: CallSyntax, *, single: bool) -> str:
     block = g.rule("calls", f"{g.lit(syntax.trigger)} {syntax.one if single else syntax.many}")
+    lead = f"{g.lit(syntax.lead)} " if syntax.lead else ""
     if single or syntax.separator is None:
-        return block
-    return f"{block} ({syntax.separator} {block})*"
+        return lead + block
+    return f"{lead}{block} ({syntax.separator} {block})*"
 
 
 def _text_and_calls(

@@ -65,4 +65,5 @@ def glm45_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:
         return f"{g.lit(name, NL)} {args} {g.lit(CLOSE)}"
 
     one = one_of_tools(g, tools, call)
-    return CallSyntax(OPEN, one, one, g.lit(NL))
+    # The template renders `\n<tool_call>` after the (empty) `<think></think>` it keeps.
+    return CallSyntax(OPEN, one, one, g.lit(NL), lead=NL)
