@@ -579,6 +579,22 @@ def test_mistral_layouts_follow_their_templates(plain: Vocab) -> None:
     assert no_id.matcher.is_accepting()
 
 
+def test_kimi_call_indexes_are_positions(plain: Vocab) -> None:
+    """Kimi-K2's template renders `functions.NAME:` + `loop.index0`: the grammar writes
+    each call's position, not any index."""
+    walk = Walk(
+        plain, _compile(plain, TOOL_FORMATS["kimi_k2"], RequestTools(TOOLS), mode="required"), 0
+    )
+    head = "<|tool_calls_section_begin|><|tool_call_begin|>functions.run_command:"
+    assert not walk.can_write(head + "3")
+    call = '{}<|tool_call_argument_begin|>{{"command": "ls"}}<|tool_call_end|>'
+    walk.write(head + call.format(0))
+    assert not walk.can_write("<|tool_call_begin|>functions.run_command:0")
+    walk.write("<|tool_call_begin|>functions.run_command:" + call.format(1))
+    walk.write("<|tool_calls_section_end|>")
+    assert walk.matcher.is_accepting()
+
+
 # ---- errors and edges ------------------------------------------------------------------------
 
 

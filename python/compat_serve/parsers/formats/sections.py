@@ -152,11 +152,28 @@ def deepseek_v3_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallS
 
 def kimi_k2_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:
     """`<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>{...}` calls
-    back to back in one section."""
-    index = g.terminal("call_index", "/0|[1-9][0-9]{0,2}/")
+    back to back in one section. INDEX is the call's position in the turn (0, 1, ...),
+    as the template renders it (`loop.index0`), so the echo re-renders the call as
+    generated; past the first `_KIMI_POSITIONS` calls, any index."""
+    any_index = g.terminal("call_index", "/0|[1-9][0-9]{0,2}/")
+    arguments = {
+        name: g.rule(f"args_{name}", g.json(arguments_schema(schema)))
+        for name, schema in tools.items()
+    }
 
-    def call(name: str, schema: Schema) -> str:
-        head = f"{g.lit(KIMI_CALL_BEGIN, f'functions.{name}:')} {index} {g.lit(KIMI_ARGS_BEGIN)}"
-        return f"{head} {g.json(arguments_schema(schema))} {g.lit(KIMI_CALL_END)}"
+    def calls(index: str) -> str:
+        def call(name: str, schema: Schema) -> str:
+            head = f"{g.lit(KIMI_CALL_BEGIN, f'functions.{name}:')} {index}"
+            return f"{head} {g.lit(KIMI_ARGS_BEGIN)} {arguments[name]} {g.lit(KIMI_CALL_END)}"
 
-    return _section(g, one_of_tools(g, tools, call), KIMI_SECTION_BEGIN, KIMI_SECTION_END, "")
+        return one_of_tools(g, tools, call)
+
+    at = [calls(g.lit(str(i))) for i in range(_KIMI_POSITIONS)]
+    many = f"{calls(any_index)}*"
+    for position in reversed(at[1:]):
+        many = f"({position} {many})?"
+    end = g.lit(KIMI_SECTION_END)
+    return CallSyntax(KIMI_SECTION_BEGIN, f"{at[0]} {end}", f"{at[0]} {many} {end}", None)
+
+
+_KIMI_POSITIONS = 8
