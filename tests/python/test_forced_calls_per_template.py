@@ -95,10 +95,7 @@ HISTORY_DIFFERS = {
     "nvidia-NVIDIA-Nemotron-Nano-v2.jinja": "the generation prompt's <think> is not kept",
     "ibm-granite-granite-3.0-8b-instruct.jinja": "past calls are not rendered (content only)",
     "ibm-granite-granite-3.3-2b-instruct.jinja": "past calls are not rendered (content only)",
-    "mistralai-Mistral-Small-3.2-24B-Instruct-2506.jinja": "renders a [CALL_ID] not generated",
-    "unsloth-Devstral-Small-2507.jinja": "renders the call otherwise than generated",
     "moonshotai-Kimi-K2-Instruct.jinja": "list.append: refused by the sandboxed renderer",
-    "moonshotai-Kimi-K2.jinja": "renders the server's call id, not the model's functions.Bash:0",
 }
 # - or the next turn keeps turn 1's prompt but renders the call otherwise than generated
 #   (less than half of it as the model wrote it).
@@ -106,9 +103,8 @@ CALL_RENDERED_OTHERWISE = {
     "HuggingFaceTB-SmolLM3-3B.jinja": "past calls are not rendered",
     "LiquidAI-LFM2.5-Instruct.jinja": "past calls are not rendered",
     "ai-sage-GigaChat3-10B-A1.8B.jinja": "its own call syntax (detected as generic)",
-    "stepfun-ai-Step-3.5-Flash.jinja": "another layout of the XML call",
+    "stepfun-ai-Step-3.5-Flash.jinja": "its history writes a newline before </think>",
     "unsloth-Apriel-1.5.jinja": "a <tool_calls>[...] list (detected as hermes)",
-    "zai-org-GLM-4.6.jinja": "a newline after </think> that the grammar does not write",
 }
 
 
@@ -130,5 +126,7 @@ def test_the_next_turn_reads_the_echoed_call_from_the_prefix_cache(
     lost -= set(HISTORY_DIFFERS)
     assert lost == set(CALL_RENDERED_OTHERWISE), table(first_turns)
     echoing = [j for j in first_turns if j.file not in {*HISTORY_DIFFERS, *lost}]
-    assert len(echoing) >= 10
+    # Mistral Small 3.2 (the model's [CALL_ID] is the call's id), Devstral, Kimi-K2 (call
+    # positions as indexes) and GLM-4.6 (its newline before <tool_call>) among them.
+    assert len(echoing) >= 14
     assert mean_survival(echoing) >= 0.8, table(first_turns)
