@@ -27,12 +27,13 @@ from compat_serve.models.tokenizer import Tokenizer
 from compat_serve.parsers.events import assemble
 from compat_serve.parsers.lark import arguments_schema
 from compat_serve.parsers.reasoning import THINK_CLOSE, THINK_OPEN
-from compat_serve.parsers.registry import TOOL_FORMATS
+from compat_serve.parsers.registry import TOOL_FORMATS, resolve_reasoning
 from compat_serve.parsers.request_tools import RequestTools
 from compat_serve.parsers.scan import WHITESPACE
 from compat_serve.parsers.setup import OutputParsing
 from compat_serve.parsers.tool_calls import ToolFormat
 from compat_serve.parsers.tool_grammar import special_markup, tool_call_grammar
+from tests.shared_data import templates_dir
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -85,6 +86,10 @@ CLOSERS = (
     "</seed:tool_call>",
     *(f.markup[1] for f in TOOL_FORMATS.values() if f.name in ("deepseek_v3", "kimi_k2")),
     '"',
+    # Inside a free object (`ping` has no schema) a closed key needs its colon before
+    # any closer can end the object.
+    '": 0',
+    "\n]\n```",  # Command R+'s action block ends its array, then the fence
     "}",
     "]",
     ">",
@@ -140,7 +145,7 @@ TRIGGERS.update(
     }
 )
 
-MAX_TOKENS = 600
+MAX_TOKENS = 1000  # Command R+ lays calls out with indent 4: a long random walk
 
 
 @dataclass
@@ -593,6 +598,24 @@ def test_kimi_call_indexes_are_positions(plain: Vocab) -> None:
     walk.write("<|tool_call_begin|>functions.run_command:" + call.format(1))
     walk.write("<|tool_calls_section_end|>")
     assert walk.matcher.is_accepting()
+
+
+def test_a_forced_call_closes_thinking_as_the_template_renders_it(plain: Vocab) -> None:
+    """Thinking off, prompt inside `<think>\\n`: the forced call closes it the way the
+    template's history renders an empty block (Step-3.5 `\\n</think>\\n`, else
+    `</think>\\n\\n`), so the echo re-renders it as generated."""
+    step = (templates_dir() / "stepfun-ai-Step-3.5-Flash.jinja").read_text(encoding="utf-8")
+    fmt, tools = TOOL_FORMATS["qwen3_coder"], RequestTools(TOOLS, max_calls=1)
+    call = _first_call("qwen3_coder")
+    for template, layout in ((step, "\n</think>\n"), ("</think>", "</think>\n\n")):
+        tags = resolve_reasoning("auto", template)
+        assert tags is not None
+        kw: dict[str, Any] = {"mode": "required", "reasoning": "close", "tags": tags}
+        walk = Walk(plain, _compile(plain, fmt, tools, **kw), 0)
+        other = "</think>\n\n" if layout.startswith("\n") else "\n</think>\n"
+        assert not walk.can_write(other + call)
+        walk.write(layout + call)
+        assert walk.matcher.is_accepting()
 
 
 # ---- errors and edges ------------------------------------------------------------------------

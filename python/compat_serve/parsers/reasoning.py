@@ -27,6 +27,10 @@ class ReasoningTags:
     open: str
     close: str
     markup: tuple[str, ...]
+    # What a forced call writes when the prompt opened reasoning and thinking is off:
+    # `close` with this before and after it, as the template's history renders an empty
+    # block (Step-3.5: `<think>\n` + `\n</think>\n`).
+    closed_layout: tuple[str, str] = ("", "\n\n")
 
 
 THINK = ReasoningTags("think", THINK_OPEN, THINK_CLOSE, (THINK_OPEN, THINK_CLOSE))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from compat_serve.parsers.formats import (
     command_r,
     functionary,
@@ -259,4 +261,12 @@ def resolve_reasoning(choice: str, template: str | None) -> ReasoningTags | None
         return REASONING_TAGS.get(choice)
     if template and GEMMA4.open in template:
         return GEMMA4
-    return THINK if template_uses_think_tags(template) else None
+    if not template_uses_think_tags(template):
+        return None
+    if _STEP_EMPTY_THINKING in (template or ""):  # its history: `<think>\n` + `\n</think>\n`
+        return replace(THINK, closed_layout=("\n", "\n"))
+    return THINK
+
+
+# How Step-3.5's template renders the end of a (possibly empty) reasoning block.
+_STEP_EMPTY_THINKING = "reasoning_content + '\\n</think>\\n' + content"

@@ -114,7 +114,8 @@ def _reasoning(g: GrammarBuilder, reasoning: str, tags: ReasoningTags = THINK) -
     if reasoning == "none":
         return ""
     if reasoning == "close":
-        return f'{g.lit(tags.close)} "\\n\\n" '
+        before, after = tags.closed_layout
+        return f"{g.lit(*(p for p in (before, tags.close, after) if p))} "
     thought = g.rule("thought", f'{g.text_until("thinking", tags.close)} "\\n"{{0,2}}')
     if reasoning == "open":
         return f"{thought} "
