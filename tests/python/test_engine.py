@@ -164,11 +164,11 @@ def test_engine_survives_a_failing_request(
     real = runner.last_logits
     calls = {"n": 0}
 
-    def fail_once(cache, token_ids):  # type: ignore[no-untyped-def]
+    def fail_once(cache, token_ids, *args, **kwargs):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("injected fault")
-        return real(cache, token_ids)
+        return real(cache, token_ids, *args, **kwargs)
 
     monkeypatch.setattr(runner, "last_logits", fail_once)
     failed = asyncio.run(run(engine, EngineRequest("bad", ids, SamplingParams(max_tokens=3))))
