@@ -54,6 +54,42 @@ _OPENAI_USAGE = _object(
         "prompt_tokens_details": _object({"cached_tokens": _INT}),
     }
 )
+_NUMBER = {"type": "number"}
+_BYTES = {"type": "array", "items": _INT}
+# `logprobs: true` on chat completions, `logprobs: N` on completions; null otherwise.
+_CHAT_LOGPROBS = _nullable(
+    _object(
+        {
+            "content": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "token": _STR,
+                        "logprob": _NUMBER,
+                        "bytes": _BYTES,
+                        "top_logprobs": {
+                            "type": "array",
+                            "items": _object({"token": _STR, "logprob": _NUMBER, "bytes": _BYTES}),
+                        },
+                    }
+                ),
+            }
+        }
+    )
+)
+_COMPLETION_LOGPROBS = _nullable(
+    _object(
+        {
+            "tokens": {"type": "array", "items": _STR},
+            "token_logprobs": {"type": "array", "items": _NUMBER},
+            "top_logprobs": {
+                "type": "array",
+                "items": {"type": "object", "additionalProperties": _NUMBER},
+            },
+            "text_offset": {"type": "array", "items": _INT},
+        }
+    )
+)
 _FINISH = {"type": "string", "enum": ["stop", "length", "tool_calls", "abort", "error"]}
 _TOOL_CALL = _object(
     {
@@ -113,11 +149,12 @@ SCHEMAS: dict[str, JsonSchema] = {
                                 "role": {"const": "assistant"},
                                 "content": _nullable(_STR),
                                 "reasoning_content": _STR,
+                                "reasoning": _STR,
                                 "tool_calls": {"type": "array", "items": _TOOL_CALL},
                             },
-                            optional=("reasoning_content", "tool_calls"),
+                            optional=("reasoning_content", "reasoning", "tool_calls"),
                         ),
-                        "logprobs": _NULL,
+                        "logprobs": _CHAT_LOGPROBS,
                         "finish_reason": _FINISH,
                     }
                 ),
@@ -134,7 +171,12 @@ SCHEMAS: dict[str, JsonSchema] = {
             "choices": {
                 "type": "array",
                 "items": _object(
-                    {"index": _INT, "text": _STR, "logprobs": _NULL, "finish_reason": _FINISH}
+                    {
+                        "index": _INT,
+                        "text": _STR,
+                        "logprobs": _COMPLETION_LOGPROBS,
+                        "finish_reason": _FINISH,
+                    }
                 ),
             },
             "usage": _OPENAI_USAGE,
