@@ -41,8 +41,9 @@ DETECTED = {
     "ByteDance-Seed-OSS.jinja": "seed_oss",
     "zai-org-GLM-4.6.jinja": "glm45",
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": "mistral",
-    "mistralai-Mistral-Small-3.2-24B-Instruct-2506.jinja": "mistral",
-    "unsloth-Devstral-Small-2507.jinja": "mistral",
+    # Small 3.2 renders [CALL_ID] + the call id; Devstral NAME[ARGS]{...} with no ids.
+    "mistralai-Mistral-Small-3.2-24B-Instruct-2506.jinja": "mistral_call_id",
+    "unsloth-Devstral-Small-2507.jinja": "mistral_args",
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": "deepseek_v3",
     "moonshotai-Kimi-K2-Instruct.jinja": "kimi_k2",
     "moonshotai-Kimi-K2.jinja": "kimi_k2",
