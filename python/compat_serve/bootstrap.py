@@ -22,6 +22,7 @@ from compat_serve.parsers.registry import (
     resolve_tool_format,
 )
 from compat_serve.server.sampling_defaults import (
+    check_generation_config_choice,
     check_sampling_flags,
     resolve_sampling_defaults,
 )
@@ -66,6 +67,7 @@ class ServeOptions:
     default_temperature: float | None = None
     default_top_p: float | None = None
     default_top_k: int | None = None
+    generation_config: str = "auto"
     tool_parser: str = "auto"
     reasoning_parser: str = "auto"
 
@@ -121,6 +123,7 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
     if options.max_request_bytes < 1024:
         raise ValueError("--max-request-bytes must be at least 1024")
     check_sampling_flags(options.default_temperature, options.default_top_p, options.default_top_k)
+    check_generation_config_choice(options.generation_config)
     if options.max_queue < 1:
         raise ValueError("--max-queue must be at least 1")
     engine_config = _engine_config(options)
@@ -158,14 +161,22 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
                 options.tool_parser,
             )
     traits = builder.traits
+    model_sampling = options.generation_config == "auto"
     sampling_defaults = resolve_sampling_defaults(
-        loaded.generation_config,
+        loaded.generation_config if model_sampling else {},
         loaded.generation_config_source,
         temperature=options.default_temperature,
         top_p=options.default_top_p,
         top_k=options.default_top_k,
+        fallback=loaded.fallback_sampling if model_sampling else {},
+        fallback_source=loaded.fallback_sampling_source,
     )
-    log.info("sampling defaults for requests that send none: %s", sampling_defaults.describe())
+    # A flag the model's file shadows is a warning: the operator typed it for a reason.
+    log.log(
+        logging.WARNING if sampling_defaults.shadowed_flags else logging.INFO,
+        "sampling defaults for requests that send none: %s",
+        sampling_defaults.describe(),
+    )
     engine = Engine(loaded, engine_config)
     name = options.served_model_name or loaded.name
     engine.vllm_metrics.model_name = name

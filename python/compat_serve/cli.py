@@ -10,6 +10,7 @@ import time
 
 from compat_serve import __version__
 from compat_serve.parsers.registry import REASONING_CHOICES, tool_format_names
+from compat_serve.server.sampling_defaults import GENERATION_CONFIG_CHOICES
 
 log = logging.getLogger("compat_serve")
 
@@ -203,21 +204,29 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--default-temperature",
         type=float,
-        help="temperature for requests that set none (default: the model's "
-        "generation_config.json, else 1.0 as both APIs specify); 0 makes agents that "
-        "never send one, like Claude Code, deterministic",
+        help="temperature for requests that set none, used when the model's "
+        "generation_config.json sets none (else the embedded model's 0.2, else 1.0 as both "
+        "APIs specify); 0 makes agents that never send one, like Claude Code, deterministic",
     )
     p.add_argument(
         "--default-top-p",
         type=float,
-        help="top_p for requests that set none (default: the model's "
-        "generation_config.json, else 1.0)",
+        help="top_p for requests that set none, used when the model's "
+        "generation_config.json sets none (else the embedded model's 0.9, else 1.0)",
     )
     p.add_argument(
         "--default-top-k",
         type=int,
-        help="top_k for requests that set none, 0 = off (default: the model's "
-        "generation_config.json, else off)",
+        help="top_k for requests that set none, 0 = off, used when the model's "
+        "generation_config.json sets none (else off)",
+    )
+    p.add_argument(
+        "--generation-config",
+        choices=GENERATION_CONFIG_CHOICES,
+        default="auto",
+        help="auto (default): the model's generation_config.json supplies the sampling "
+        "defaults, before the --default-* flags; none: ignore the model's sampling "
+        "values, so the --default-* flags, else 1.0 / 1.0 / off, apply (as vLLM)",
     )
     p.add_argument(
         "--max-request-bytes",
@@ -364,6 +373,7 @@ def _serve(ns: argparse.Namespace) -> int:
                 default_temperature=ns.default_temperature,
                 default_top_p=ns.default_top_p,
                 default_top_k=ns.default_top_k,
+                generation_config=ns.generation_config,
                 tool_parser=ns.tool_parser,
                 reasoning_parser=ns.reasoning_parser,
             )

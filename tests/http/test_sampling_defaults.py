@@ -1,9 +1,11 @@
-"""Requests that send no temperature / top_p / top_k get the model's recommended sampling
-(generation_config.json, or the embedded model's model card), unless the operator's
---default-* flags say otherwise; values a request sends always win. Real servers."""
+"""Requests that send no temperature / top_p / top_k get the model's generation_config.json
+values, else the operator's --default-* flags, else the embedded model's model card values,
+else 1.0 / 1.0 / off; `--generation-config none` ignores what the model supplies. Values a
+request sends always win. Real servers."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
+from compat_serve.bootstrap import ServeOptions, build_state
 from compat_serve.models.loader import load_model
 from tests.conftest import RunningServer, start_server
 from tests.tiny_models import write_model_dir
@@ -19,6 +22,7 @@ if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
 
 GEN = "generation_config.json"
+CARD = "SmolLM2-135M-Instruct model card"
 # top_k 1 makes every request that keeps it greedy, whatever its temperature and seed.
 GENERATION_CONFIG = {"temperature": 0.6, "top_p": 0.95, "top_k": 1, "eos_token_id": 2}
 HELLO: list[Any] = [{"role": "user", "content": "Say hello."}]
@@ -40,10 +44,22 @@ def model_defaults(tiny_dir: Path) -> Iterator[RunningServer]:
 
 
 @pytest.fixture(scope="module")
-def flag_overrides(tiny_dir: Path) -> Iterator[RunningServer]:
-    running = start_server(load_model(str(tiny_dir)), default_top_k=0, default_temperature=1.0)
+def flags_over_an_ignored_file(tiny_dir: Path) -> Iterator[RunningServer]:
+    running = start_server(
+        load_model(str(tiny_dir)),
+        generation_config="none",
+        default_top_k=0,
+        default_temperature=1.0,
+    )
     yield running
     running.stop()
+
+
+def built_defaults(loaded: LoadedModel, **options: Any) -> dict[str, Any]:
+    """The sampling defaults `build_state` resolves for `options` (no server started)."""
+    state = build_state(ServeOptions(**options), loaded=loaded)
+    state.engine.shutdown()
+    return state.sampling_defaults.as_dict()
 
 
 def chat(server: RunningServer, messages: list[Any], **fields: Any) -> str:
@@ -105,22 +121,53 @@ def test_values_the_request_sends_win(model_defaults: RunningServer) -> None:
     assert hot != anthropic_text(model_defaults, HELLO, temperature=0)
 
 
-def test_flags_override_the_generation_config(flag_overrides: RunningServer) -> None:
-    card = httpx.get(f"{flag_overrides.base_url}/v1/models").json()["data"][0]
+def test_the_generation_config_shadows_flags_and_the_log_says_so(
+    tiny_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="compat_serve"):
+        defaults = built_defaults(
+            load_model(str(tiny_dir)), default_top_k=0, default_temperature=1.0
+        )
+    assert defaults == {
+        "temperature": 0.6,
+        "top_p": 0.95,
+        "top_k": 1,
+        "sources": {"temperature": GEN, "top_p": GEN, "top_k": GEN},
+    }
+    [line] = [r for r in caplog.records if "sampling defaults" in r.getMessage()]
+    assert line.levelno == logging.WARNING
+    message = line.getMessage()
+    assert "temperature 0.6 (generation_config.json; --default-temperature 1.0 is used" in message
+    assert "top_k 1 (generation_config.json; --default-top-k 0 is used only when" in message
+    assert "--generation-config none to ignore the model's file" in message
+
+
+def test_generation_config_none_lets_the_flags_apply(
+    flags_over_an_ignored_file: RunningServer,
+) -> None:
+    card = httpx.get(f"{flags_over_an_ignored_file.base_url}/v1/models").json()["data"][0]
     assert card["sampling_defaults"] == {
         "temperature": 1.0,
-        "top_p": 0.95,
+        "top_p": 1.0,
         "top_k": 0,
-        "sources": {"temperature": "command line", "top_p": GEN, "top_k": "command line"},
+        "sources": {"temperature": "command line", "top_p": "built-in", "top_k": "command line"},
     }
-    greedy = chat(flag_overrides, HELLO, temperature=0)
-    sampled = {chat(flag_overrides, HELLO, seed=s) for s in range(3)}
+    greedy = chat(flags_over_an_ignored_file, HELLO, temperature=0)
+    sampled = {chat(flags_over_an_ignored_file, HELLO, seed=s) for s in range(3)}
     assert greedy not in sampled and len(sampled) == 3
 
 
-def test_a_bad_flag_fails_before_the_model_loads(embedded_model: LoadedModel) -> None:
-    with pytest.raises(ValueError, match="--default-top-p"):
-        start_server(embedded_model, default_top_p=0.0)
+@pytest.mark.parametrize(
+    ("option", "flag"),
+    [
+        ({"default_top_p": 0.0}, "--default-top-p"),
+        ({"generation_config": "x"}, "--generation-config"),
+    ],
+)
+def test_a_bad_flag_fails_before_the_model_loads(option: dict[str, Any], flag: str) -> None:
+    # `loaded` is omitted, so passing the check would load the model from `model`.
+    with pytest.raises(ValueError, match=flag):
+        build_state(ServeOptions(model="/nonexistent/model.gguf", **option))
 
 
 # ---- the embedded model: its publisher's sampling, tried as a new user would --------
@@ -132,7 +179,25 @@ def test_the_embedded_model_uses_its_model_card_sampling(server: RunningServer) 
     card = httpx.get(f"{server.base_url}/v1/models").json()["data"][0]
     defaults = card["sampling_defaults"]
     assert (defaults["temperature"], defaults["top_p"], defaults["top_k"]) == (0.2, 0.9, 0)
-    assert defaults["sources"]["temperature"] == "SmolLM2-135M-Instruct model card"
+    assert defaults["sources"]["temperature"] == CARD
+
+
+def test_the_embedded_model_card_yields_to_flags_and_to_generation_config_none(
+    embedded_model: LoadedModel,
+) -> None:
+    # Its card is not a generation_config.json: `--default-temperature 0` makes it greedy.
+    assert built_defaults(embedded_model, default_temperature=0.0) == {
+        "temperature": 0.0,
+        "top_p": 0.9,
+        "top_k": 0,
+        "sources": {"temperature": "command line", "top_p": CARD, "top_k": "built-in"},
+    }
+    assert built_defaults(embedded_model, generation_config="none") == {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "sources": dict.fromkeys(("temperature", "top_p", "top_k"), "built-in"),
+    }
 
 
 def test_a_new_user_asking_for_the_capital_of_france_mostly_gets_paris(

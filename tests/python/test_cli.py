@@ -27,6 +27,7 @@ SERVE_FLAGS = [
     "--max-output-tokens",
     "--max-request-bytes",
     "--default-temperature",
+    "--generation-config",
     "--log-level",
 ]
 
@@ -54,6 +55,12 @@ def test_help_documents_every_flag() -> None:
         assert action.help, action.option_strings
 
 
+def test_generation_config_is_auto_unless_none_is_asked() -> None:
+    parser = build_serve_parser()
+    assert parser.parse_args([]).generation_config == "auto"
+    assert parser.parse_args(["--generation-config", "none"]).generation_config == "none"
+
+
 def test_convert_gguf_command_writes_a_loadable_directory(tmp_path: Path) -> None:
     from compat_serve.models.embedded import embedded_model_path
 
@@ -74,6 +81,7 @@ def test_convert_gguf_command_writes_a_loadable_directory(tmp_path: Path) -> Non
         (["--decode-prefill-chunk", "0"], "--decode-prefill-chunk"),
         (["--decode-prefill-chunk", "40"], "--decode-prefill-chunk (40) must be a multiple"),
         (["--default-temperature", "3"], "--default-temperature"),
+        (["--generation-config", "vllm"], "--generation-config"),
     ],
 )
 def test_startup_errors_are_clear(args: list[str], needle: str) -> None:

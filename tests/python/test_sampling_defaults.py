@@ -7,6 +7,7 @@ import pytest
 from compat_serve.engine.types import SamplingParams
 from compat_serve.server.sampling_defaults import (
     SamplingDefaults,
+    check_generation_config_choice,
     check_sampling_flags,
     resolve_sampling_defaults,
 )
@@ -24,12 +25,38 @@ def test_the_model_file_then_built_in_values() -> None:
     assert resolve_sampling_defaults({}, GEN) == SamplingDefaults()
 
 
-def test_a_flag_overrides_the_model_file() -> None:
-    d = resolve_sampling_defaults({"temperature": 0.6, "top_p": 0.95}, GEN, temperature=0.0)
-    assert (d.temperature, d.top_p) == (0.0, 0.95)
+def test_the_model_file_wins_over_a_flag_which_the_log_names() -> None:
+    d = resolve_sampling_defaults({"temperature": 0.6, "top_p": 0.95}, GEN, temperature=0.7)
+    assert (d.temperature, d.top_p) == (0.6, 0.95)
+    assert d.sources["temperature"] == GEN
+    assert d.shadowed_flags == {"temperature": 0.7}
+    assert d.describe().startswith(
+        "temperature 0.6 (generation_config.json; --default-temperature 0.7 is used only "
+        "when the model sets none; --generation-config none to ignore the model's file), "
+        "top_p 0.95 (generation_config.json), top_k 0 (built-in)"
+    )
+    assert "shadowed_flags" not in d.as_dict()  # the API shows values and sources only
+
+
+def test_a_flag_applies_where_the_model_file_is_silent() -> None:
+    d = resolve_sampling_defaults({"temperature": 0.6}, GEN, temperature=0.0, top_p=0.5, top_k=1)
+    assert (d.temperature, d.top_p, d.top_k) == (0.6, 0.5, 1)
+    assert d.sources == {"temperature": GEN, "top_p": "command line", "top_k": "command line"}
+    assert d.shadowed_flags == {"temperature": 0.0}
+    assert "--default-top-p" not in d.describe()
+
+
+def test_a_fallback_comes_after_the_flags_and_before_the_built_in_values() -> None:
+    card = {"temperature": 0.2, "top_p": 0.9}
+    d = resolve_sampling_defaults({}, GEN, fallback=card, fallback_source="card")
+    assert (d.temperature, d.top_p, d.top_k) == (0.2, 0.9, 0)
+    assert d.sources == {"temperature": "card", "top_p": "card", "top_k": "built-in"}
+    d = resolve_sampling_defaults({}, GEN, temperature=0.0, fallback=card, fallback_source="card")
+    assert (d.temperature, d.top_p) == (0.0, 0.9)
     assert d.sources["temperature"] == "command line"
-    d = resolve_sampling_defaults({}, GEN, top_p=0.5, top_k=1)
-    assert (d.temperature, d.top_p, d.top_k) == (1.0, 0.5, 1)
+    assert d.shadowed_flags == {}  # only the model's own file shadows a flag
+    d = resolve_sampling_defaults({"top_p": 0.8}, GEN, fallback=card, fallback_source="card")
+    assert (d.top_p, d.sources["top_p"]) == (0.8, GEN)
 
 
 @pytest.mark.parametrize(
@@ -74,3 +101,10 @@ def test_bad_flags_name_themselves(
     with pytest.raises(ValueError, match=message):
         check_sampling_flags(*flags)
     check_sampling_flags(0.0, 1.0, 0)  # the edges are fine
+
+
+def test_generation_config_takes_auto_or_none() -> None:
+    check_generation_config_choice("auto")
+    check_generation_config_choice("none")
+    with pytest.raises(ValueError, match="--generation-config"):
+        check_generation_config_choice("vllm")

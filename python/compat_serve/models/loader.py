@@ -104,8 +104,8 @@ def _dispatch(spec: str | None, dtype: str | None) -> LoadedModel:
     if spec is None or spec == "":
         from compat_serve.models.embedded import (
             EMBEDDED_FILE,
-            EMBEDDED_GENERATION_CONFIG,
-            EMBEDDED_GENERATION_SOURCE,
+            EMBEDDED_SAMPLING,
+            EMBEDDED_SAMPLING_SOURCE,
             embedded_model_path,
         )
         from compat_serve.models.gguf import load_gguf
@@ -113,8 +113,8 @@ def _dispatch(spec: str | None, dtype: str | None) -> LoadedModel:
         path = embedded_model_path()
         return dataclasses.replace(
             load_gguf(str(path), dtype=dtype, source=f"embedded:{EMBEDDED_FILE}"),
-            generation_config=dict(EMBEDDED_GENERATION_CONFIG),
-            generation_config_source=EMBEDDED_GENERATION_SOURCE,
+            fallback_sampling=dict(EMBEDDED_SAMPLING),
+            fallback_sampling_source=EMBEDDED_SAMPLING_SOURCE,
         )
     path = Path(spec).expanduser()
     if path.is_file():

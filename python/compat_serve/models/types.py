@@ -34,6 +34,11 @@ class LoadedModel:
     model_type: str
     extra: dict[str, Any] = field(default_factory=dict)
     # Sampling the publisher recommends (`generation_config.json`: temperature, top_p,
-    # top_k), and where it was read from; requests that send none get it.
+    # top_k), and where it was read from; requests that send none get it, over the
+    # --default-* flags (server/sampling_defaults.py).
     generation_config: dict[str, Any] = field(default_factory=dict)
     generation_config_source: str = "generation_config.json"
+    # Recommended sampling stated elsewhere (a model card), and where: used only where
+    # neither the file nor a --default-* flag sets the field.
+    fallback_sampling: dict[str, Any] = field(default_factory=dict)
+    fallback_sampling_source: str = ""

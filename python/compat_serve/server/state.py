@@ -33,7 +33,8 @@ class ServerState:
     # Code abandons a request after ~300 s without a byte.
     ping_interval_s: float = 10.0
     # Temperature / top_p / top_k for requests that set none (Claude Code never sends a
-    # temperature): flags, else the model's generation_config, else 1.0 / 1.0 / off.
+    # temperature): the model's generation_config, else flags, else the model's fallback
+    # (the embedded model's card), else 1.0 / 1.0 / off.
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     # Salt prefix-cache hashes with the presented API key (--cache-salt-per-key).
     cache_salt_per_key: bool = False
