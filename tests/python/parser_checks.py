@@ -8,6 +8,8 @@ import itertools
 import json
 from typing import Any
 
+from hypothesis import strategies as st
+
 from compat_serve.parsers import (
     OutputEvent,
     ToolCall,
@@ -24,6 +26,12 @@ def split_at(text: str, cuts: set[int]) -> list[str]:
     """`text` cut at each position in `cuts`."""
     bounds = [0, *sorted(cuts), len(text)]
     return [text[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def drawn_chunks(data: st.DataObject, text: str, *, max_cuts: int) -> list[str]:
+    """`text` cut at up to `max_cuts` positions that hypothesis draws from `data`."""
+    cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=max_cuts))
+    return split_at(text, cuts)
 
 
 def parse_chunks(parser: Any, chunks: list[str]) -> list[OutputEvent]:

@@ -28,7 +28,7 @@ from compat_serve.parsers import OutputParser
 from compat_serve.parsers.reasoning import REASONING_TAGS, ReasoningSplitter
 from compat_serve.parsers.registry import TOOL_FORMATS, detect_tool_format
 from compat_serve.parsers.tool_calls import ToolCallParser
-from tests.python.parser_checks import check_well_formed, parse_chunks, parts_of, split_at
+from tests.python.parser_checks import check_well_formed, drawn_chunks, parse_chunks, parts_of
 from tests.shared_data import templates_dir
 
 Part = tuple[Any, ...]
@@ -191,8 +191,7 @@ def test_golden_outputs_whole_and_char_by_char(fmt: str, text: str, expected: li
 def test_golden_outputs_any_chunking(
     fmt: str, text: str, expected: list[Part], data: st.DataObject
 ) -> None:
-    cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=30))
-    events = parse_chunks(parser(fmt), split_at(text, cuts))
+    events = parse_chunks(parser(fmt), drawn_chunks(data, text, max_cuts=30))
     check_well_formed(events)
     assert parts_of(events) == expected
 
@@ -269,8 +268,7 @@ def test_generated_calls_round_trip(
     text = "Calling.\n" + _render(fmt, calls)
     if fmt == "functionary_v3_2":
         text = ">>>all\n" + text
-    cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=30))
-    events = parse_chunks(parser(fmt), split_at(text, cuts))
+    events = parse_chunks(parser(fmt), drawn_chunks(data, text, max_cuts=30))
     check_well_formed(events)
     assert parts_of(events) == [("text", "Calling."), *(("call", n, a) for n, a in calls)]
 

@@ -14,7 +14,13 @@ from compat_serve.parsers import OutputParser, ToolCallStart, assemble
 from compat_serve.parsers.reasoning import ReasoningSplitter
 from compat_serve.parsers.registry import TOOL_FORMATS
 from compat_serve.parsers.tool_calls import ToolCallParser
-from tests.python.parser_checks import check_well_formed, parse_chunks, parts_of, split_at
+from tests.python.parser_checks import (
+    check_well_formed,
+    drawn_chunks,
+    parse_chunks,
+    parts_of,
+    split_at,
+)
 from tests.python.parser_corpus import CASES, REASONING_CASES, TOOLS, Part
 
 
@@ -51,8 +57,7 @@ def test_every_single_split_and_char_by_char(fmt: str, text: str, expected: list
 def test_any_chunking_gives_the_whole_text_result(
     fmt: str, text: str, expected: list[Part], data: st.DataObject
 ) -> None:
-    cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=40))
-    events = parse_chunks(make_parser(fmt), split_at(text, cuts))
+    events = parse_chunks(make_parser(fmt), drawn_chunks(data, text, max_cuts=40))
     check_well_formed(events)
     assert parts_of(events) == expected
 
@@ -64,8 +69,7 @@ def test_reasoning_any_chunking(
     inside: bool, text: str, expected: list[Part], data: st.DataObject
 ) -> None:
     assert parts_of(parse_chunks(make_parser("hermes", inside=inside), [text])) == expected
-    cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=30))
-    chunks = split_at(text, cuts)
+    chunks = drawn_chunks(data, text, max_cuts=30)
     assert parts_of(parse_chunks(make_parser("hermes", inside=inside), chunks)) == expected
 
 
@@ -146,8 +150,7 @@ def test_generated_outputs_round_trip(
     expected = _merge_texts(parts)
     text = "".join(p[1] if p[0] == "text" else render(p[1], p[2]) for p in expected)
     text = text.replace(" \n", "\n")  # texts meet calls at newlines, as models write them
-    cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=30))
-    for chunks in ([text], split_at(text, cuts)):
+    for chunks in ([text], drawn_chunks(data, text, max_cuts=30)):
         events = parse_chunks(make_parser(fmt), chunks)
         check_well_formed(events)
         assert parts_of(events) == expected
