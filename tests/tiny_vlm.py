@@ -84,27 +84,43 @@ def _scaled(name: str) -> bool:
     )
 
 
-def write_qwen25_vl_dir(out: Path, like: LoadedModel, *, seed: int = 0) -> Path:
-    """Write the tiny Qwen2.5-VL to `out` (created) with `like`'s tokenizer."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_vlm.models import qwen2_5_vl
+def _tokenizer_with(like: LoadedModel, tokens: tuple[str, ...]) -> Any:
+    """A copy of `like`'s tokenizer (a `tokenizers.Tokenizer`) with `tokens` added as
+    special tokens."""
     from tokenizers import AddedToken
 
-    out.mkdir(parents=True)
     backend = like.tokenizer.backend.__class__.from_str(like.tokenizer.backend.to_str())
-    backend.add_special_tokens([AddedToken(t, special=True) for t in VISION_TOKENS])
-    first = backend.token_to_id(VISION_TOKENS[0])
-    vocab = backend.get_vocab_size(with_added_tokens=True)
-    config = qwen25_vl_config(vocab, first)
-    config["bos_token_id"] = config["eos_token_id"] = backend.token_to_id("<|im_end|>")
+    backend.add_special_tokens([AddedToken(t, special=True) for t in tokens])
+    return backend
+
+
+def _write_model_dir(
+    out: Path,
+    architecture: Any,
+    config: dict[str, Any],
+    preprocessor: dict[str, Any],
+    *,
+    like: LoadedModel,
+    tokenizer: Any,
+    eos_token: str,
+    chat_template: str,
+    seed: int,
+) -> None:
+    """Write to `out` (created) a random model of `architecture` (an mlx-vlm model
+    module) for `config`, the image preprocessor's config, and `tokenizer` (from
+    `_tokenizer_with`) with `like`'s BOS token, `eos_token` and `chat_template`."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
     from mlx_vlm.utils import update_module_configs
 
+    out.mkdir(parents=True)
     mx.random.seed(seed)
-    params = {**config, "text_config": {}}
-    model_config = qwen2_5_vl.ModelConfig.from_dict(params)
-    model_config = update_module_configs(model_config, qwen2_5_vl, params, ["text", "vision"])
-    model = qwen2_5_vl.Model(model_config)
+    # A copy (from_dict writes into it), with a text_config for the architectures whose
+    # text settings sit at the top level.
+    params = {"text_config": {}, **config}
+    model_config = architecture.ModelConfig.from_dict(params)
+    model_config = update_module_configs(model_config, architecture, params, ["text", "vision"])
+    model = architecture.Model(model_config)
     mx.eval(model.parameters())
     # Projections of the language model scaled up: at the default init a random model
     # repeats one token whatever the input; at this scale its greedy output depends on
@@ -114,16 +130,28 @@ def write_qwen25_vl_dir(out: Path, like: LoadedModel, *, seed: int = 0) -> Path:
     }
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=1))
-    backend.save(str(out / "tokenizer.json"))
+    tokenizer.save(str(out / "tokenizer.json"))
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": like.tokenizer.bos_token,
-        "eos_token": "<|im_end|>",
+        "eos_token": eos_token,
         "pad_token": "<|endoftext|>",
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
-    (out / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
+    (out / "chat_template.json").write_text(json.dumps({"chat_template": chat_template}))
+    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor))
+
+
+def write_qwen25_vl_dir(out: Path, like: LoadedModel, *, seed: int = 0) -> Path:
+    """Write the tiny Qwen2.5-VL to `out` (created) with `like`'s tokenizer."""
+    from mlx_vlm.models import qwen2_5_vl
+
+    backend = _tokenizer_with(like, VISION_TOKENS)
+    first = backend.token_to_id(VISION_TOKENS[0])
+    vocab = backend.get_vocab_size(with_added_tokens=True)
+    config = qwen25_vl_config(vocab, first)
+    config["bos_token_id"] = config["eos_token_id"] = backend.token_to_id("<|im_end|>")
     preprocessor = {
         "image_processor_type": "Qwen2VLImageProcessor",
         "processor_class": "Qwen2_5_VLProcessor",
@@ -135,7 +163,17 @@ def write_qwen25_vl_dir(out: Path, like: LoadedModel, *, seed: int = 0) -> Path:
         "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711],
     }
-    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor))
+    _write_model_dir(
+        out,
+        qwen2_5_vl,
+        config,
+        preprocessor,
+        like=like,
+        tokenizer=backend,
+        eos_token="<|im_end|>",
+        chat_template=CHAT_TEMPLATE,
+        seed=seed,
+    )
     return out
 
 
@@ -163,15 +201,9 @@ def write_idefics3_dir(out: Path, like: LoadedModel, *, seed: int = 0, split: bo
     """Write a tiny random Idefics3 (SmolVLM's architecture) to `out` (created).
     `split`: images up to 112 px are split into 56 px tiles plus the global one (as
     SmolVLM checkpoints do), else resized to one 56 px tile."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
     from mlx_vlm.models import idefics3
-    from mlx_vlm.utils import update_module_configs
-    from tokenizers import AddedToken
 
-    out.mkdir(parents=True)
-    backend = like.tokenizer.backend.__class__.from_str(like.tokenizer.backend.to_str())
-    backend.add_special_tokens([AddedToken(t, special=True) for t in IDEFICS3_TOKENS])
+    backend = _tokenizer_with(like, IDEFICS3_TOKENS)
     vocab = backend.get_vocab_size(with_added_tokens=True)
     config: dict[str, Any] = {
         "model_type": "idefics3",
@@ -202,27 +234,6 @@ def write_idefics3_dir(out: Path, like: LoadedModel, *, seed: int = 0, split: bo
             "image_size": IDEFICS3_IMAGE,
         },
     }
-    mx.random.seed(seed)
-    params = {**config}
-    model_config = idefics3.ModelConfig.from_dict(params)
-    model_config = update_module_configs(model_config, idefics3, params, ["text", "vision"])
-    model = idefics3.Model(model_config)
-    mx.eval(model.parameters())
-    weights = {
-        k: v * LM_WEIGHT_SCALE if _scaled(k) else v for k, v in tree_flatten(model.parameters())
-    }
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (out / "config.json").write_text(json.dumps(config, indent=1))
-    backend.save(str(out / "tokenizer.json"))
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": like.tokenizer.bos_token,
-        "eos_token": "<end_of_utterance>",
-        "pad_token": "<|endoftext|>",
-        "chat_template": IDEFICS3_TEMPLATE,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
-    (out / "chat_template.json").write_text(json.dumps({"chat_template": IDEFICS3_TEMPLATE}))
     preprocessor = {
         "image_processor_type": "Idefics3ImageProcessor",
         "processor_class": "Idefics3Processor",
@@ -236,7 +247,17 @@ def write_idefics3_dir(out: Path, like: LoadedModel, *, seed: int = 0, split: bo
         "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.5, 0.5, 0.5],
     }
-    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor))
+    _write_model_dir(
+        out,
+        idefics3,
+        config,
+        preprocessor,
+        like=like,
+        tokenizer=backend,
+        eos_token="<end_of_utterance>",
+        chat_template=IDEFICS3_TEMPLATE,
+        seed=seed,
+    )
     (out / "processor_config.json").write_text(
         json.dumps({"image_seq_len": 4, "processor_class": "Idefics3Processor"})
     )

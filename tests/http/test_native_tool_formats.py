@@ -10,14 +10,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-import anthropic
 import httpx
-import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from tests.conftest import start_server
 from tests.http.scripted_servers import WEATHER_TOOLS, anthropic_tools, template
+from tests.http.sdk_clients import claude_streamed_and_whole, oai
 from tests.scripted_model import scripted_model
 
 if TYPE_CHECKING:
@@ -86,14 +85,6 @@ def gemma(embedded_model: LoadedModel) -> Iterator[RunningServer]:
         yield s
 
 
-def oai(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
-
-
-def claude(server: RunningServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
-
-
 def _openai_both(server: RunningServer, messages: list[dict[str, Any]]) -> list[Any]:
     """The reply whole and rebuilt from the stream by the SDK's own accumulator; every
     streamed delta is checked for markup."""
@@ -144,13 +135,12 @@ def test_gpt_oss_in_anthropic(gpt_oss: RunningServer) -> None:
         "thinking": {"type": "enabled", "budget_tokens": 1024},
         "extra_body": GREEDY,
     }
-    fragments: list[str] = []
-    with claude(gpt_oss).messages.stream(**request) as stream:
-        for event in stream:
-            if event.type == "content_block_delta" and event.delta.type == "input_json_delta":
-                fragments.append(event.delta.partial_json)
-        streamed = stream.get_final_message()
-    whole = claude(gpt_oss).messages.create(**request)
+    events, streamed, whole = claude_streamed_and_whole(gpt_oss, request)
+    fragments = [
+        e.delta.partial_json
+        for e in events
+        if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    ]
     for message in (streamed, whole):
         assert [b.type for b in message.content] == ["thinking", "tool_use"]
         thinking, use = message.content

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import anthropic
-import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from tests.http.scripted_servers import WEATHER_TOOLS, anthropic_tools, scripted_server
+from tests.http.sdk_clients import claude, claude_streamed_and_whole, oai
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -69,14 +68,6 @@ def coder(embedded_model: LoadedModel) -> Iterator[RunningServer]:
         yield s
 
 
-def claude(server: RunningServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
-
-
-def oai(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
-
-
 def test_anthropic_thinking_then_text_then_tool_use(qwen3: RunningServer) -> None:
     request: dict[str, Any] = {
         "model": "m",
@@ -86,13 +77,8 @@ def test_anthropic_thinking_then_text_then_tool_use(qwen3: RunningServer) -> Non
         "thinking": {"type": "enabled", "budget_tokens": 1024},
         "extra_body": GREEDY,
     }
-    deltas: list[str] = []
-    with claude(qwen3).messages.stream(**request) as stream:
-        for event in stream:
-            if event.type == "content_block_delta":
-                deltas.append(event.delta.type)
-        streamed = stream.get_final_message()
-    whole = claude(qwen3).messages.create(**request)
+    events, streamed, whole = claude_streamed_and_whole(qwen3, request)
+    deltas = [e.delta.type for e in events if e.type == "content_block_delta"]
     for message in (streamed, whole):
         assert [b.type for b in message.content] == ["thinking", "text", "tool_use"]
         thinking, text, use = message.content

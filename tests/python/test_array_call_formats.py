@@ -24,12 +24,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compat_serve.parsers import OutputEvent, OutputParser, ToolCall, assemble
-from compat_serve.parsers.events import ReasoningPart, TextPart
+from compat_serve.parsers import OutputParser
 from compat_serve.parsers.reasoning import REASONING_TAGS, ReasoningSplitter
 from compat_serve.parsers.registry import TOOL_FORMATS, detect_tool_format
 from compat_serve.parsers.tool_calls import ToolCallParser
-from tests.python.test_output_parsers import check_well_formed
+from tests.python.parser_checks import check_well_formed, drawn_chunks, parse_chunks, parts_of
 from tests.shared_data import templates_dir
 
 Part = tuple[Any, ...]
@@ -176,37 +175,12 @@ def parser(fmt: str, *, thinking: bool = False) -> OutputParser:
     return OutputParser(reasoning=ReasoningSplitter() if thinking else None, tools=tools)
 
 
-def run(p: OutputParser, chunks: list[str]) -> list[OutputEvent]:
-    events: list[OutputEvent] = []
-    for chunk in chunks:
-        events += p.feed(chunk)
-    return events + p.finish()
-
-
-def parts_of(events: list[OutputEvent]) -> list[Part]:
-    out: list[Part] = []
-    for part in assemble(events).parts:
-        if isinstance(part, ToolCall):
-            out.append(("call", part.name, json.loads(part.arguments)))
-        elif isinstance(part, TextPart):
-            out.append(("text", part.text))
-        else:
-            assert isinstance(part, ReasoningPart)
-            out.append(("reasoning", part.text))
-    return out
-
-
-def split(text: str, cuts: set[int]) -> list[str]:
-    bounds = [0, *sorted(cuts), len(text)]
-    return [text[a:b] for a, b in itertools.pairwise(bounds)]
-
-
 @pytest.mark.parametrize(("fmt", "text", "expected"), CASES, ids=CASE_IDS)
 def test_golden_outputs_whole_and_char_by_char(fmt: str, text: str, expected: list[Part]) -> None:
-    whole = run(parser(fmt), [text])
+    whole = parse_chunks(parser(fmt), [text])
     check_well_formed(whole)
     assert parts_of(whole) == expected
-    chars = run(parser(fmt), list(text))
+    chars = parse_chunks(parser(fmt), list(text))
     check_well_formed(chars)
     assert parts_of(chars) == expected
 
@@ -217,8 +191,7 @@ def test_golden_outputs_whole_and_char_by_char(fmt: str, text: str, expected: li
 def test_golden_outputs_any_chunking(
     fmt: str, text: str, expected: list[Part], data: st.DataObject
 ) -> None:
-    cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=30))
-    events = run(parser(fmt), split(text, cuts))
+    events = parse_chunks(parser(fmt), drawn_chunks(data, text, max_cuts=30))
     check_well_formed(events)
     assert parts_of(events) == expected
 
@@ -240,7 +213,7 @@ def test_nemotron_reasoning_then_call() -> None:
         '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>'
     )
     for chunks in ([text], list(text)):
-        assert parts_of(run(parser("nemotron", thinking=True), chunks)) == [
+        assert parts_of(parse_chunks(parser("nemotron", thinking=True), chunks)) == [
             ("reasoning", "The user wants the weather."),
             WEATHER,
         ]
@@ -295,8 +268,7 @@ def test_generated_calls_round_trip(
     text = "Calling.\n" + _render(fmt, calls)
     if fmt == "functionary_v3_2":
         text = ">>>all\n" + text
-    cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=30))
-    events = run(parser(fmt), split(text, cuts))
+    events = parse_chunks(parser(fmt), drawn_chunks(data, text, max_cuts=30))
     check_well_formed(events)
     assert parts_of(events) == [("text", "Calling."), *(("call", n, a) for n, a in calls)]
 
@@ -352,7 +324,7 @@ def test_command_r7b_thinking_then_action() -> None:
         tools = ToolCallParser(TOOL_FORMATS["command_r7b"], TOOLS, new_id=lambda: "call_0")
         tags = REASONING_TAGS["cohere"]
         splitter = ReasoningSplitter(open_tag=tags.open, close_tag=tags.close)
-        events = run(OutputParser(reasoning=splitter, tools=tools), chunks)
+        events = parse_chunks(OutputParser(reasoning=splitter, tools=tools), chunks)
         check_well_formed(events)
         assert parts_of(events) == [
             ("reasoning", "I should call a tool."),

@@ -27,6 +27,7 @@ from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
 from compat_serve.models.loader import load_model
 from tests.chat_prompts import chat_ids
+from tests.python.rollback_rows import rolled_back_and_exact
 from tests.python.test_batching import (
     DecodeSpy,
     assert_same_or_near_tie,
@@ -250,7 +251,6 @@ def test_speculative_rollback_matches_an_exact_cache(family: Family) -> None:
     tokens; elsewhere the engine turns speculation off."""
     import mlx.core as mx
 
-    from compat_serve.engine.batch import DecodeBatch
     from compat_serve.engine.runner import ModelRunner
 
     loaded = family.loaded
@@ -264,25 +264,6 @@ def test_speculative_rollback_matches_an_exact_cache(family: Family) -> None:
             spec.shutdown()
         return
     prompts = [list(prompt_ids(loaded, text)) for text in PROMPTS]
-    fed = [[11, 12, 13, 14], [21, 22], [31, 32, 33]]  # last token + drafts
-    kept = [2, 1, 3]  # positions each row keeps
-
-    def batch_of(prefixes: list[list[int]]) -> DecodeBatch:
-        batch = DecodeBatch()
-        caches = []
-        for p in prefixes:
-            cache = runner.new_cache()
-            runner.prefill(cache, p)
-            caches.append(cache)
-        batch.add([(f"r{i}", c) for i, c in enumerate(caches)])
-        return batch
-
-    spec = batch_of(prompts)
-    runner.verify_logits(spec.cache, fed)
-    spec.rollback([4 - k for k in kept])
-    exact = batch_of([p + f[:k] for p, f, k in zip(prompts, fed, kept, strict=True)])
-    nxt = [5, 6, 7]
-    a = runner.decode_logits(spec.cache, nxt)
-    b = runner.decode_logits(exact.cache, nxt)
-    assert mx.abs(b).max().item() > 0.1
-    assert mx.abs(a - b).max().item() < 1e-3
+    _, rolled, exact = rolled_back_and_exact(runner, prompts)
+    assert mx.abs(exact).max().item() > 0.1
+    assert mx.abs(rolled - exact).max().item() < 1e-3

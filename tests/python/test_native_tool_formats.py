@@ -35,7 +35,7 @@ from compat_serve.parsers.registry import (
 )
 from compat_serve.parsers.setup import OutputParsing
 from compat_serve.templating import ChatTemplate
-from tests.python.test_output_parsers import check_well_formed, parts_of, split
+from tests.python.parser_checks import check_well_formed, drawn_chunks, parse_chunks, parts_of
 from tests.shared_data import templates_dir
 
 Part = tuple[Any, ...]
@@ -98,10 +98,7 @@ def run(
     request = parsing.for_request(
         RequestTools(TOOLS, max_calls), PROMPT_TAILS[fmt], call_id_prefix="call_"
     )
-    events: list[OutputEvent] = []
-    for chunk in chunks:
-        events += request.parser.feed(chunk)
-    return events + request.parser.finish()
+    return parse_chunks(request.parser, chunks)
 
 
 # ---- golden outputs ------------------------------------------------------------------------
@@ -309,8 +306,7 @@ def test_every_split_gives_the_whole_text_result(fmt: str, text: str, expected: 
 def test_any_chunking_gives_the_whole_text_result(
     fmt: str, text: str, expected: list[Part], data: st.DataObject
 ) -> None:
-    cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=30))
-    events = run(fmt, split(text, cuts))
+    events = run(fmt, drawn_chunks(data, text, max_cuts=30))
     check_well_formed(events)
     assert _merged(parts_of(events)) == _merged(expected)
 
@@ -384,8 +380,7 @@ def _generated(fmt: str, call: dict[str, Any]) -> str:
 @given(args=_ARGS, data=st.data())
 def test_template_rendered_calls_parse_back(fmt: str, args: dict[str, Any], data: Any) -> None:
     text = _generated(fmt, {"name": "Bash", "arguments": args})
-    cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=20))
-    for chunks in ([text], split(text, cuts)):
+    for chunks in ([text], drawn_chunks(data, text, max_cuts=20)):
         turn = assemble(run(fmt, chunks))
         assert [(c.name, json.loads(c.arguments)) for c in turn.tool_calls] == [("Bash", args)]
         assert turn.text == "", text

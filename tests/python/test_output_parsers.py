@@ -10,19 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compat_serve.parsers import (
-    OutputEvent,
-    OutputParser,
-    ToolCall,
-    ToolCallArgsDelta,
-    ToolCallEnd,
-    ToolCallStart,
-    assemble,
-)
-from compat_serve.parsers.events import TextPart
+from compat_serve.parsers import OutputParser, ToolCallStart, assemble
 from compat_serve.parsers.reasoning import ReasoningSplitter
 from compat_serve.parsers.registry import TOOL_FORMATS
 from compat_serve.parsers.tool_calls import ToolCallParser
+from tests.python.parser_checks import (
+    check_well_formed,
+    drawn_chunks,
+    parse_chunks,
+    parts_of,
+    split_at,
+)
 from tests.python.parser_corpus import CASES, REASONING_CASES, TOOLS, Part
 
 
@@ -33,65 +31,22 @@ def make_parser(fmt: str, *, inside: bool | None = None) -> OutputParser:
     return OutputParser(reasoning=reasoning, tools=tools)
 
 
-def run(parser: OutputParser, chunks: list[str]) -> list[OutputEvent]:
-    events: list[OutputEvent] = []
-    for chunk in chunks:
-        events += parser.feed(chunk)
-    return events + parser.finish()
-
-
-def split(text: str, cuts: set[int]) -> list[str]:
-    bounds = [0, *sorted(cuts), len(text)]
-    return [text[a:b] for a, b in itertools.pairwise(bounds)]
-
-
-def parts_of(events: list[OutputEvent]) -> list[Part]:
-    out: list[Part] = []
-    for part in assemble(events).parts:
-        if isinstance(part, ToolCall):
-            out.append(("call", part.name, json.loads(part.arguments)))
-        elif isinstance(part, TextPart):
-            out.append(("text", part.text))
-        else:
-            out.append(("reasoning", part.text))
-    return out
-
-
-def check_well_formed(events: list[OutputEvent]) -> None:
-    """Calls open, stream and close in order with stable indices; no empty deltas."""
-    open_index: int | None = None
-    next_index = 0
-    for event in events:
-        if isinstance(event, ToolCallStart):
-            assert open_index is None and event.index == next_index
-            open_index, next_index = event.index, next_index + 1
-        elif isinstance(event, ToolCallArgsDelta):
-            assert event.index == open_index and event.fragment
-        elif isinstance(event, ToolCallEnd):
-            assert event.index == open_index
-            open_index = None
-        else:
-            assert event.text
-            assert open_index is None, "text inside an open call"
-    assert open_index is None
-
-
 CASE_IDS = [f"{fmt}-{i}" for i, (fmt, _, _) in enumerate(CASES)]
 
 
 @pytest.mark.parametrize(("fmt", "text", "expected"), CASES, ids=CASE_IDS)
 def test_whole_text_result(fmt: str, text: str, expected: list[Part]) -> None:
-    events = run(make_parser(fmt), [text])
+    events = parse_chunks(make_parser(fmt), [text])
     check_well_formed(events)
     assert parts_of(events) == expected
 
 
 @pytest.mark.parametrize(("fmt", "text", "expected"), CASES, ids=CASE_IDS)
 def test_every_single_split_and_char_by_char(fmt: str, text: str, expected: list[Part]) -> None:
-    whole = assemble(run(make_parser(fmt), [text]))
+    whole = assemble(parse_chunks(make_parser(fmt), [text]))
     for cut in range(1, len(text)):
-        assert assemble(run(make_parser(fmt), [text[:cut], text[cut:]])) == whole, cut
-    chars = run(make_parser(fmt), list(text))
+        assert assemble(parse_chunks(make_parser(fmt), [text[:cut], text[cut:]])) == whole, cut
+    chars = parse_chunks(make_parser(fmt), list(text))
     check_well_formed(chars)
     assert assemble(chars) == whole
 
@@ -102,8 +57,7 @@ def test_every_single_split_and_char_by_char(fmt: str, text: str, expected: list
 def test_any_chunking_gives_the_whole_text_result(
     fmt: str, text: str, expected: list[Part], data: st.DataObject
 ) -> None:
-    cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=40))
-    events = run(make_parser(fmt), split(text, cuts))
+    events = parse_chunks(make_parser(fmt), drawn_chunks(data, text, max_cuts=40))
     check_well_formed(events)
     assert parts_of(events) == expected
 
@@ -114,9 +68,9 @@ def test_any_chunking_gives_the_whole_text_result(
 def test_reasoning_any_chunking(
     inside: bool, text: str, expected: list[Part], data: st.DataObject
 ) -> None:
-    assert parts_of(run(make_parser("hermes", inside=inside), [text])) == expected
-    cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=30))
-    assert parts_of(run(make_parser("hermes", inside=inside), split(text, cuts))) == expected
+    assert parts_of(parse_chunks(make_parser("hermes", inside=inside), [text])) == expected
+    chunks = drawn_chunks(data, text, max_cuts=30)
+    assert parts_of(parse_chunks(make_parser("hermes", inside=inside), chunks)) == expected
 
 
 # ---- generated outputs: random text, calls and argument values, rendered the way the
@@ -196,9 +150,8 @@ def test_generated_outputs_round_trip(
     expected = _merge_texts(parts)
     text = "".join(p[1] if p[0] == "text" else render(p[1], p[2]) for p in expected)
     text = text.replace(" \n", "\n")  # texts meet calls at newlines, as models write them
-    cuts = data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=30))
-    for chunks in ([text], split(text, cuts)):
-        events = run(make_parser(fmt), chunks)
+    for chunks in ([text], drawn_chunks(data, text, max_cuts=30)):
+        events = parse_chunks(make_parser(fmt), chunks)
         check_well_formed(events)
         assert parts_of(events) == expected
 
@@ -211,7 +164,7 @@ def _call_ids(text: str, earlier_text: str = "") -> list[str]:
         new_id=lambda: f"call_{next(ids)}",
         earlier_text=earlier_text,
     )
-    events = run(OutputParser(tools=tools), split(text, set(range(1, len(text)))))
+    events = parse_chunks(OutputParser(tools=tools), split_at(text, set(range(1, len(text)))))
     return [e.id for e in events if isinstance(e, ToolCallStart)]
 
 

@@ -10,7 +10,6 @@ import pytest
 
 from compat_serve.chat.prompt import PromptBuilder
 from compat_serve.parsers import (
-    OutputEvent,
     OutputParsing,
     RequestTools,
     TextDelta,
@@ -29,6 +28,7 @@ from compat_serve.parsers.registry import (
 from compat_serve.parsers.tool_calls import ToolCallParser
 from compat_serve.server.anthropic.adapter import to_chat_request
 from compat_serve.server.anthropic.protocol import MessagesRequest
+from tests.python.parser_checks import parse_chunks
 from tests.python.parser_corpus import TOOLS
 from tests.shared_data import templates_dir
 
@@ -86,13 +86,6 @@ class _Tokens:
         return self._ids.get(token)
 
 
-def run(parser: Any, chunks: list[str]) -> list[OutputEvent]:
-    events: list[OutputEvent] = []
-    for chunk in chunks:
-        events += parser.feed(chunk)
-    return events + parser.finish()
-
-
 def test_special_markers_are_visible_only_when_parsed_and_never_leak() -> None:
     vocab = _Tokens({"[TOOL_CALLS]": 5, "[ARGS]": 6, "<think>": 7, "</think>": 8})
     parsing = OutputParsing(TOOL_FORMATS["mistral"], True, vocab)
@@ -103,11 +96,11 @@ def test_special_markers_are_visible_only_when_parsed_and_never_leak() -> None:
     assert without.visible_special_ids == {7, 8}
     # A call to a tool the request did not define stays text, minus the control tokens.
     text = 'Hi [TOOL_CALLS]rm[ARGS]{"path": "/"}'
-    events = run(with_tools.parser, [text])
+    events = parse_chunks(with_tools.parser, [text])
     assert assemble(events).text == 'Hi rm{"path": "/"}'
     for cut in range(1, len(text)):
         parsing_again = parsing.for_request(tools, "prompt", call_id_prefix="toolu_")
-        assert assemble(run(parsing_again.parser, [text[:cut], text[cut:]])).text == (
+        assert assemble(parse_chunks(parsing_again.parser, [text[:cut], text[cut:]])).text == (
             'Hi rm{"path": "/"}'
         )
 
@@ -116,7 +109,7 @@ def test_call_ids_use_the_api_prefix() -> None:
     parsing = OutputParsing(TOOL_FORMATS["hermes"], False, _Tokens({}))
     tools = RequestTools.from_chat_tools([{"function": {"name": "Bash"}}])
     parser = parsing.for_request(tools, "", call_id_prefix="toolu_").parser
-    events = run(parser, ['<tool_call>{"name": "Bash", "arguments": {}}</tool_call>'])
+    events = parse_chunks(parser, ['<tool_call>{"name": "Bash", "arguments": {}}</tool_call>'])
     [start] = [e for e in events if isinstance(e, ToolCallStart)]
     assert start.id.startswith("toolu_") and len(start.id) > 12
 

@@ -14,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from compat_serve.engine.batch import DecodeBatch, can_rollback
+from compat_serve.engine.batch import can_rollback
 from compat_serve.engine.engine import Engine, EngineConfig
 from compat_serve.engine.sampling import accept_draft
 from compat_serve.engine.speculation import (
@@ -27,6 +27,7 @@ from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, 
 from compat_serve.parsers.events import ToolCallArgsDelta, ToolCallStart
 from compat_serve.parsers.registry import resolve_tool_format
 from compat_serve.parsers.tool_calls import ToolCallParser
+from tests.python.rollback_rows import KEPT, rolled_back_and_exact
 from tests.python.test_batching import assert_same_or_near_tie, chat_ids, greedy
 from tests.tiny_models import HYBRID_CONFIGS, tiny_model
 
@@ -217,29 +218,10 @@ def test_rollback_of_rows_with_different_rejections_matches_an_exact_cache(
 
     runner = ModelRunner(embedded_model)
     prompts = [list(chat_ids(embedded_model, t)) for t in ("Hi", "Count to five please", "Go")]
-    fed = [[11, 12, 13, 14], [21, 22], [31, 32, 33]]  # last token + drafts
-    kept = [2, 1, 3]  # positions each row keeps
-
-    def batch_of(prefixes: list[list[int]]) -> DecodeBatch:
-        batch = DecodeBatch()
-        caches = []
-        for p in prefixes:
-            cache = runner.new_cache()
-            runner.prefill(cache, p)
-            caches.append(cache)
-        batch.add([(f"r{i}", c) for i, c in enumerate(caches)])
-        return batch
-
-    spec = batch_of(prompts)
-    runner.verify_logits(spec.cache, fed)
-    spec.rollback([4 - k for k in kept])
-    exact = batch_of([p + f[:k] for p, f, k in zip(prompts, fed, kept, strict=True)])
-    nxt = [5, 6, 7]
-    a = runner.decode_logits(spec.cache, nxt)
-    b = runner.decode_logits(exact.cache, nxt)
-    assert mx.abs(a - b).max().item() < 1e-3
-    for layer in spec.cache:
-        assert layer.offset.tolist() == [len(p) + k + 1 for p, k in zip(prompts, kept, strict=True)]
+    batch, rolled, exact = rolled_back_and_exact(runner, prompts)
+    assert mx.abs(rolled - exact).max().item() < 1e-3
+    for layer in batch.cache:
+        assert layer.offset.tolist() == [len(p) + k + 1 for p, k in zip(prompts, KEPT, strict=True)]
 
 
 @pytest.mark.parametrize("model_type", ["gemma3_text", *sorted(HYBRID_CONFIGS)])

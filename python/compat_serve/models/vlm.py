@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -207,24 +207,14 @@ class VisionProcessor:
     ) -> tuple[list[int], VisionInput]:
         """Each image-placeholder id of `token_ids` (one per image, in order) becomes the
         image's tokens. Raises ValueError when the counts disagree."""
-        at = [i for i, t in enumerate(token_ids) if t == self.image_token_id]
-        if len(at) != len(images):
-            raise ValueError(
-                f"the prompt has {len(at)} image placeholders for {len(images)} images"
-            )
-        ids: list[int] = []
-        spans: list[ImageSpan] = []
-        last = 0
-        for where, image in zip(at, images, strict=True):
-            ids.extend(token_ids[last:where])
-            spans.append(
-                ImageSpan(len(ids), image.num_tokens, image.hash, image.pixel_values, image.grid)
-            )
-            ids.extend([self.image_token_id] * image.num_tokens)
-            last = where + 1
-        ids.extend(token_ids[last:])
+        ids, spans = _splice_images(token_ids, images, self.image_token_id, self._image_tokens)
         positions, delta = self._positions(ids, images)
-        return ids, VisionInput(tuple(spans), positions, delta)
+        return ids, VisionInput(spans, positions, delta)
+
+    def _image_tokens(self, image: PreparedImage, start: int) -> tuple[list[int], list[ImageSpan]]:
+        """One image as its run of placeholder ids, one span over the run."""
+        span = ImageSpan(start, image.num_tokens, image.hash, image.pixel_values, image.grid)
+        return [self.image_token_id] * image.num_tokens, [span]
 
     def _positions(self, ids: list[int], images: Sequence[PreparedImage]) -> tuple[np.ndarray, int]:
         """mlx-vlm's own M-RoPE index for the prompt: `[3, len]` positions and the delta
@@ -277,38 +267,62 @@ class Idefics3Processor:
     def expand(
         self, token_ids: Sequence[int], images: Sequence[PreparedImage]
     ) -> tuple[list[int], VisionInput]:
-        at = [i for i, t in enumerate(token_ids) if t == self.image_token_id]
-        if len(at) != len(images):
-            raise ValueError(
-                f"the prompt has {len(at)} image placeholders for {len(images)} images"
-            )
-        ids: list[int] = []
-        spans: list[ImageSpan] = []
-        last = 0
-        for where, image in zip(at, images, strict=True):
-            ids.extend(token_ids[last:where])
-            layout = image.pixel_values
-            text = self._prompt_string(
-                layout["rows"],
-                layout["cols"],
-                self.image_seq_len,
-                fake_token_around_image=self._around,
-                image_token=self.image_markup,
-                global_img_token=self._global,
-            )
-            markup = self.tokenizer.encode(text, add_special_tokens=False)
-            runs = _runs(markup, self.image_token_id)
-            if len(runs) != len(layout["tiles"]):
-                raise ValueError(f"{len(runs)} image token runs for {len(layout['tiles'])} tiles")
-            for tile, (start, length) in enumerate(runs):
-                key = image_hash(image.hash + tile.to_bytes(4, "little"))
-                pixels = layout["tiles"][tile]
-                spans.append(ImageSpan(len(ids) + start, length, key, pixels, (1, 0, 0)))
-            ids.extend(markup)
-            last = where + 1
-        ids.extend(token_ids[last:])
+        ids, spans = _splice_images(token_ids, images, self.image_token_id, self._image_tokens)
         positions = np.tile(np.arange(len(ids), dtype=np.int32), (3, 1))
-        return ids, VisionInput(tuple(spans), positions, 0)
+        return ids, VisionInput(spans, positions, 0)
+
+    def _image_tokens(self, image: PreparedImage, start: int) -> tuple[list[int], list[ImageSpan]]:
+        """One image as mlx-vlm's markup of its tiles, one span per tile's run of image
+        tokens."""
+        layout = image.pixel_values
+        text = self._prompt_string(
+            layout["rows"],
+            layout["cols"],
+            self.image_seq_len,
+            fake_token_around_image=self._around,
+            image_token=self.image_markup,
+            global_img_token=self._global,
+        )
+        markup: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
+        runs = _runs(markup, self.image_token_id)
+        if len(runs) != len(layout["tiles"]):
+            raise ValueError(f"{len(runs)} image token runs for {len(layout['tiles'])} tiles")
+        spans = [
+            ImageSpan(
+                start + offset,
+                length,
+                image_hash(image.hash + tile.to_bytes(4, "little")),
+                layout["tiles"][tile],
+                (1, 0, 0),
+            )
+            for tile, (offset, length) in enumerate(runs)
+        ]
+        return markup, spans
+
+
+def _splice_images(
+    token_ids: Sequence[int],
+    images: Sequence[PreparedImage],
+    placeholder: int,
+    image_tokens: Callable[[PreparedImage, int], tuple[list[int], list[ImageSpan]]],
+) -> tuple[list[int], tuple[ImageSpan, ...]]:
+    """`token_ids` with each `placeholder` id (one per image, in order) replaced by
+    `image_tokens(image, start)`: the image's ids and spans, given where they start in the
+    result. Raises ValueError when the placeholder and image counts disagree."""
+    at = [i for i, t in enumerate(token_ids) if t == placeholder]
+    if len(at) != len(images):
+        raise ValueError(f"the prompt has {len(at)} image placeholders for {len(images)} images")
+    ids: list[int] = []
+    spans: list[ImageSpan] = []
+    last = 0
+    for where, image in zip(at, images, strict=True):
+        ids.extend(token_ids[last:where])
+        image_ids, image_spans = image_tokens(image, len(ids))
+        spans.extend(image_spans)
+        ids.extend(image_ids)
+        last = where + 1
+    ids.extend(token_ids[last:])
+    return ids, tuple(spans)
 
 
 def _runs(ids: Sequence[int], token: int) -> list[tuple[int, int]]:

@@ -13,9 +13,16 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, Protocol
 
+from compat_serve.parsers.events import (
+    OutputEvent,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
 from compat_serve.parsers.scan import (
     WHITESPACE,
     JsonValueScanner,
@@ -46,6 +53,69 @@ class CallSink(Protocol):
     def args(self, fragment: str) -> None: ...
     def close_call(self) -> None: ...
     def text(self, text: str) -> None: ...
+
+
+class CallEventSink:
+    """A CallSink that records what its regions report as events, for the parsers of a
+    whole output whose calls carry no ids and have JSON arguments (harmony, the JSON
+    envelope): each call gets `new_id()`, and once `max_calls` calls are closed the sink
+    is `satisfied` and takes nothing more."""
+
+    def __init__(
+        self,
+        tools: Mapping[str, Mapping[str, Any]],
+        new_id: Callable[[], str],
+        max_calls: int | None,
+    ) -> None:
+        """`tools`: name → JSON schema of its parameters, for the tools calls may use."""
+        self._tools = tools
+        self._new_id = new_id
+        self._max_calls = max_calls
+        self._events: list[OutputEvent] = []
+        self._calls = 0
+        self._open: int | None = None  # the index of the open call
+        self.satisfied = False  # max_calls reached: everything after is dropped
+
+    @property
+    def calls(self) -> int:
+        return self._calls
+
+    def _take(self) -> list[OutputEvent]:
+        """The events recorded since the last call."""
+        out, self._events = self._events, []
+        return out
+
+    def known(self, name: str) -> bool:
+        return name in self._tools
+
+    def could_be_name(self, prefix: str) -> bool:
+        return any(name.startswith(prefix.lstrip(WHITESPACE)) for name in self._tools)
+
+    def param_is_string(self, param: str) -> bool:
+        return False  # arguments are JSON, never tagged values
+
+    def open_call(self, name: str, call_id: str = "") -> None:  # no ids in these formats
+        if self.satisfied:
+            return
+        self._open = self._calls
+        self._calls += 1
+        self._events.append(ToolCallStart(self._open, self._new_id(), name))
+
+    def args(self, fragment: str) -> None:
+        if fragment and self._open is not None and not self.satisfied:
+            self._events.append(ToolCallArgsDelta(self._open, fragment))
+
+    def close_call(self) -> None:
+        if self._open is None or self.satisfied:
+            return
+        self._events.append(ToolCallEnd(self._open))
+        self._open = None
+        if self._max_calls is not None and self._calls >= self._max_calls:
+            self.satisfied = True
+
+    def text(self, text: str) -> None:
+        if text and not self.satisfied:
+            self._events.append(TextDelta(text))
 
 
 class Region:

@@ -20,15 +20,9 @@ import json
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
-from compat_serve.parsers.events import (
-    OutputEvent,
-    TextDelta,
-    ToolCallArgsDelta,
-    ToolCallEnd,
-    ToolCallStart,
-)
+from compat_serve.parsers.events import OutputEvent
 from compat_serve.parsers.number_bounds import bound_numbers
-from compat_serve.parsers.region import Outcome, Region, json_string
+from compat_serve.parsers.region import CallEventSink, Outcome, Region, json_string
 from compat_serve.parsers.request_tools import RequestTools
 from compat_serve.parsers.scan import WHITESPACE
 from compat_serve.parsers.tool_calls import ToolFormat
@@ -257,7 +251,7 @@ def _hex(text: str) -> int | None:
     return int(text, 16)
 
 
-class EnvelopeParser:
+class EnvelopeParser(CallEventSink):
     """feed(text) → events; finish() → the rest. One per generation.
 
     The same interface as ToolCallParser (`feed`, `finish`, `satisfied`, `calls`), for
@@ -272,24 +266,14 @@ class EnvelopeParser:
         max_calls: int | None = None,
     ) -> None:
         """`tools`: name → JSON schema of its parameters, for the tools calls may use."""
-        self._tools = tools
-        self._new_id = new_id
-        self._max_calls = max_calls
+        super().__init__(tools, new_id, max_calls)
         self._region: Region | None = EnvelopeRegion("", self)
         self._passthrough = False  # not an envelope: everything is text
         self._after = ""  # text after the envelope, held until it is more than layout
-        self._calls = 0
-        self._open: int | None = None
-        self._events: list[OutputEvent] = []
-        self.satisfied = False  # max_calls reached: everything after is dropped
 
     @classmethod
     def for_request(cls, tools: RequestTools, new_id: Callable[[], str]) -> EnvelopeParser:
         return cls(tools.schemas, new_id=new_id, max_calls=tools.max_calls)
-
-    @property
-    def calls(self) -> int:
-        return self._calls
 
     def feed(self, text: str) -> list[OutputEvent]:
         if self._region is not None:
@@ -305,10 +289,6 @@ class EnvelopeParser:
             self.text(self._after.strip(WHITESPACE))
         self._after = ""
         return self._take()
-
-    def _take(self) -> list[OutputEvent]:
-        out, self._events = self._events, []
-        return out
 
     def _settle(self, outcome: Outcome) -> None:
         region = self._region
@@ -326,40 +306,6 @@ class EnvelopeParser:
             self.text(text)
         else:
             self._after += text
-
-    # ---- CallSink (called by the region) ----------------------------------------------
-
-    def known(self, name: str) -> bool:
-        return name in self._tools
-
-    def could_be_name(self, prefix: str) -> bool:
-        return any(name.startswith(prefix.lstrip(WHITESPACE)) for name in self._tools)
-
-    def param_is_string(self, param: str) -> bool:
-        return False  # arguments are JSON here, never tagged values
-
-    def open_call(self, name: str, call_id: str = "") -> None:  # no ids in this format
-        if self.satisfied:
-            return
-        self._open = self._calls
-        self._calls += 1
-        self._events.append(ToolCallStart(self._open, self._new_id(), name))
-
-    def args(self, fragment: str) -> None:
-        if fragment and self._open is not None and not self.satisfied:
-            self._events.append(ToolCallArgsDelta(self._open, fragment))
-
-    def close_call(self) -> None:
-        if self._open is None or self.satisfied:
-            return
-        self._events.append(ToolCallEnd(self._open))
-        self._open = None
-        if self._max_calls is not None and self._calls >= self._max_calls:
-            self.satisfied = True
-
-    def text(self, text: str) -> None:
-        if text and not self.satisfied:
-            self._events.append(TextDelta(text))
 
 
 class EnvelopeCallsRegion(EnvelopeRegion):

@@ -29,16 +29,9 @@ from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from compat_serve.parsers.argument_grammar import Schema, one_of_tools
-from compat_serve.parsers.events import (
-    OutputEvent,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallArgsDelta,
-    ToolCallEnd,
-    ToolCallStart,
-)
+from compat_serve.parsers.events import OutputEvent, ReasoningDelta
 from compat_serve.parsers.lark import CallSyntax, GrammarBuilder, arguments_schema
-from compat_serve.parsers.region import Outcome, Region
+from compat_serve.parsers.region import CallEventSink, Outcome, Region
 from compat_serve.parsers.scan import WHITESPACE, partial_marker_length
 
 START = "<|start|>"
@@ -166,7 +159,7 @@ class _HarmonyBody(Region):
         self.sink.close_call()
 
 
-class HarmonyParser:
+class HarmonyParser(CallEventSink):
     """feed(text) → events; finish() → the rest (the OutputParser's CallParser)."""
 
     def __init__(
@@ -175,18 +168,8 @@ class HarmonyParser:
         new_id: Callable[[], str],
         max_calls: int | None = None,
     ) -> None:
-        self._tools = tools
-        self._new_id = new_id
-        self._max_calls = max_calls
-        self._events: list[OutputEvent] = []
-        self._calls = 0
-        self._open: int | None = None
-        self.satisfied = False
+        super().__init__(tools, new_id, max_calls)
         self._body = _HarmonyBody("", self)
-
-    @property
-    def calls(self) -> int:
-        return self._calls
 
     def feed(self, text: str) -> list[OutputEvent]:
         if not self.satisfied:
@@ -198,43 +181,7 @@ class HarmonyParser:
             self._body.finish()
         return self._take()
 
-    def _take(self) -> list[OutputEvent]:
-        out, self._events = self._events, []
-        return out
-
-    # ---- CallSink --------------------------------------------------------------------
-
-    def known(self, name: str) -> bool:
-        return name in self._tools
-
-    def could_be_name(self, prefix: str) -> bool:
-        return any(name.startswith(prefix.strip()) for name in self._tools)
-
-    def param_is_string(self, param: str) -> bool:
-        return False
-
-    def open_call(self, name: str, call_id: str = "") -> None:  # no ids in this format
-        self._open = self._calls
-        self._calls += 1
-        self._events.append(ToolCallStart(self._open, self._new_id(), name))
-
-    def args(self, fragment: str) -> None:
-        if fragment and self._open is not None:
-            self._events.append(ToolCallArgsDelta(self._open, fragment))
-
-    def close_call(self) -> None:
-        if self._open is None:
-            return
-        self._events.append(ToolCallEnd(self._open))
-        self._open = None
-        if self._max_calls is not None and self._calls >= self._max_calls:
-            self.satisfied = True
-
-    def text(self, text: str) -> None:
-        if text:
-            self._events.append(TextDelta(text))
-
-    def reasoning(self, text: str) -> None:
+    def reasoning(self, text: str) -> None:  # beside the CallSink: `analysis` messages
         if text:
             self._events.append(ReasoningDelta(text))
 
