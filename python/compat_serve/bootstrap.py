@@ -38,6 +38,8 @@ class ServeOptions:
     api_key: str | None = None
     chat_template: str | None = None
     inline_system: str = "auto"
+    # Which echoed replies continue from their generated tokens (chat/reply_history.py).
+    reply_history: str = "loop"
     context_length: int | None = None
     prefill_chunk: int = 512
     decode_prefill_chunk: int | None = None
@@ -139,7 +141,10 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
     if options.context_length is not None:
         loaded = dataclasses.replace(loaded, context_length=options.context_length)
     builder = PromptBuilder(
-        loaded.chat_template, loaded.tokenizer, inline_system=options.inline_system
+        loaded.chat_template,
+        loaded.tokenizer,
+        inline_system=options.inline_system,
+        reply_history=options.reply_history,
     )
     if builder.uses_default_template:
         log.warning("the model has no chat template; using a ChatML fallback")
@@ -181,7 +186,8 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
     name = options.served_model_name or loaded.name
     engine.vllm_metrics.model_name = name
     log.info(
-        "model %s (%s, %s, %s): context %d tokens, inline-system policy %s (%s)%s",
+        "model %s (%s, %s, %s): context %d tokens, inline-system policy %s (%s)%s, "
+        "echoed replies continue as generated: %s",
         name,
         loaded.model_type,
         loaded.dtype,
@@ -190,6 +196,7 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         traits.inline_system,
         traits.inline_system_reason,
         ", merging same-role turns" if traits.requires_alternation else "",
+        options.reply_history,
     )
     return ServerState(
         engine=engine,

@@ -9,6 +9,7 @@ import sys
 import time
 
 from compat_serve import __version__
+from compat_serve.chat.reply_history import REPLY_HISTORY_MODES
 from compat_serve.parsers.registry import REASONING_CHOICES, tool_format_names
 from compat_serve.server.sampling_defaults import GENERATION_CONFIG_CHOICES
 
@@ -52,6 +53,15 @@ def build_serve_parser() -> argparse.ArgumentParser:
         help="how system messages inside the conversation are rendered: auto probes the "
         "chat template (default), preserve keeps them in place, fold merges them into the "
         "neighbouring user turn",
+    )
+    p.add_argument(
+        "--reply-history",
+        choices=REPLY_HISTORY_MODES,
+        default="loop",
+        help="when a client echoes a reply this server generated, continue from the prompt "
+        "and tokens the model saw and wrote instead of the template's re-rendering (which "
+        "may drop thinking or past calls and leave the prefix cache): loop (default) for "
+        "replies since the last user message, all for every reply, template never",
     )
     p.add_argument(
         "--context-length",
@@ -344,6 +354,7 @@ def _serve(ns: argparse.Namespace) -> int:
                 api_key=ns.api_key,
                 chat_template=ns.chat_template,
                 inline_system=ns.inline_system,
+                reply_history=ns.reply_history,
                 context_length=ns.context_length,
                 prefill_chunk=ns.prefill_chunk,
                 decode_prefill_chunk=ns.decode_prefill_chunk,

@@ -12,17 +12,23 @@ Echo survival of a template = (turn-2 cache read - turn-1 prompt) / generated ca
 tokens, where the generated call tokens are those the model wrote before its stop token
 (the stop token itself is never fed, so it has no K/V to reuse). Like the server, the
 prompt builder remembers each reply's ids (chat/reply_tokens.py), so a reply the template
-renders as written is tokenized as generated.
+renders as written is tokenized as generated, and each reply with the prompt it answered
+(chat/reply_history.py), so an echoed reply is spliced in as generated.
+
+Turn 2 runs in two modes of the builder: "template" (the template's rendering alone:
+what the template itself keeps of the call) and "loop" (the server's default: the echoed
+reply spliced in as generated).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from compat_serve.chat.prompt import PromptBuilder, PromptError
+from compat_serve.chat.prompt import Prompt, PromptBuilder, PromptError
+from compat_serve.chat.reply_history import reply_key
 from compat_serve.chat.types import ChatRequest
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams
 from compat_serve.parsers import OutputParsing, RequestTools
@@ -71,6 +77,22 @@ def tool_templates() -> list[str]:
     ]
 
 
+# Turn 2 rendered by the template alone (measured as what it repeats of turn 1 and the
+# call: a token-exact cache reads no more) / with the echoed reply spliced in (the
+# server's default; run on the engine, which reports what its cache read).
+MODES = ("template", "loop")
+
+
+@dataclass
+class NextTurn:
+    """Turn 2 in one mode of the prompt builder."""
+
+    prompt: tuple[int, ...] = ()
+    text: str = ""
+    read: int = 0  # prompt tokens the prefix cache served (run modes only)
+    error: str = ""  # the template refused the conversation
+
+
 @dataclass
 class TemplateTurns:
     file: str
@@ -78,15 +100,14 @@ class TemplateTurns:
     parsing: OutputParsing
     request: EngineRequest
     parser: Any
+    built: Prompt
     # Filled by run_first_turns:
     text: str = ""
     generated: tuple[int, ...] = ()
     finish: FinishReason | None = None
     turn: ParsedTurn | None = None
-    # Filled by run_next_turns:
-    next_prompt: tuple[int, ...] = ()
-    next_read: int = 0
-    next_error: str = ""
+    # Filled by run_next_turns, by mode:
+    next: dict[str, NextTurn] = field(default_factory=dict)
 
     @property
     def format(self) -> str:
@@ -102,33 +123,35 @@ class TemplateTurns:
         """Tokens the model wrote for its call (the stop token is not among them)."""
         return len(self.generated)
 
-    @property
-    def echo_read(self) -> int:
+    def echo_read(self, mode: str) -> int:
         """Tokens of the call the next turn read from the prefix cache."""
-        return max(0, min(self.next_read - len(self.prompt), self.call_tokens))
+        return max(0, min(self.next[mode].read - len(self.prompt), self.call_tokens))
 
-    @property
-    def kept_prompt(self) -> int:
+    def survival(self, mode: str) -> float:
+        """Share of the call the next turn reads back: measured on the engine for "loop",
+        the exact repeat (all a token-exact cache can read) for "template"."""
+        reread = self.echo_exact(mode) if mode == "template" else self.echo_read(mode)
+        return reread / self.call_tokens if self.call_tokens else 0.0
+
+    def kept_prompt(self, mode: str) -> int:
         """Tokens of turn 1's prompt the next prompt starts with (all of them unless the
         template renders the history differently from its generation prompt)."""
-        same = 0
-        for a, b in zip(self.prompt, self.next_prompt, strict=False):
-            if a != b:
-                break
-            same += 1
-        return same
+        return _same_start(self.prompt, self.next[mode].prompt)
 
-    @property
-    def echo_exact(self) -> int:
-        """Tokens of the call the re-rendered next prompt repeats exactly (an upper bound
-        for any token-exact cache; the next prompt must also keep one token to compute)."""
-        written = (*self.prompt, *self.generated[: self.call_tokens])
-        same = 0
-        for a, b in zip(written, self.next_prompt, strict=False):
-            if a != b:
-                break
-            same += 1
-        return max(0, same - len(self.prompt))
+    def echo_exact(self, mode: str) -> int:
+        """Tokens of the call the next prompt repeats exactly (an upper bound for any
+        token-exact cache; the next prompt must also keep one token to compute)."""
+        written = (*self.prompt, *self.generated)
+        return max(0, _same_start(written, self.next[mode].prompt) - len(self.prompt))
+
+
+def _same_start(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    same = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        same += 1
+    return same
 
 
 def first_turn(model: LoadedModel, file: str, max_tokens: int = 256) -> TemplateTurns:
@@ -158,7 +181,7 @@ def first_turn(model: LoadedModel, file: str, max_tokens: int = 256) -> Template
         request_parsing.visible_special_ids,
         grammar=request_parsing.grammar,
     )
-    return TemplateTurns(file, builder, parsing, request, request_parsing.parser)
+    return TemplateTurns(file, builder, parsing, request, request_parsing.parser, prompt)
 
 
 async def _generate(engine: Engine, request: EngineRequest) -> tuple[str, list[Any]]:
@@ -178,11 +201,21 @@ def run_first_turns(engine: Engine, jobs: list[TemplateTurns]) -> None:
         job.finish = events[-1].finish_reason
         if job.generated and job.generated[-1] == events[-1].stop_token_id:
             job.generated = job.generated[:-1]
-        job.builder.remember_reply(job.generated)  # as the server does (generation.py)
         turn = ParsedTurn()
         for event in [*job.parser.feed(text), *job.parser.finish()]:
             turn.add(event)
         job.turn = turn
+        # As the server does (server/generation.py): the reply's ids, and the reply with
+        # its prompt.
+        job.builder.remember_reply(job.generated)
+        calls = [(call.id, call.name, call.arguments) for call in turn.tool_calls]
+        job.builder.remember_generated(
+            reply_key(turn.text, calls),
+            job.built,
+            job.generated,
+            events[-1].stop_token_id,
+            turn.reasoning,
+        )
 
 
 def next_turn_messages(job: TemplateTurns) -> list[dict[str, Any]]:
@@ -195,10 +228,10 @@ def next_turn_messages(job: TemplateTurns) -> list[dict[str, Any]]:
     return chat_messages([ChatMessageIn.model_validate(m) for m in wire])
 
 
-def run_next_turns(engine: Engine, jobs: list[TemplateTurns]) -> None:
-    """Turn 2 of every job (one token each, after its turn 1 finished): the prompt and
-    how many of its tokens the prefix cache served."""
-    requests, rendered = [], []
+def build_next_turns(jobs: list[TemplateTurns], mode: str) -> list[EngineRequest]:
+    """Turn 2 of every job, rendered with the prompt builder in `mode` (each job's
+    `next[mode]` gets its prompt or the template's refusal); the requests to run."""
+    requests = []
     for job in jobs:
         chat = ChatRequest(
             messages=next_turn_messages(job),
@@ -206,43 +239,60 @@ def run_next_turns(engine: Engine, jobs: list[TemplateTurns]) -> None:
             tools=[BASH],
             template_kwargs={"enable_thinking": False},
         )
+        job.builder.reply_history_mode = mode
         try:
             prompt = job.builder.build(chat)
         except PromptError as exc:  # the template refuses the echo (a 400 in the server)
-            job.next_error = str(exc)
+            job.next[mode] = NextTurn(error=str(exc))
             continue
-        job.next_prompt = prompt.token_ids
-        rendered.append(job)
-        requests.append(EngineRequest(f"next-{job.file}", prompt.token_ids, chat.sampling))
+        job.next[mode] = NextTurn(prompt=prompt.token_ids, text=prompt.text)
+        requests.append(EngineRequest(f"{mode} {job.file}", prompt.token_ids, chat.sampling))
+    return requests
+
+
+def run_next_turns(engine: Engine, jobs: list[TemplateTurns], mode: str) -> None:
+    """Turn 2 of every job (one token each, after its turn 1 finished) with the prompt
+    builder in `mode`: the prompt and how many of its tokens the prefix cache served.
+    Run one mode only: a second would read what the first left in the cache."""
+    requests = build_next_turns(jobs, mode)
 
     async def run_all() -> list[tuple[str, list[Any]]]:
         return await asyncio.gather(*(_generate(engine, r) for r in requests))
 
-    for job, (_, events) in zip(rendered, asyncio.run(run_all()), strict=True):
+    by_id = {job.file: job for job in jobs}
+    for request, (_, events) in zip(requests, asyncio.run(run_all()), strict=True):
         usage = events[-1].usage
-        assert usage is not None, job.file
-        job.next_read = usage.cached_tokens
+        assert usage is not None, request.request_id
+        by_id[request.request_id.split(" ", 1)[1]].next[mode].read = usage.cached_tokens
 
 
 def table(jobs: list[TemplateTurns]) -> str:
-    """The per-template echo table, with the mean survival."""
+    """The per-template echo table, in both modes, with the mean survivals."""
     rows = [
-        f"{'template':52} {'format':16} {'turn1':>5} {'call':>4} {'read2':>5} "
-        f"{'echo':>4} {'exact':>5} {'survival':>8}"
+        f"{'template':52} {'format':16} {'turn1':>5} {'call':>4} "
+        f"{'template: exact echo':>20} {'spliced: read2 echo':>19}"
     ]
     for job in jobs:
-        share = job.echo_read / job.call_tokens if job.call_tokens else 0.0
-        note = f"  next turn refused: {job.next_error}" if job.next_error else ""
-        if not note and job.kept_prompt < len(job.prompt):
-            note = f"  history differs from turn 1 after {job.kept_prompt} tokens"
+        spliced = job.next["loop"]
+        notes = []
+        for mode, name in (("template", "template"), ("loop", "spliced")):
+            if job.next[mode].error:
+                notes.append(f"{name}: refused: {job.next[mode].error}")
+            elif job.kept_prompt(mode) < len(job.prompt):
+                notes.append(f"{name}: history differs from turn 1 after {job.kept_prompt(mode)}")
         rows.append(
             f"{job.file:52} {job.format:16} {len(job.prompt):5} {job.call_tokens:4} "
-            f"{job.next_read:5} {job.echo_read:4} {job.echo_exact:5} {share:8.0%}{note}"
+            f"{job.echo_exact('template'):15} {job.survival('template'):4.0%} "
+            f"{spliced.read:14} {job.survival('loop'):4.0%}  {'; '.join(notes)}".rstrip()
         )
-    rows.append(f"mean echo survival: {mean_survival(jobs):.1%} over {len(jobs)} templates")
+    rows.append(
+        f"mean echo survival over {len(jobs)} templates: {mean_survival(jobs, 'template'):.1%} "
+        f"from the templates' own rendering, {mean_survival(jobs, 'loop'):.1%} with the "
+        "echoed reply spliced in (the server's default)"
+    )
     return "\n".join(rows)
 
 
-def mean_survival(jobs: list[TemplateTurns]) -> float:
-    shares = [j.echo_read / j.call_tokens for j in jobs if j.call_tokens]
+def mean_survival(jobs: list[TemplateTurns], mode: str) -> float:
+    shares = [j.survival(mode) for j in jobs if j.call_tokens]
     return sum(shares) / len(shares) if shares else 0.0

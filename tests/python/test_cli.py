@@ -28,6 +28,7 @@ SERVE_FLAGS = [
     "--max-request-bytes",
     "--default-temperature",
     "--generation-config",
+    "--reply-history",
     "--log-level",
 ]
 
@@ -61,6 +62,13 @@ def test_generation_config_is_auto_unless_none_is_asked() -> None:
     assert parser.parse_args(["--generation-config", "none"]).generation_config == "none"
 
 
+def test_reply_history_is_loop_unless_asked() -> None:
+    parser = build_serve_parser()
+    assert parser.parse_args([]).reply_history == "loop"
+    for mode in ("all", "template"):
+        assert parser.parse_args(["--reply-history", mode]).reply_history == mode
+
+
 def test_convert_gguf_command_writes_a_loadable_directory(tmp_path: Path) -> None:
     from compat_serve.models.embedded import embedded_model_path
 
@@ -82,6 +90,7 @@ def test_convert_gguf_command_writes_a_loadable_directory(tmp_path: Path) -> Non
         (["--decode-prefill-chunk", "40"], "--decode-prefill-chunk (40) must be a multiple"),
         (["--default-temperature", "3"], "--default-temperature"),
         (["--generation-config", "vllm"], "--generation-config"),
+        (["--reply-history", "always"], "--reply-history"),
     ],
 )
 def test_startup_errors_are_clear(args: list[str], needle: str) -> None:

@@ -4,8 +4,10 @@ and the next turn reads it back from the prefix cache.
 Turn 1: the embedded model, prompted through the template, generates under the grammar of
 the format detected for it, and the format's parser reads back exactly one valid call.
 Turn 2: the reply as the server returned it and a tool result go back through the OpenAI
-adapter and the template (tests/python/echo_turns.py); the prefix cache must serve at
-least all of turn 1's prompt, and on average at least 80% of the generated call
+adapter and the template (tests/python/echo_turns.py). With the echoed reply spliced in as
+generated (the server's default) the prefix cache must serve all of turn 1's prompt and
+all of the generated call on every template that accepts the conversation; the
+templates' own rendering is measured too, and what each keeps of the echo is pinned
 (benches/echo_survival.py prints the same table).
 
 One engine serves every template (requests batched), so this costs about one prefill per
@@ -26,8 +28,11 @@ from compat_serve.engine.engine import Engine, EngineConfig
 from compat_serve.engine.types import FinishReason
 from tests.python.echo_turns import (
     BASH,
+    MODES,
     NEEDS_OWN_VARIABLES,
+    TOOL_RESULT,
     TemplateTurns,
+    build_next_turns,
     first_turn,
     mean_survival,
     run_first_turns,
@@ -83,7 +88,7 @@ def test_a_forced_call_round_trips_on_every_tool_template(
         assert job.turn.text.strip() == "", (job.file, job.format, job.text)
 
 
-# What the templates do, kept as it is (the echo cannot survive it):
+# What the templates do with the echo on their own (the builder in "template" mode):
 # - the next turn cannot start with turn 1's prompt (the history renders the assistant
 #   turn's start differently from the generation prompt), or the template refuses it;
 HISTORY_DIFFERS = {
@@ -105,28 +110,62 @@ CALL_RENDERED_OTHERWISE = {
     "ai-sage-GigaChat3-10B-A1.8B.jinja": "its own call syntax (detected as generic)",
     "unsloth-Apriel-1.5.jinja": "a <tool_calls>[...] list (detected as hermes)",
 }
+# With the echoed reply spliced in as generated (the server's default, "loop"), only a
+# template that refuses the conversation keeps its turn 2 from the cache.
+REFUSED = {"moonshotai-Kimi-K2-Instruct.jinja"}
 
 
-def test_the_next_turn_reads_the_echoed_call_from_the_prefix_cache(
-    engine: Engine, first_turns: list[TemplateTurns]
-) -> None:
-    run_next_turns(engine, first_turns)
+@pytest.fixture(scope="module")
+def next_turns(engine: Engine, first_turns: list[TemplateTurns]) -> list[TemplateTurns]:
+    template_mode, spliced_mode = MODES
+    build_next_turns(first_turns, template_mode)  # rendered only: see echo_turns.MODES
+    run_next_turns(engine, first_turns, spliced_mode)
     print("\n" + table(first_turns))
-    differs = {j.file for j in first_turns if j.next_error or j.kept_prompt < len(j.prompt)}
-    assert differs == set(HISTORY_DIFFERS), table(first_turns)
-    for job in first_turns:
-        if job.next_error:
-            continue
-        # Everything the template keeps of turn 1's prompt is read from the cache: all of
-        # it wherever the history repeats the generation prompt.
-        assert job.next_read >= job.kept_prompt, (job.file, job.next_read, job.kept_prompt)
+    return first_turns
+
+
+def test_what_the_templates_keep_of_the_echo_on_their_own(
+    next_turns: list[TemplateTurns],
+) -> None:
+    mode = "template"
+    differs = {
+        j.file for j in next_turns if j.next[mode].error or j.kept_prompt(mode) < len(j.prompt)
+    }
+    assert differs == set(HISTORY_DIFFERS), table(next_turns)
     # Less than half the call repeated as generated: rendered otherwise.
-    lost = {j.file for j in first_turns if 2 * j.echo_exact < j.call_tokens}
+    lost = {j.file for j in next_turns if 2 * j.echo_exact(mode) < j.call_tokens}
     lost -= set(HISTORY_DIFFERS)
-    assert lost == set(CALL_RENDERED_OTHERWISE), table(first_turns)
-    echoing = [j for j in first_turns if j.file not in {*HISTORY_DIFFERS, *lost}]
+    assert lost == set(CALL_RENDERED_OTHERWISE), table(next_turns)
+    echoing = [j for j in next_turns if j.file not in {*HISTORY_DIFFERS, *lost}]
     # Mistral Small 3.2 (the model's [CALL_ID] is the call's id), Devstral, Kimi-K2 (call
     # positions as indexes), GLM-4.6 (its newline before <tool_call>) and Step-3.5 (its
     # `\n</think>\n` when a forced call closes thinking) among them.
     assert len(echoing) >= 15
-    assert mean_survival(echoing) >= 0.8, table(first_turns)
+    assert mean_survival(echoing, mode) >= 0.8, table(next_turns)
+
+
+def test_the_next_turn_reads_turn_1_and_the_echoed_call_from_the_prefix_cache(
+    next_turns: list[TemplateTurns],
+) -> None:
+    mode = "loop"
+    refused = {j.file for j in next_turns if j.next[mode].error}
+    assert refused == REFUSED, table(next_turns)
+    for job in next_turns:
+        if job.file in REFUSED:
+            continue
+        # The next prompt repeats all of turn 1's prompt and of the call the model wrote,
+        # and the cache serves all of it but the call's last token (the engine stores
+        # a finished request's K/V up to the token before its last).
+        assert job.kept_prompt(mode) == len(job.prompt), (job.file, table(next_turns))
+        assert job.echo_exact(mode) == job.call_tokens, (job.file, table(next_turns))
+        assert job.next[mode].read >= len(job.prompt) + job.call_tokens - 1, job.file
+        # What follows the reply is the template's: the tool result (unless the
+        # template drops it: Granite 3.0 renders only its own `tool_response` role), then
+        # its generation prompt, as the template alone renders them.
+        after = job.next[mode].text[len(job.built.text) :]
+        result = TOOL_RESULT.splitlines()[0]
+        assert (result in after) == (result in job.next["template"].text), job.file
+        ending = job.next["template"].text[-12:]
+        assert job.next[mode].text.endswith(ending), job.file
+    assert mean_survival(next_turns, mode) >= 0.8, table(next_turns)
+    assert mean_survival(next_turns, mode) > mean_survival(next_turns, "template")

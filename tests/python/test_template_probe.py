@@ -149,3 +149,31 @@ def test_tool_rendering_is_detected(embedded_model: LoadedModel) -> None:
     assert not smol.traits.renders_tools  # SmolLM2's ChatML template has no tools block
     qwen = (templates_dir() / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
     assert PromptBuilder(qwen, embedded_model.tokenizer).traits.renders_tools
+
+
+R1_END = "<\uff5cend\u2581of\u2581sentence\uff5c>"  # full-width bars, as DeepSeek writes it
+
+
+@pytest.mark.parametrize(
+    ("file", "turn_end"),
+    [
+        ("Qwen-Qwen3-0.6B.jinja", "<|im_end|>"),
+        ("MiniMaxAI-MiniMax-M2.jinja", "[e~["),
+        ("meta-llama-Llama-3.3-70B-Instruct.jinja", "<|eot_id|>"),
+        ("ibm-granite-granite-3.0-8b-instruct.jinja", "<|end_of_text|>"),
+        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", R1_END),
+        ("google-gemma-4-31B-it.jinja", "<turn|>"),
+        ("ai-sage-GigaChat3-10B-A1.8B.jinja", "<|message_sep|>"),
+    ],
+)
+def test_probe_finds_how_the_template_ends_an_assistant_turn(file: str, turn_end: str) -> None:
+    traits = probe_template(renderer((templates_dir() / file).read_text(encoding="utf-8")))
+    assert traits.assistant_turn_end == turn_end
+
+
+def test_a_template_that_cannot_end_on_an_assistant_turn_tells_no_end() -> None:
+    source = (
+        "{% for m in messages %}{% if m.role == 'assistant' and loop.last %}"
+        "{{ raise_exception('no') }}{% endif %}{{ m.content }}{% endfor %}"
+    )
+    assert probe_template(renderer(source)).assistant_turn_end == ""

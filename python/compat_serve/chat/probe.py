@@ -64,6 +64,9 @@ class TemplateTraits:
     requires_alternation: bool
     # False when the template ignores `tools`: tool-using clients' definitions vanish.
     renders_tools: bool = True
+    # What the template writes to end an assistant turn ("<|im_end|>", "[e~[", ...; ""
+    # when it cannot tell): where an echoed reply's rendering ends (chat/reply_splice.py).
+    assistant_turn_end: str = ""
 
 
 def _render(render: Render, messages: list[Message], gen: bool) -> str | Exception:
@@ -128,7 +131,21 @@ def _renders_tools(render_tools: RenderTools) -> bool:
         return False
 
 
+_ANSWER = "Probe answer 7Q9."
+
+
+def _assistant_turn_end(render: Render) -> str:
+    """The text after an assistant message's content when it ends the conversation,
+    without white space."""
+    text = _render(render, [_msg("user", _U1), _msg("assistant", _ANSWER)], False)
+    if isinstance(text, Exception) or text.count(_ANSWER) != 1:
+        return ""
+    return text[text.index(_ANSWER) + len(_ANSWER) :].strip()
+
+
 def probe_template(render: Render, render_tools: RenderTools | None = None) -> TemplateTraits:
     policy, reason = _inline_verdict(render)
     tools = _renders_tools(render_tools) if render_tools is not None else True
-    return TemplateTraits(policy, reason, _requires_alternation(render), tools)
+    return TemplateTraits(
+        policy, reason, _requires_alternation(render), tools, _assistant_turn_end(render)
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -12,6 +13,13 @@ from compat_serve.chat.call_shapes import RESHAPES, Reshape
 from compat_serve.chat.images import replace_markers
 from compat_serve.chat.normalize import normalize_messages
 from compat_serve.chat.probe import probe_template
+from compat_serve.chat.reply_history import (
+    REPLY_HISTORY_MODES,
+    GeneratedReply,
+    ReplyHistory,
+    text_digest,
+)
+from compat_serve.chat.reply_splice import splice_echoed_reply
 from compat_serve.chat.reply_tokens import ReplyTokens
 from compat_serve.chat.tool_injection import inject_tools
 from compat_serve.chat.types import ChatRequest, Message
@@ -38,6 +46,9 @@ class Prompt:
     token_ids: tuple[int, ...]
     # A vision-language model's images in the prompt (server/images.py builds it).
     vision: VisionInput | None = None
+    # The digest of the template's own rendering (before an echoed reply is spliced in):
+    # a reply generated from this prompt is recognised by it next turn.
+    rendered: bytes = b""
 
 
 # A ChatML fallback for models that ship no chat template.
@@ -54,13 +65,26 @@ class PromptBuilder:
 
     `inline_system`: "auto" probes the template (chat/probe.py); "preserve"/"fold" force
     that policy. Same-role merging follows the probe's alternation answer.
+    `reply_history`: which echoed replies are spliced in as generated
+    (chat/reply_history.py): "loop", "all" or "template" (none).
     """
 
     def __init__(
-        self, template_source: str | None, tokenizer: Encoder, *, inline_system: str = "auto"
+        self,
+        template_source: str | None,
+        tokenizer: Encoder,
+        *,
+        inline_system: str = "auto",
+        reply_history: str = "loop",
     ) -> None:
         if inline_system not in ("auto", "preserve", "fold"):
             raise ValueError(f"inline_system must be auto, preserve or fold, not {inline_system!r}")
+        if reply_history not in REPLY_HISTORY_MODES:
+            raise ValueError(
+                f"reply_history must be one of {', '.join(REPLY_HISTORY_MODES)}, "
+                f"not {reply_history!r}"
+            )
+        self.reply_history_mode = reply_history
         self.template_source = template_source or DEFAULT_CHAT_TEMPLATE
         self.uses_default_template = template_source is None
         self._template = ChatTemplate(self.template_source)
@@ -79,6 +103,8 @@ class PromptBuilder:
         self.injects_tools = False
         # Recent replies' token ids: an echoed reply is tokenized as it was generated.
         self.replies = ReplyTokens()
+        # Recent replies with the prompts they answered: spliced in when echoed.
+        self.generated = ReplyHistory()
         self._call_shape: Reshape | None = None  # see _render_calls
 
     def normalize(self, messages: Sequence[Message]) -> list[Message]:
@@ -122,11 +148,53 @@ class PromptBuilder:
     def remember_reply(self, token_ids: Sequence[int]) -> None:
         """The ids of a reply the model generated (without the stop token), so a next
         turn that echoes it repeats its tokens."""
+        pieces = self._pieces(token_ids)
+        if pieces is not None:
+            self.replies.remember(token_ids, pieces)
+
+    def remember_generated(
+        self,
+        key: str,
+        prompt: Prompt,
+        token_ids: Sequence[int],
+        stop_token_id: int | None,
+        reasoning: str = "",
+    ) -> None:
+        """A reply (`key`: chat.reply_history.reply_key of it as the client gets it) and
+        the prompt it answered, so a next turn that echoes it continues from both."""
+        if self.reply_history_mode == "template" or prompt.vision is not None:
+            return
+        pieces = self._pieces(token_ids)
+        # Where the reply ends in the template's rendering: the stop token the model
+        # wrote (or, cut short, the model's end-of-turn tokens) and the template's own
+        # assistant-turn end (the same text unless the template is not the model's own).
+        stops = [stop_token_id] if stop_token_id is not None else self._end_of_turn_ids()
+        texts = ["".join(self._pieces([t]) or ()) for t in stops]
+        markers = tuple(dict.fromkeys(m for m in [*texts, self.traits.assistant_turn_end] if m))
+        if pieces is None or not markers:
+            return
+        reply = GeneratedReply(
+            prompt_text=prompt.text,
+            prompt_ids=array("I", prompt.token_ids),
+            rendered_digest=prompt.rendered,
+            reply_text="".join(pieces),
+            reply_ids=tuple(token_ids),
+            end_markers=markers,
+            reasoning="".join(reasoning.split()),
+        )
+        self.generated.remember(key, reply)
+
+    def _end_of_turn_ids(self) -> list[int]:
+        ids = getattr(self._tokenizer, "eos_token_ids", None) or ()
+        return sorted(int(i) for i in ids)
+
+    def _pieces(self, token_ids: Sequence[int]) -> list[str] | None:
+        """The text each id adds (special tokens as text), None without a decoder."""
         decode_stream = getattr(self._tokenizer, "decode_stream", None)
         if decode_stream is None or not token_ids:
-            return
+            return None
         decoder = decode_stream(skip_special_tokens=False)
-        self.replies.remember(token_ids, [decoder.step(t) for t in token_ids])
+        return [decoder.step(t) for t in token_ids]
 
     def _render_calls(self, messages: list[Message], **kwargs: Any) -> str:
         """`render`, retried with past tool calls in the shapes some templates need
@@ -157,17 +225,33 @@ class PromptBuilder:
                 messages, tools, continue_final_message=request.continue_final_message
             )
             tools = None
+        normalized = self.normalize(messages)
         text = self._render_calls(
-            self.normalize(messages),
+            normalized,
             tools=tools,
             continue_final_message=request.continue_final_message,
             **request.template_kwargs,
         )
+        rendered = text_digest(text)
         if request.images:
             if image_markup is None:
                 raise PromptError("this model is text-only and cannot read images")
             text = replace_markers(text, image_markup, len(request.images))
-        return Prompt(text=text, token_ids=tuple(self.encode(text)))
+        elif self.reply_history_mode != "template" and not request.continue_final_message:
+            splice = splice_echoed_reply(
+                normalized,
+                text,
+                lambda msgs, gen: self._render_calls(
+                    msgs, tools=tools, add_generation_prompt=gen, **request.template_kwargs
+                ),
+                self.generated,
+                self.reply_history_mode,
+                PromptError,
+            )
+            if splice is not None:
+                ids = splice.head_ids + tuple(self.encode(splice.tail))
+                return Prompt(text=splice.text, token_ids=ids, rendered=rendered)
+        return Prompt(text=text, token_ids=tuple(self.encode(text)), rendered=rendered)
 
 
 def _cut_after_final_content(text: str, messages: Sequence[Message]) -> str:

@@ -52,6 +52,10 @@ class RequestStream:
         # request ends (chat requests: remember the reply's tokens for the next turn).
         self.on_reply: Callable[[tuple[int, ...]], None] | None = None
         self._generated: list[int] = []
+        # Set with on_reply, once the request ends: the ids it passed, and the stop token
+        # that ended the reply (None when something else did).
+        self.reply_ids: tuple[int, ...] | None = None
+        self.reply_stop_id: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -69,9 +73,12 @@ class RequestStream:
             self._generated += event.token_ids
             if event.finished:
                 ids = self._generated
-                if ids and event.stop_token_id is not None and ids[-1] == event.stop_token_id:
+                stop = event.stop_token_id
+                if ids and stop is not None and ids[-1] == stop:
                     ids = ids[:-1]
-                self.on_reply(tuple(ids))
+                    self.reply_stop_id = stop
+                self.reply_ids = tuple(ids)
+                self.on_reply(self.reply_ids)
         waiting = self._queue.qsize()
         if self._gave_up:
             if event.finished and waiting < self._max_backlog + 1:

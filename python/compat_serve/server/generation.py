@@ -15,6 +15,7 @@ from fastapi import Request
 
 from compat_serve._native import GrammarError
 from compat_serve.chat.prompt import Prompt, PromptError
+from compat_serve.chat.reply_history import reply_key
 from compat_serve.chat.types import ChatRequest
 from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTooLong
 from compat_serve.engine.stream import RequestStream
@@ -26,7 +27,7 @@ from compat_serve.engine.types import (
     SamplingParams,
     TokenLogprob,
 )
-from compat_serve.parsers import OutputParser, RequestTools
+from compat_serve.parsers import OutputParser, ParsedTurn, RequestTools
 from compat_serve.parsers.setup import RequestParsing
 from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError
@@ -34,6 +35,7 @@ from compat_serve.server.keys import cache_salt
 from compat_serve.server.lifecycle import check_admitting, shutdown_error
 from compat_serve.server.state import ServerState
 from compat_serve.server.tool_rounds import limit_tool_rounds
+from compat_serve.server.turn import TurnOutput
 
 if TYPE_CHECKING:
     from compat_serve.engine.vision import VisionInput
@@ -141,6 +143,24 @@ class Admitted:
     stream: RequestStream
     # Turns the generated text into text, reasoning and tool-call events.
     parser: OutputParser
+
+    def output(self) -> TurnOutput:
+        """The parsed turn's steps; once it ends, the reply is remembered with its prompt
+        so that a next turn echoing it continues from the same tokens."""
+        return TurnOutput(self.stream, self.parser, on_turn=self._remember)
+
+    def _remember(self, turn: ParsedTurn, final: EngineEvent) -> None:
+        ids = self.stream.reply_ids
+        if ids is None or final.finish_reason in (FinishReason.ERROR, FinishReason.SHUTDOWN):
+            return
+        calls = [(call.id, call.name, call.arguments) for call in turn.tool_calls]
+        self.state.prompt_builder.remember_generated(
+            reply_key(turn.text, calls),
+            self.prompt,
+            ids,
+            self.stream.reply_stop_id,
+            turn.reasoning,
+        )
 
 
 async def admit_chat(

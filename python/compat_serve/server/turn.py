@@ -7,6 +7,7 @@ the usage so far) closes the turn.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -32,10 +33,19 @@ class TurnStep:
 
 
 class TurnOutput:
-    def __init__(self, stream: RequestStream, parser: OutputParser) -> None:
+    """`on_turn`: called with the whole parsed turn when it ends."""
+
+    def __init__(
+        self,
+        stream: RequestStream,
+        parser: OutputParser,
+        on_turn: Callable[[ParsedTurn, EngineEvent], None] | None = None,
+    ) -> None:
         self.stream = stream
         self.parser = parser
         self.finished = False
+        self.turn = ParsedTurn()
+        self._on_turn = on_turn
 
     async def next(self, timeout: float | None = None) -> TurnStep | None:
         """The next step, or None if `timeout` seconds pass first."""
@@ -49,8 +59,16 @@ class TurnOutput:
         if event.finished:
             self.finished = True
             output += self.parser.finish()
+            self._add(output)
+            if self._on_turn is not None:
+                self._on_turn(self.turn, event)
             return TurnStep(output, event, self._ended_in_tool_calls(event))
+        self._add(output)
         return TurnStep(output, event)
+
+    def _add(self, output: list[OutputEvent]) -> None:
+        for item in output:
+            self.turn.add(item)
 
     async def _final_event(self) -> EngineEvent:
         while True:
@@ -75,20 +93,15 @@ class CollectedTurn:
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
-async def collect_turn(
-    stream: RequestStream, parser: OutputParser, request: Request
-) -> CollectedTurn:
+async def collect_turn(output: TurnOutput, request: Request) -> CollectedTurn:
     """A whole parsed response; aborts the request if the client disconnects meanwhile."""
-    turn = ParsedTurn()
+    stream, turn = output.stream, output.turn
     logprobs: list[TokenLogprob] = []
-    output = TurnOutput(stream, parser)
     async with aborting_on_disconnect(stream, request):
         while not output.finished:
             step = await output.next()
             if step is None:
                 continue
-            for event in step.output:
-                turn.add(event)
             logprobs.extend(step.engine.logprobs)
             if not step.finished and stream.finished:
                 break  # aborted: the client went away

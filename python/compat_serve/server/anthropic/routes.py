@@ -36,13 +36,13 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
         body, default_max_tokens=state.context_length, vision=reads_images(state)
     )
     admitted = await admit_chat(request, body.model, chat, "msg_", "toolu_")
-    message_id, stream = admitted.request_id, admitted.stream
+    message_id = admitted.request_id
     if body.stream:
         encoder = adapter.MessageStreamEncoder(message_id, body.model)
         prompt_tokens = len(admitted.prompt.token_ids)
         return StreamingResponse(
             _message_events(
-                TurnOutput(stream, admitted.parser),
+                admitted.output(),
                 encoder,
                 prompt_tokens,
                 admitted.state.ping_interval_s,
@@ -50,7 +50,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
             media_type="text/event-stream",
             headers=sse.SSE_HEADERS,
         )
-    done = await collect_turn(stream, admitted.parser, request)
+    done = await collect_turn(admitted.output(), request)
     final = done.final
     if final.finish_reason is FinishReason.ABORTED and not done.ended_in_tool_calls:
         raise ApiError(499, "client closed the request")

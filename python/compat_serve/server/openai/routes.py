@@ -48,16 +48,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     )
     texts = await _token_texts(request) if chat.sampling.logprobs is not None else None
     admitted = await admit_chat(request, body.model, chat, "chatcmpl-", "call_")
-    response_id, stream = admitted.request_id, admitted.stream
+    response_id = admitted.request_id
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        output = TurnOutput(stream, admitted.parser)
+        output = admitted.output()
         return StreamingResponse(
             _chat_sse(output, response_id, body.model, include_usage, texts),
             media_type="text/event-stream",
             headers=sse.SSE_HEADERS,
         )
-    done = await collect_turn(stream, admitted.parser, request)
+    done = await collect_turn(admitted.output(), request)
     assert done.final.finish_reason is not None and done.final.usage is not None
     return JSONResponse(
         adapter.chat_completion(

@@ -88,7 +88,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
         # A stream reports a prompt that does not fit the way OpenAI does: response.failed.
         events = [*builder.start(), *builder.fail(exc.code, exc.message)]
         return _stream_of(events)
-    output = TurnOutput(admitted.stream, admitted.parser)
+    output = admitted.output()
     new_items = body.input if isinstance(body.input, list) else _user_item(body.input)
 
     def remember() -> None:
