@@ -83,6 +83,7 @@ bench-python: build
 	$(PY) benches/router.py
 	$(PY) benches/vision_session.py
 	$(PY) benches/sampling_defaults.py
+	$(PY) benches/echo_survival.py
 
 clean:
 	cargo clean

@@ -154,8 +154,8 @@ def test_the_next_turn_reads_turn_1_and_the_echoed_call_from_the_prefix_cache(
         if job.file in REFUSED:
             continue
         # The next prompt repeats all of turn 1's prompt and of the call the model wrote,
-        # and the cache serves all of it but the call's last token (the engine stores
-        # a finished request's K/V up to the token before its last).
+        # and the cache serves all of it but the call's last token: a forced call ends
+        # when its grammar completes, so that token is never fed and has no K/V.
         assert job.kept_prompt(mode) == len(job.prompt), (job.file, table(next_turns))
         assert job.echo_exact(mode) == job.call_tokens, (job.file, table(next_turns))
         assert job.next[mode].read >= len(job.prompt) + job.call_tokens - 1, job.file
