@@ -73,7 +73,7 @@ def main() -> int:
         and j.next[spliced_mode].read < len(j.prompt) + j.call_tokens - 1
     ]
     print(f"refused by the template: {refused or 'none'}")
-    print(f"spliced turn 2 reading less than turn 1 + the call (but its last token): {short or 'none'}")
+    print(f"spliced turn 2 reading less than turn 1 + the call but its last: {short or 'none'}")
     print(f"{len(jobs)} templates in {elapsed:.0f} s")
     ok = mean_survival(called, spliced_mode) >= 0.8 and len(called) == len(jobs)
     return 0 if ok else 1
