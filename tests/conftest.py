@@ -73,6 +73,17 @@ def embedded_model() -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_model(embedded_model: LoadedModel) -> LoadedModel:
+    """A randomly initialised two-layer llama with the embedded model's tokenizer and chat
+    template (tests/tiny_models.py): the same engine and server paths at a fraction of the
+    compute, for tests whose checks do not depend on what the model says (protocol shapes,
+    usage and prefix-cache accounting)."""
+    from tests.tiny_models import tiny_model
+
+    return tiny_model("llama", embedded_model)
+
+
+@pytest.fixture(scope="session")
 def server(embedded_model: LoadedModel) -> Iterator[RunningServer]:
     running = start_server(embedded_model)
     yield running

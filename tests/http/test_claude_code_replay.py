@@ -1,8 +1,10 @@
 """Replay real Claude Code requests (headers and raw bodies as captured).
 
 Every request gets a 200 with a well-formed Messages event stream, or the 400
-`prompt is too long` Claude Code compacts on. The server runs with a 2k-token context
-so the suite stays fast on a CPU (full-context replay: benches/replay_captures.py);
+`prompt is too long` Claude Code compacts on. The server runs the tiny llama (the
+embedded tokenizer and template; these checks do not depend on what the model says) with
+a 2k-token context so the suite stays fast on a CPU (the embedded model, full context:
+benches/replay_captures.py);
 token-level prefix stability between the turns of a session is checked for both
 inline-system policies without running the model.
 """
@@ -50,8 +52,8 @@ REQUESTS = all_requests()
 
 
 @pytest.fixture(scope="module")
-def replay_server(embedded_model: LoadedModel) -> Iterator[RunningServer]:
-    running = start_server(embedded_model, context_length=CONTEXT, max_output_tokens=6)
+def replay_server(tiny_llama_model: LoadedModel) -> Iterator[RunningServer]:
+    running = start_server(tiny_llama_model, context_length=CONTEXT, max_output_tokens=6)
     yield running
     running.stop()
 

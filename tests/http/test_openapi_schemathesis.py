@@ -1,7 +1,9 @@
 """Fuzz the server against its own `/openapi.json` with schemathesis, every check on.
 
-A real server on the embedded model, generation capped at 4 tokens, a fixed seed and a
-bounded example count. Positive and negative data, the coverage phase (boundaries,
+A real server, generation capped at 4 tokens, a fixed seed and a bounded example count.
+It runs the tiny llama (the embedded model's tokenizer, template and context length;
+nothing here depends on what the model says), so the long random prompts the fuzzer
+sends cost little prefill. Positive and negative data, the coverage phase (boundaries,
 missing fields, wrong types, undeclared methods) and every built-in check: server
 errors, status codes, content types, response schemas and headers, negative data
 rejected, positive data accepted, `Allow` on 405...
@@ -73,8 +75,12 @@ _SEMANTIC_FIELDS["/v1/messages/count_tokens"] = _SEMANTIC_FIELDS["/v1/messages"]
 
 
 @pytest.fixture(scope="module")
-def fuzzed_server(embedded_model: LoadedModel) -> Iterator[RunningServer]:
-    running = start_server(embedded_model, max_output_tokens=4)
+def fuzzed_server(
+    embedded_model: LoadedModel, tiny_llama_model: LoadedModel
+) -> Iterator[RunningServer]:
+    running = start_server(
+        tiny_llama_model, max_output_tokens=4, context_length=embedded_model.context_length
+    )
     yield running
     running.stop()
 

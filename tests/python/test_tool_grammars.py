@@ -199,7 +199,7 @@ class Walk:
         self.matcher = matcher
         self.rng = np.random.default_rng(seed)
         self.tokens: list[int] = []
-        self.eos = vocab.tokenizer.eos_token_ids
+        self.eos = np.array(sorted(vocab.tokenizer.eos_token_ids), dtype=np.int64)
 
     def allowed(self) -> np.ndarray:
         bits = np.unpackbits(np.frombuffer(self.matcher.mask(), dtype=np.uint8), bitorder="little")
@@ -212,7 +212,8 @@ class Walk:
     def random(self, steps: int) -> None:
         """`steps` tokens drawn with normal logits among the allowed ones (never EOS)."""
         for _ in range(steps):
-            ids = np.array([i for i in self.allowed() if int(i) not in self.eos])
+            ids = self.allowed()
+            ids = ids[~np.isin(ids, self.eos)]
             assert ids.size, "the grammar allows nothing but the end here"
             self.take(int(ids[np.argmax(self.rng.standard_normal(ids.size))]))
 
@@ -232,7 +233,7 @@ class Walk:
             if self.matcher.is_stopped():  # complete, nothing can follow: ends like EOS
                 return
             ids = self.allowed()
-            eos = [int(i) for i in ids if int(i) in self.eos]
+            eos = [int(i) for i in ids[np.isin(ids, self.eos)]]
             if eos and (len(eos) == ids.size or (steps >= warm and self.rng.random() < 0.8)):
                 self.matcher.consume(eos[0])
                 return
