@@ -207,7 +207,6 @@ def run_first_turns(engine: Engine, jobs: list[TemplateTurns]) -> None:
         job.turn = turn
         # As the server does (server/generation.py): the reply's ids, and the reply with
         # its prompt.
-        job.builder.remember_reply(job.generated)
         calls = [(call.id, call.name, call.arguments) for call in turn.tool_calls]
         job.builder.remember_generated(
             reply_key(turn.text, calls),

@@ -72,7 +72,6 @@ def _generate(builder: PromptBuilder, model: LoadedModel, prompt: Prompt) -> tup
     ids = tuple(model.tokenizer.encode(GENERATED, add_special_tokens=False))
     stop = model.tokenizer.encode("<|im_end|>", add_special_tokens=False)
     assert len(stop) == 1
-    builder.remember_reply(ids)
     key = reply_key("", [(CALL_ID, "Bash", '{"command": "ls /tmp"}')])
     builder.remember_generated(key, prompt, ids, stop[0], THOUGHT)
     return ids

@@ -93,11 +93,11 @@ def test_a_partly_repeated_reply_is_spliced_up_to_its_last_whole_token() -> None
 
 
 def test_the_stream_reports_the_generated_ids_without_the_stop_token() -> None:
-    seen: list[tuple[int, ...]] = []
+    seen: list[tuple[tuple[int, ...] | None, int | None]] = []
 
     async def run() -> None:
         stream = RequestStream("r", asyncio.get_running_loop(), lambda _: None)
-        stream.on_reply = seen.append
+        stream.keeps_reply = True
         stream.push(EngineEvent("r", text="ab", token_ids=(5, 6)))
         stream.push(
             EngineEvent(
@@ -109,6 +109,7 @@ def test_the_stream_reports_the_generated_ids_without_the_stop_token() -> None:
             )
         )
         await asyncio.sleep(0.05)
+        seen.append((stream.reply_ids, stream.reply_stop_id))
 
     asyncio.run(run())
-    assert seen == [(5, 6, 7)]
+    assert seen == [((5, 6, 7), 2)]

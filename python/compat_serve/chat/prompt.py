@@ -145,12 +145,14 @@ class PromptBuilder:
     def _encode_plain(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False)
 
-    def remember_reply(self, token_ids: Sequence[int]) -> None:
+    def remember_reply(self, token_ids: Sequence[int]) -> list[str] | None:
         """The ids of a reply the model generated (without the stop token), so a next
-        turn that echoes it repeats its tokens."""
+        turn that echoes it repeats its tokens; the text each id adds (None without a
+        decoder)."""
         pieces = self._pieces(token_ids)
         if pieces is not None:
             self.replies.remember(token_ids, pieces)
+        return pieces
 
     def remember_generated(
         self,
@@ -160,18 +162,21 @@ class PromptBuilder:
         stop_token_id: int | None,
         reasoning: str = "",
     ) -> None:
-        """A reply (`key`: chat.reply_history.reply_key of it as the client gets it) and
-        the prompt it answered, so a next turn that echoes it continues from both."""
-        if self.reply_history_mode == "template" or prompt.vision is not None:
+        """A reply (`key`: chat.reply_history.reply_key of it as the client gets it): its
+        ids, as `remember_reply`, and, unless `--reply-history template`, the prompt it
+        answered, so a next turn that echoes it continues from both."""
+        if prompt.vision is not None:
             return
-        pieces = self._pieces(token_ids)
+        pieces = self.remember_reply(token_ids)
+        if pieces is None or self.reply_history_mode == "template":
+            return
         # Where the reply ends in the template's rendering: the stop token the model
         # wrote (or, cut short, the model's end-of-turn tokens) and the template's own
         # assistant-turn end (the same text unless the template is not the model's own).
         stops = [stop_token_id] if stop_token_id is not None else self._end_of_turn_ids()
         texts = ["".join(self._pieces([t]) or ()) for t in stops]
         markers = tuple(dict.fromkeys(m for m in [*texts, self.traits.assistant_turn_end] if m))
-        if pieces is None or not markers:
+        if not markers:
             return
         reply = GeneratedReply(
             prompt_text=prompt.text,

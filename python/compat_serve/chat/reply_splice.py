@@ -5,12 +5,13 @@ what followed it (see chat/reply_history.py for why and when).
 The splice is taken only when it is sure:
 - the conversation before the reply renders exactly as it did when the reply was
   generated (the digest of the template's own rendering matches);
-- the reply's own rendering ends with exactly one of its end markers (the stop token
-  the model wrote, or the model's end-of-turn tokens), found again in the whole
-  conversation's rendering after the shared history;
-- what follows that marker is the rest of the conversation: either the reply renders
-  the same whether or not it is the last message, or every later message's text is in
-  what follows.
+- the reply's end is found: its rendering as the last message holds N end markers (the
+  stop token the model wrote, or the model's end-of-turn tokens, and the template's own
+  end of an assistant turn), and it ends at the N-th marker after the shared history in
+  the whole conversation's rendering; a reply rendered without any marker must render
+  identically wherever it stands and end as the model's text ends;
+- what follows is the rest of the conversation: either the reply renders the same
+  whether or not it is the last message, or every later message's text is in it.
 Otherwise the template's rendering stands.
 """
 

@@ -48,12 +48,11 @@ class RequestStream:
         # (cache read, cache creation) prompt tokens expected at submission; the final
         # event's usage has the exact figures.
         self.cache_preview: tuple[int, int] = (0, 0)
-        # Called on the event loop with every generated id (not the stop token) once the
-        # request ends (chat requests: remember the reply's tokens for the next turn).
-        self.on_reply: Callable[[tuple[int, ...]], None] | None = None
+        # Set for chat requests (their replies are remembered for the next turn): once
+        # the request ends, `reply_ids` has every generated id but the stop token, and
+        # `reply_stop_id` the stop token that ended it (None when something else did).
+        self.keeps_reply = False
         self._generated: list[int] = []
-        # Set with on_reply, once the request ends: the ids it passed, and the stop token
-        # that ended the reply (None when something else did).
         self.reply_ids: tuple[int, ...] | None = None
         self.reply_stop_id: int | None = None
 
@@ -69,7 +68,7 @@ class RequestStream:
 
     def _deliver(self, event: EngineEvent) -> None:
         """On the event loop: queue the event unless the consumer fell too far behind."""
-        if self.on_reply is not None:
+        if self.keeps_reply:
             self._generated += event.token_ids
             if event.finished:
                 ids = self._generated
@@ -78,7 +77,6 @@ class RequestStream:
                     ids = ids[:-1]
                     self.reply_stop_id = stop
                 self.reply_ids = tuple(ids)
-                self.on_reply(self.reply_ids)
         waiting = self._queue.qsize()
         if self._gave_up:
             if event.finished and waiting < self._max_backlog + 1:

@@ -145,8 +145,8 @@ class Admitted:
     parser: OutputParser
 
     def output(self) -> TurnOutput:
-        """The parsed turn's steps; once it ends, the reply is remembered with its prompt
-        so that a next turn echoing it continues from the same tokens."""
+        """The parsed turn's steps; once it ends, the reply is remembered (its tokens, and
+        with its prompt) so that a next turn echoing it continues from the same tokens."""
         return TurnOutput(self.stream, self.parser, on_turn=self._remember)
 
     def _remember(self, turn: ParsedTurn, final: EngineEvent) -> None:
@@ -196,8 +196,7 @@ async def admit_chat(
         parsing.grammar,
         prompt.vision,
     )
-    if not prompt.vision:
-        stream.on_reply = state.prompt_builder.remember_reply
+    stream.keeps_reply = not prompt.vision
     return Admitted(state, request_id, prompt, stream, parsing.parser)
 
 
