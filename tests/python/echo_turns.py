@@ -11,9 +11,8 @@ cache reports how much of the new prompt it read.
 Echo survival of a template = (turn-2 cache read - turn-1 prompt) / generated call
 tokens, where the generated call tokens are those the model wrote before its stop token
 (the stop token itself is never fed, so it has no K/V to reuse). Like the server, the
-prompt builder remembers each reply's ids (chat/reply_tokens.py), so a reply the template
-renders as written is tokenized as generated, and each reply with the prompt it answered
-(chat/reply_history.py), so an echoed reply is spliced in as generated.
+prompt builder remembers each reply with the prompt it answered (chat/reply_history.py),
+so an echoed reply is spliced in as generated.
 
 Turn 2 runs in two modes of the builder: "template" (the template's rendering alone:
 what the template itself keeps of the call) and "loop" (the server's default: the echoed
@@ -28,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from compat_serve.chat.prompt import Prompt, PromptBuilder, PromptError
-from compat_serve.chat.reply_history import reply_key
 from compat_serve.chat.types import ChatRequest
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams
 from compat_serve.parsers import OutputParsing, RequestTools
@@ -209,11 +207,7 @@ def run_first_turns(engine: Engine, jobs: list[TemplateTurns]) -> None:
         # its prompt.
         calls = [(call.id, call.name, call.arguments) for call in turn.tool_calls]
         job.builder.remember_generated(
-            reply_key(turn.text, calls),
-            job.built,
-            job.generated,
-            events[-1].stop_token_id,
-            turn.reasoning,
+            job.built, turn.text, calls, job.generated, events[-1].stop_token_id, turn.reasoning
         )
 
 

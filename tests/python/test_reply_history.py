@@ -72,8 +72,8 @@ def _generate(builder: PromptBuilder, model: LoadedModel, prompt: Prompt) -> tup
     ids = tuple(model.tokenizer.encode(GENERATED, add_special_tokens=False))
     stop = model.tokenizer.encode("<|im_end|>", add_special_tokens=False)
     assert len(stop) == 1
-    key = reply_key("", [(CALL_ID, "Bash", '{"command": "ls /tmp"}')])
-    builder.remember_generated(key, prompt, ids, stop[0], THOUGHT)
+    calls = [(CALL_ID, "Bash", '{"command": "ls /tmp"}')]
+    builder.remember_generated(prompt, "", calls, ids, stop[0], THOUGHT)
     return ids
 
 
@@ -164,7 +164,7 @@ def test_replies_chain_through_a_tool_loop(
     second = builder.build(_request([USER, _echo(), RESULT]))
     reply = "Two files: a.txt and b.txt."
     ids = tuple(embedded_model.tokenizer.encode(reply, add_special_tokens=False))
-    builder.remember_generated(reply_key(reply, []), second, ids, None)
+    builder.remember_generated(second, reply, [], ids, None)
     answer = {"role": "assistant", "content": reply}
     third = builder.build(
         _request([USER, _echo(), RESULT, answer, {"role": "user", "content": "And /var?"}])

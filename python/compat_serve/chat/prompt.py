@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from compat_serve.chat.call_shapes import RESHAPES, Reshape
+from compat_serve.chat.call_shapes import RESHAPES
 from compat_serve.chat.images import replace_markers
 from compat_serve.chat.normalize import normalize_messages
 from compat_serve.chat.probe import probe_template
@@ -17,11 +17,11 @@ from compat_serve.chat.reply_history import (
     REPLY_HISTORY_MODES,
     GeneratedReply,
     ReplyHistory,
+    reply_key,
     text_digest,
 )
 from compat_serve.chat.reply_splice import splice_echoed_reply
-from compat_serve.chat.reply_tokens import ReplyTokens
-from compat_serve.chat.tool_injection import inject_tools
+from compat_serve.chat.tool_injection import envelope_text, inject_tools
 from compat_serve.chat.types import ChatRequest, Message
 from compat_serve.templating import ChatTemplate, TemplateError
 
@@ -49,6 +49,9 @@ class Prompt:
     # The digest of the template's own rendering (before an echoed reply is spliced in):
     # a reply generated from this prompt is recognised by it next turn.
     rendered: bytes = b""
+    # The tools were told in the system prompt and past turns rendered as JSON envelopes
+    # (chat/tool_injection.py): a reply to it is echoed back as its envelope text.
+    envelope: bool = False
 
 
 # A ChatML fallback for models that ship no chat template.
@@ -101,11 +104,9 @@ class PromptBuilder:
         # Set when the template ignores `tools` and the model answers in the JSON envelope
         # (parsers/formats/envelope.py): tools are told in the system prompt instead.
         self.injects_tools = False
-        # Recent replies' token ids: an echoed reply is tokenized as it was generated.
-        self.replies = ReplyTokens()
-        # Recent replies with the prompts they answered: spliced in when echoed.
+        # Recent replies with the prompts they answered: spliced in when echoed (the only
+        # place where generated ids stand in for the tokenizer's; see `build`).
         self.generated = ReplyHistory()
-        self._call_shape: Reshape | None = None  # see _render_calls
 
     def normalize(self, messages: Sequence[Message]) -> list[Message]:
         return normalize_messages(
@@ -139,37 +140,36 @@ class PromptBuilder:
         return text
 
     def encode(self, text: str) -> list[int]:
-        # The template already writes BOS where the model wants it.
-        return self.replies.encode(text, self._encode_plain)
-
-    def _encode_plain(self, text: str) -> list[int]:
+        # The template already writes BOS where the model wants it. Text is always
+        # tokenized as a whole: the same text gives the same ids whatever was generated
+        # before (generated ids come in only through an echoed reply's splice).
         return self._tokenizer.encode(text, add_special_tokens=False)
-
-    def remember_reply(self, token_ids: Sequence[int]) -> list[str] | None:
-        """The ids of a reply the model generated (without the stop token), so a next
-        turn that echoes it repeats its tokens; the text each id adds (None without a
-        decoder)."""
-        pieces = self._pieces(token_ids)
-        if pieces is not None:
-            self.replies.remember(token_ids, pieces)
-        return pieces
 
     def remember_generated(
         self,
-        key: str,
         prompt: Prompt,
+        text: str,
+        calls: Sequence[tuple[str, str, Any]],
         token_ids: Sequence[int],
         stop_token_id: int | None,
         reasoning: str = "",
     ) -> None:
-        """A reply (`key`: chat.reply_history.reply_key of it as the client gets it): its
-        ids, as `remember_reply`, and, unless `--reply-history template`, the prompt it
-        answered, so a next turn that echoes it continues from both."""
-        if prompt.vision is not None:
+        """A reply the model generated for `prompt`: its visible `text` and `calls`
+        ((id, name, arguments) as the client gets them), its ids without the stop token.
+        Unless `--reply-history template`, it and the prompt it answered are kept, so a
+        next turn that echoes exactly this reply continues from both."""
+        if prompt.vision is not None or self.reply_history_mode == "template":
             return
-        pieces = self.remember_reply(token_ids)
-        if pieces is None or self.reply_history_mode == "template":
+        pieces = self._pieces(token_ids)
+        if pieces is None:
             return
+        if prompt.envelope:
+            # The next turn renders the echo as the envelope (tool_injection.py), with
+            # no call ids: it is recognised by its whole content.
+            shaped = [{"function": {"name": name, "arguments": args}} for _, name, args in calls]
+            key = reply_key(envelope_text(text, shaped), [])
+        else:
+            key = reply_key(text, calls)
         # Where the reply ends in the template's rendering: the stop token the model
         # wrote (or, cut short, the model's end-of-turn tokens) and the template's own
         # assistant-turn end (the same text unless the template is not the model's own).
@@ -203,21 +203,20 @@ class PromptBuilder:
 
     def _render_calls(self, messages: list[Message], **kwargs: Any) -> str:
         """`render`, retried with past tool calls in the shapes some templates need
-        (chat/call_shapes.py) when the usual shape fails; the shape that worked is tried
-        first next time. The first error stands when none works."""
+        (chat/call_shapes.py), in their fixed order, when the usual shape fails: the
+        first shape that renders wins, so a request renders the same whatever came
+        before it. The first error stands when none works."""
         try:
             return self.render(messages, **kwargs)
         except PromptError:
             if not any(m.get("tool_calls") for m in messages):
                 raise
             first_error = sys.exc_info()[1]
-        for reshape in sorted(RESHAPES, key=lambda r: r is not self._call_shape):
+        for reshape in RESHAPES:
             try:
-                text = self.render(reshape(messages), **kwargs)
+                return self.render(reshape(messages), **kwargs)
             except PromptError:
                 continue
-            self._call_shape = reshape
-            return text
         assert first_error is not None
         raise first_error
 
@@ -225,7 +224,8 @@ class PromptBuilder:
         """`image_markup`: what the model's template writes for one image (vision models);
         each image marker of the rendered text becomes it before tokenization."""
         messages, tools = request.messages, request.tools
-        if self.injects_tools and tools:
+        envelope = bool(self.injects_tools and tools)
+        if envelope and tools:
             messages = inject_tools(
                 messages, tools, continue_final_message=request.continue_final_message
             )
@@ -255,8 +255,8 @@ class PromptBuilder:
             )
             if splice is not None:
                 ids = splice.head_ids + tuple(self.encode(splice.tail))
-                return Prompt(text=splice.text, token_ids=ids, rendered=rendered)
-        return Prompt(text=text, token_ids=tuple(self.encode(text)), rendered=rendered)
+                return Prompt(splice.text, ids, rendered=rendered, envelope=envelope)
+        return Prompt(text, tuple(self.encode(text)), rendered=rendered, envelope=envelope)
 
 
 def _cut_after_final_content(text: str, messages: Sequence[Message]) -> str:

@@ -15,7 +15,6 @@ from fastapi import Request
 
 from compat_serve._native import GrammarError
 from compat_serve.chat.prompt import Prompt, PromptError
-from compat_serve.chat.reply_history import reply_key
 from compat_serve.chat.types import ChatRequest
 from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTooLong
 from compat_serve.engine.stream import RequestStream
@@ -63,8 +62,17 @@ def check_model_name(state: ServerState, requested: str) -> None:
         )
 
 
+async def prepare_chat(state: ServerState, chat: ChatRequest) -> tuple[ChatRequest, Prompt]:
+    """The request as it is served (`--max-tool-rounds` applied) and its prompt: the one
+    path behind generation, `count_tokens` and the render routes, so usage and counts
+    agree."""
+    chat = limit_tool_rounds(chat, state.max_tool_rounds)
+    return chat, await build_chat_prompt(state, chat)
+
+
 async def build_chat_prompt(state: ServerState, chat: ChatRequest) -> Prompt:
-    """Render and tokenize off the event loop (rendering releases the GIL)."""
+    """Render and tokenize off the event loop (rendering releases the GIL). Callers go
+    through `prepare_chat`."""
     if chat.images:
         from compat_serve.server.images import build_vision_prompt
 
@@ -155,11 +163,7 @@ class Admitted:
             return
         calls = [(call.id, call.name, call.arguments) for call in turn.tool_calls]
         self.state.prompt_builder.remember_generated(
-            reply_key(turn.text, calls),
-            self.prompt,
-            ids,
-            self.stream.reply_stop_id,
-            turn.reasoning,
+            self.prompt, turn.text, calls, ids, self.stream.reply_stop_id, turn.reasoning
         )
 
 
@@ -169,8 +173,7 @@ async def admit_chat(
     """The common start of every chat endpoint: model check, prompt, engine submission."""
     state = server_state(request)
     check_model_name(state, model)
-    chat = limit_tool_rounds(chat, state.max_tool_rounds)
-    prompt = await build_chat_prompt(state, chat)
+    chat, prompt = await prepare_chat(state, chat)
     request_id = new_id(id_prefix)
     if state.output_parsing is None:
         parsing = RequestParsing(OutputParser(), frozenset(), chat.grammar)

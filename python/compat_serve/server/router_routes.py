@@ -21,9 +21,9 @@ from compat_serve import __version__
 from compat_serve.engine.types import SamplingParams
 from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import (
-    build_chat_prompt,
     check_model_name,
     new_id,
+    prepare_chat,
     server_state,
 )
 from compat_serve.server.openai import adapter
@@ -76,7 +76,7 @@ async def render_chat(body: ChatCompletionRequest, request: Request) -> dict[str
     state = server_state(request)
     check_model_name(state, body.model)
     chat = adapter.chat_request(body, default_max_tokens=state.context_length)
-    prompt = await build_chat_prompt(state, chat)
+    _, prompt = await prepare_chat(state, chat)
     sampling = state.sampling_defaults.apply(chat.sampling)
     return _generate_request(new_id("chatcmpl-"), prompt.token_ids, sampling, body.model)
 

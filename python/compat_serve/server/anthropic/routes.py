@@ -19,8 +19,8 @@ from compat_serve.server.anthropic.protocol import (
 from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import (
     admit_chat,
-    build_chat_prompt,
     check_model_name,
+    prepare_chat,
     server_state,
 )
 from compat_serve.server.images import reads_images
@@ -90,5 +90,5 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, 
     chat = adapter.to_chat_request(
         body, default_max_tokens=state.context_length, vision=reads_images(state)
     )
-    prompt = await build_chat_prompt(state, chat)
+    _, prompt = await prepare_chat(state, chat)
     return {"input_tokens": len(prompt.token_ids)}
