@@ -50,8 +50,22 @@ def start_server(port: int, max_output: int) -> subprocess.Popen[bytes]:
     raise RuntimeError("compat-serve did not start")
 
 
+def _headers(captured: dict[str, Any]) -> dict[str, str]:
+    return {k: v for k, v in captured["headers"].items() if k.lower() not in DROP}
+
+
+def count_tokens(base: str, captured: dict[str, Any]) -> int | None:
+    response = httpx.post(
+        f"{base}/v1/messages/count_tokens",
+        content=captured["raw_body"].encode(),
+        headers=_headers(captured),
+        timeout=300,
+    )
+    return response.json()["input_tokens"] if response.status_code == 200 else None
+
+
 def replay(base: str, captured: dict[str, Any]) -> dict[str, Any]:
-    headers = {k: v for k, v in captured["headers"].items() if k.lower() not in DROP}
+    headers = _headers(captured)
     query = "&".join(f"{k}={v}" for k, vs in (captured.get("query") or {}).items() for v in vs)
     url = f"{base}{captured['path']}" + (f"?{query}" if query else "")
     started = time.perf_counter()
@@ -88,29 +102,48 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--files", nargs="*", help="capture names (default: all)")
     parser.add_argument("--max-output-tokens", type=int, default=16)
+    parser.add_argument("--passes", type=int, default=1, help="replay the sessions N times")
+    parser.add_argument("--count", action="store_true", help="compare with count_tokens")
     args = parser.parse_args()
     paths = sorted((SHARED / "claude_code").glob("*.jsonl"))
     if args.files:
         paths = [p for p in paths if p.stem in args.files]
     port = free_port()
     server = start_server(port, args.max_output_tokens)
-    print(f"{'request':28}{'status':>7}{'prompt':>8}{'cached':>8}{'ttft s':>9}{'total s':>9}"
-          f"{'prompt tok/s':>14}")  # fmt: skip
+    print(f"{'request':28}{'status':>7}{'prompt':>8}{'cached':>8}{'counted':>9}{'ttft s':>9}"
+          f"{'total s':>9}{'prompt tok/s':>14}")  # fmt: skip
     total_prompt = total_time = 0.0
+    agree = compared = full_repeats = repeats = 0
+    base = f"http://127.0.0.1:{port}"
     try:
-        for path in paths:
-            for i, line in enumerate(path.read_text().splitlines()):
-                r = replay(f"http://127.0.0.1:{port}", json.loads(line))
-                ttft = r["ttft"] or 0.0
-                rate = r["prompt"] / ttft if ttft else 0.0
-                if r["status"] == 200:
-                    total_prompt += r["prompt"]
-                    total_time += ttft
-                print(f"{path.stem + f'[{i}]':28}{r['status']:>7}{r['prompt']:>8}{r['cached']:>8}"
-                      f"{ttft:>9.2f}{r['total']:>9.2f}{rate:>14.1f}", flush=True)  # fmt: skip
+        for n in range(args.passes):
+            for path in paths:
+                for i, line in enumerate(path.read_text().splitlines()):
+                    captured = json.loads(line)
+                    r = replay(base, captured)
+                    counted = count_tokens(base, captured) if args.count else None
+                    ttft = r["ttft"] or 0.0
+                    rate = r["prompt"] / ttft if ttft else 0.0
+                    if r["status"] == 200:
+                        total_prompt += r["prompt"]
+                        total_time += ttft
+                        if counted is not None:
+                            compared += 1
+                            agree += counted == r["prompt"]
+                        if n > 0:
+                            repeats += 1
+                            full_repeats += r["cached"] >= r["prompt"] - 1
+                    name = f"{path.stem}[{i}]" + (f" #{n + 1}" if args.passes > 1 else "")
+                    shown = "" if counted is None else str(counted)
+                    print(f"{name:28}{r['status']:>7}{r['prompt']:>8}{r['cached']:>8}{shown:>9}"
+                          f"{ttft:>9.2f}{r['total']:>9.2f}{rate:>14.1f}", flush=True)  # fmt: skip
     finally:
         server.terminate()
         server.wait(30)
+    if compared:
+        print(f"\nusage == count_tokens: {agree} of {compared} responses")
+    if repeats:
+        print(f"repeats reading prompt - 1 or more from cache: {full_repeats} of {repeats}")
     if total_time:
         print(f"\nall 200s: {total_prompt:.0f} prompt tokens, {total_time:.1f} s to first "
               f"token in total ({total_prompt / total_time:.1f} tok/s)")  # fmt: skip

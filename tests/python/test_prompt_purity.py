@@ -137,6 +137,20 @@ def test_an_echoed_envelope_reply_continues_as_generated(embedded_model: LoadedM
     assert builder.build(_request(_echoed_turn())) == second
 
 
+def test_the_same_reply_generated_again_changes_no_echo(embedded_model: LoadedModel) -> None:
+    """A retry that writes the same reply to the same conversation in other tokens: the
+    echo keeps the first generation's ids, so its prompt stays the same."""
+    builder = _envelope_builder(embedded_model)
+    first = builder.build(_request(_first_turn()))
+    _remember(builder, embedded_model, first, "", ENVELOPE_CALL)
+    second = builder.build(_request(_echoed_turn()))
+    again = embedded_model.tokenizer.encode(ENVELOPE_CALL, add_special_tokens=False)
+    calls = [(CALL_ID, "Bash", {"command": "ls"})]
+    builder.remember_generated(first, "", calls, again, _stop_id(embedded_model.tokenizer))
+    assert len(builder.generated) == 1
+    assert builder.build(_request(_echoed_turn())) == second
+
+
 def test_template_mode_substitutes_nothing(embedded_model: LoadedModel) -> None:
     builder = _envelope_builder(embedded_model, mode="template")
     first = builder.build(_request(_first_turn()))

@@ -218,13 +218,15 @@ def _reply(prompt_tokens: int) -> GeneratedReply:
 
 def test_the_history_forgets_the_oldest_beyond_its_limits() -> None:
     history = ReplyHistory(capacity=2, token_budget=100)
+    digest = _reply(1).rendered_digest
     history.remember("a", _reply(10))
     history.remember("b", _reply(10))
-    assert history.get("a") is not None  # a is now the most recent
+    assert history.get("a", digest) is not None  # a is now the most recent
     history.remember("c", _reply(10))
-    assert history.get("b") is None
-    assert history.get("a") is not None and history.get("c") is not None
+    assert history.get("b", digest) is None and not history.knows("b")
+    assert history.get("a", digest) is not None and history.get("c", digest) is not None
+    assert history.get("a", b"another conversation") is None and history.knows("a")
     history.remember("d", _reply(95))  # over the token budget with the others: they go
-    assert len(history) == 1 and history.get("d") is not None
+    assert len(history) == 1 and history.get("d", digest) is not None
     history.remember("e", _reply(200))  # larger than the budget alone: not kept
-    assert history.get("e") is None and len(history) == 1
+    assert history.get("e", digest) is None and len(history) == 1

@@ -116,13 +116,17 @@ def echoes_reasoning_of(message: dict[str, Any], reply: GeneratedReply) -> bool:
 
 
 class ReplyHistory:
-    """Recent generated replies by `reply_key`; the oldest go first beyond
-    `capacity` replies or `token_budget` prompt tokens. Thread-safe."""
+    """Recent generated replies by `reply_key` and the digest of the conversation they
+    answered; the oldest go first beyond `capacity` replies or `token_budget` prompt
+    tokens. The first generation of a (reply, conversation) pair stays: a later identical
+    reply to the same conversation changes nothing, so an echo of it keeps rendering the
+    same prompt. Thread-safe."""
 
     def __init__(self, capacity: int = 256, token_budget: int = DEFAULT_TOKEN_BUDGET) -> None:
         self.capacity = capacity
         self.token_budget = token_budget
-        self._replies: OrderedDict[str, GeneratedReply] = OrderedDict()
+        self._replies: OrderedDict[tuple[str, bytes], GeneratedReply] = OrderedDict()
+        self._keys: dict[str, int] = {}  # reply key -> entries with it
         self._tokens = 0
         self._lock = threading.Lock()
 
@@ -133,19 +137,31 @@ class ReplyHistory:
         size = len(reply.prompt_ids) + len(reply.reply_ids)
         if size > self.token_budget:
             return
+        entry = (key, reply.rendered_digest)
         with self._lock:
-            old = self._replies.pop(key, None)
-            if old is not None:
-                self._tokens -= len(old.prompt_ids) + len(old.reply_ids)
-            self._replies[key] = reply
+            if entry in self._replies:
+                self._replies.move_to_end(entry)
+                return
+            self._replies[entry] = reply
+            self._keys[key] = self._keys.get(key, 0) + 1
             self._tokens += size
             while len(self._replies) > self.capacity or self._tokens > self.token_budget:
-                _, dropped = self._replies.popitem(last=False)
+                (old, _), dropped = self._replies.popitem(last=False)
                 self._tokens -= len(dropped.prompt_ids) + len(dropped.reply_ids)
+                self._keys[old] -= 1
+                if not self._keys[old]:
+                    del self._keys[old]
 
-    def get(self, key: str) -> GeneratedReply | None:
+    def knows(self, key: str) -> bool:
+        """Some reply with this key is kept (for some conversation)."""
         with self._lock:
-            reply = self._replies.get(key)
+            return key in self._keys
+
+    def get(self, key: str, digest: bytes) -> GeneratedReply | None:
+        """The reply with `key` that answered the conversation whose rendering has
+        `digest`."""
+        with self._lock:
+            reply = self._replies.get((key, digest))
             if reply is not None:
-                self._replies.move_to_end(key)
+                self._replies.move_to_end((key, digest))
             return reply

@@ -4,7 +4,7 @@ what followed it (see chat/reply_history.py for why and when).
 
 The splice is taken only when it is sure:
 - the conversation before the reply renders exactly as it did when the reply was
-  generated (the digest of the template's own rendering matches);
+  generated (replies are kept by their key and the digest of that rendering);
 - the reply's end is found: its rendering as the last message holds N end markers (the
   stop token the model wrote, or the model's end-of-turn tokens, and the template's own
   end of an assistant turn), and it ends at the N-th marker after the shared history in
@@ -43,20 +43,22 @@ class Splice:
 
 
 def latest_echoed_reply(
-    messages: Sequence[Message], history: ReplyHistory, mode: str
-) -> tuple[int, GeneratedReply] | None:
-    """The last assistant message that echoes a remembered reply, with its index; in
-    `loop` mode only after the last user message."""
+    messages: Sequence[Message], history: ReplyHistory, mode: str, render: Render
+) -> tuple[int, GeneratedReply, str] | None:
+    """The last assistant message that echoes a remembered reply to the conversation
+    before it, with its index and that conversation's rendering (with the generation
+    prompt); in `loop` mode only after the last user message. Raises as `render` does."""
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
         if mode == "loop" and message.get("role") == "user":
             return None
         key = message_key(message)
-        if key is None:
+        if key is None or not history.knows(key):
             continue
-        reply = history.get(key)
+        before = render(list(messages[:index]), True)
+        reply = history.get(key, text_digest(before))
         if reply is not None and echoes_reasoning_of(message, reply):
-            return index, reply
+            return index, reply, before
     return None
 
 
@@ -70,17 +72,14 @@ def splice_echoed_reply(
 ) -> Splice | None:
     """The spliced prompt for `messages` (whose template rendering is `rendered`), or
     None where no echoed reply can be spliced in safely."""
-    found = latest_echoed_reply(messages, history, mode)
-    if found is None:
-        return None
-    index, reply = found
     try:
-        before = render(messages[:index], True)
+        found = latest_echoed_reply(messages, history, mode, render)
+        if found is None:
+            return None
+        index, reply, before = found
         alone = render(messages[: index + 1], False)
     except errors:
         return None
-    if text_digest(before) != reply.rendered_digest:
-        return None  # the conversation before the reply changed since
     markers = reply.end_markers
     # The reply's rendering as the last message, and where it starts in the whole one.
     own_at = _back_off(alone, _common_prefix(before, alone), markers)
