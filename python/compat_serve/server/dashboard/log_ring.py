@@ -1,0 +1,62 @@
+"""The server's last log lines, kept in memory for the dashboard (`GET /v1/logs`).
+
+One handler per process, on the `compat_serve` and `uvicorn.error` loggers: it keeps what
+those loggers let through at their configured level (INFO under `compat-serve`), so the
+dashboard shows the lines the terminal shows, minus uvicorn's access log.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+from functools import cache
+from typing import Any
+
+LINES_KEPT = 500
+LOGGERS = ("compat_serve", "uvicorn.error")
+# Longest message kept per line (a traceback is cut, not dropped).
+MAX_MESSAGE_CHARS = 4000
+
+
+class LogRing(logging.Handler):
+    """A bounded buffer of formatted records, each with a sequence number."""
+
+    def __init__(self, capacity: int = LINES_KEPT) -> None:
+        super().__init__(logging.NOTSET)
+        self._lines: deque[dict[str, Any]] = deque(maxlen=capacity)
+        self._numbers = itertools.count(1)
+        self._ring_lock = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            if record.exc_info:
+                message += "\n" + logging.Formatter().formatException(record.exc_info)
+        except Exception:  # a bad format string must not break logging
+            message = str(record.msg)
+        line = {
+            "time": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": message[:MAX_MESSAGE_CHARS],
+        }
+        with self._ring_lock:
+            line["seq"] = next(self._numbers)
+            self._lines.append(line)
+
+    def lines(self, after: int = 0, limit: int = LINES_KEPT) -> list[dict[str, Any]]:
+        """Lines numbered above `after`, oldest first, at most the last `limit` of them."""
+        with self._ring_lock:
+            newer = [line for line in self._lines if line["seq"] > after]
+        return newer[-limit:] if limit > 0 else []
+
+
+@cache
+def log_ring() -> LogRing:
+    """The process's ring, attached to the server's loggers on first use."""
+    ring = LogRing()
+    for name in LOGGERS:
+        logging.getLogger(name).addHandler(ring)
+    return ring
