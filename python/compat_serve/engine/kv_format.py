@@ -50,4 +50,5 @@ def parameter_bytes(model: Any) -> int:
     """Bytes of every parameter array of an mlx `Module` (quantized weights as stored)."""
     from mlx.utils import tree_flatten
 
-    return sum(int(array.nbytes) for _, array in tree_flatten(model.parameters()))
+    arrays: Any = tree_flatten(model.parameters())
+    return sum(int(array.nbytes) for _, array in arrays)
