@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Request, expect, sync_playwright
 
@@ -31,6 +32,7 @@ ARTIFACTS = Path(
     os.environ.get("COMPAT_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts")
 )
 KEY = "browser-secret"
+SESSION = "2fa7b109-13cc-4825-8e11-9db81c282c5f"
 # The page polls this often (ms) in the tests, so a request of a few seconds is seen.
 POLL_MS = 200
 # Each decode step of the paced server takes at least this long (s): the chat's answer
@@ -129,18 +131,42 @@ def test_dashboard_shows_a_streaming_chat_live(
     expect(page.locator("#live-count")).to_have_text("0")
     expect(page.locator("#model-facts")).to_contain_text("2 KVCache, float32")
 
+    # An agent's two turns with the same prompt: the second reads it from the cache, and
+    # the page lists the session's reads.
+    agent = {"user-agent": "claude-cli/2.0.14 (external, cli)", "x-claude-code-session-id": SESSION}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "List the files."}],
+        "max_tokens": 4,
+    }
+    for _ in range(2):
+        reply = httpx.post(f"{base}/v1/chat/completions", json=body, headers=agent, timeout=60)
+        assert reply.status_code == 200, reply.text
+    cached = reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    prompt = reply.json()["usage"]["prompt_tokens"]
+    session_row = page.locator("#client-rows tr", has_text="claude-cli 2fa7b109")
+    expect(session_row.locator("td")).to_have_text(
+        [
+            "claude-cli 2fa7b109",
+            "2",
+            str(2 * prompt),
+            str(cached),
+            f"{100 * cached / (2 * prompt):.1f}%",
+        ]
+    )
+
     page.fill("#chat-max-tokens", str(CHAT_MAX_TOKENS))
     page.fill("#chat-input", "Hello! What can you do?")
     page.press("#chat-input", "Enter")
     expect(page.locator(".msg.user")).to_have_text("Hello! What can you do?")
 
-    # The answer streams: text shows while the request is still running, and the live
-    # count has risen to 1.
+    # The answer streams: text shows (a few dozen characters of it) while the request is
+    # still running, and the live count has risen to 1.
     page.wait_for_function(
         """() => {
             const bubble = document.querySelector('.msg.assistant');
             return bubble && bubble.dataset.state === 'streaming'
-                && bubble.querySelector('.content').textContent.length > 0
+                && bubble.querySelector('.content').textContent.length > 40
                 && document.getElementById('live-count').textContent === '1';
         }""",
         timeout=15_000,

@@ -15,6 +15,7 @@ from compat_serve.engine.kv_format import describe_kv_cache
 from compat_serve.engine.status import MAX_CLIENTS, RequestStatus, StatusBoard
 from compat_serve.server.clients import client_label
 from compat_serve.server.dashboard.log_ring import MAX_MESSAGE_CHARS, LogRing
+from compat_serve.server.dashboard.routes import QuietPolling
 from tests.tiny_models import tiny_model
 
 if TYPE_CHECKING:
@@ -153,3 +154,27 @@ def test_status_board_moves_finished_requests_and_counts_reads_per_client() -> N
         "cached_tokens": 64,
         "generated_tokens": 10,
     }
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "kept"),
+    [
+        ("/v1/dashboard", 200, False),
+        ("/v1/logs?after=12", 200, False),
+        ("/v1/dashboard", 401, True),
+        ("/dashboard", 200, True),
+        ("/v1/chat/completions", 200, True),
+    ],
+)
+def test_successful_polls_leave_the_access_log(path: str, status: int, kept: bool) -> None:
+    # The record uvicorn's access logger writes (uvicorn/protocols/http/*_impl.py).
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:50000", "GET", path, "1.1", status),
+        None,
+    )
+    assert QuietPolling().filter(record) is kept

@@ -2,7 +2,8 @@
 
 One handler per process, on the `compat_serve` and `uvicorn.error` loggers: it keeps what
 those loggers let through at their configured level (INFO under `compat-serve`), so the
-dashboard shows the lines the terminal shows, minus uvicorn's access log.
+dashboard shows the lines the terminal shows, minus uvicorn's access log. The CLI starts
+it before the model loads; uvicorn's own lines are kept from the app's startup on.
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ class LogRing(logging.Handler):
 def log_ring() -> LogRing:
     """The process's ring, attached to the server's loggers on first use."""
     ring = LogRing()
+    attach_log_ring(ring)
+    return ring
+
+
+def attach_log_ring(ring: LogRing | None = None) -> None:
+    """(Re)attach the ring: uvicorn's logging setup, which runs after the app is built,
+    replaces the handlers of its loggers, so the app attaches it again at startup.
+    Attaching twice is harmless (a logger keeps a handler once)."""
+    ring = ring or log_ring()
     for name in LOGGERS:
         logging.getLogger(name).addHandler(ring)
-    return ring

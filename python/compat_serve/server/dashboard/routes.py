@@ -12,6 +12,7 @@ font, image or connection from another host can load even if one were written in
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from functools import cache
 from importlib import resources
@@ -45,8 +46,27 @@ _PAGE_HEADERS = {
 }
 
 
+POLLED_PATHS = ("/v1/dashboard", "/v1/logs")
+
+
+class QuietPolling(logging.Filter):
+    """Drops uvicorn's access line of each successful dashboard poll: an open page would
+    otherwise print two lines a second to the terminal."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5:
+            path, status = str(args[2]).split("?", 1)[0], args[4]
+            return not (path in POLLED_PATHS and status == 200)
+        return True
+
+
+_QUIET_POLLING = QuietPolling()
+
+
 def install(app: FastAPI, authed: Sequence[Depends]) -> None:
     log_ring()  # start keeping log lines from now on
+    logging.getLogger("uvicorn.access").addFilter(_QUIET_POLLING)  # once: a set
     app.include_router(page_router)
     app.include_router(data_router, dependencies=authed)
 
