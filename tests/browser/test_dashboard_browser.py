@@ -38,7 +38,7 @@ POLL_MS = 200
 # Each decode step of the paced server takes at least this long (s): the chat's answer
 # streams for a few seconds, long enough to watch it run.
 STEP_DELAY_S = 0.03
-CHAT_MAX_TOKENS = 80
+CHAT_MAX_TOKENS = 48
 
 
 @dataclass

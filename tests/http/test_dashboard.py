@@ -190,3 +190,25 @@ def test_with_a_key_the_page_loads_but_no_data_does(keyed_server: RunningServer)
         assert right.status_code == 200
     snap = httpx.get(f"{base}/v1/dashboard", headers={"x-api-key": KEY}, timeout=10).json()
     assert snap["server"]["api_key_required"] is True
+
+
+def test_snapshot_without_a_prefix_cache(tiny_llama_model: LoadedModel) -> None:
+    running = start_server(tiny_llama_model, prefix_cache=False)
+    try:
+        reply = chat(running.base_url, {"user-agent": "opencode/1.18.3"}, max_tokens=3)
+        snap = httpx.get(f"{running.base_url}/v1/dashboard", timeout=10).json()
+    finally:
+        running.stop()
+    cache = snap["cache"]
+    assert cache["enabled"] is False
+    assert cache["clients"] == [
+        {
+            "client": "opencode",
+            "requests": 1,
+            "prompt_tokens": reply["usage"]["prompt_tokens"],
+            "cached_tokens": 0,
+            "generated_tokens": reply["usage"]["completion_tokens"],
+        }
+    ]
+    assert snap["memory"]["cache_bytes"] == 0 and snap["memory"]["cache_budget_bytes"] == 0
+    assert snap["requests"]["recent"][-1]["request_id"] == reply["id"]
