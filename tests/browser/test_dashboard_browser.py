@@ -144,10 +144,10 @@ def test_dashboard_shows_a_streaming_chat_live(
         assert reply.status_code == 200, reply.text
     cached = reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     prompt = reply.json()["usage"]["prompt_tokens"]
-    session_row = page.locator("#client-rows tr", has_text="claude-cli 2fa7b109")
+    session_row = page.locator("#client-rows tr", has_text="claude-cli 1c282c5f")
     expect(session_row.locator("td")).to_have_text(
         [
-            "claude-cli 2fa7b109",
+            "claude-cli 1c282c5f",
             "2",
             str(2 * prompt),
             str(cached),

@@ -90,7 +90,7 @@ def test_snapshot_follows_finished_requests_per_client(tiny_server: RunningServe
     }
     codex = {
         "user-agent": "codex_exec/0.163.0 (Debian 12.0.0; x86_64)",
-        "session-id": "01a2093b-8fa0",
+        "session-id": "01a2093b-8fa0-7652-9538-d574a215783e",
     }
     first = chat(base, claude)
     second = chat(base, claude)  # the same prompt: read from the prefix cache
@@ -101,9 +101,9 @@ def test_snapshot_follows_finished_requests_per_client(tiny_server: RunningServe
     assert requests["live"] == [] and requests["queued"] == 0 and requests["decoding"] == 0
     recent = {row["request_id"]: row for row in requests["recent"]}
     for reply, client in (
-        (first, "claude-cli 2fa7b109"),
-        (second, "claude-cli 2fa7b109"),
-        (third, "codex_exec 01a2093b"),
+        (first, "claude-cli 1c282c5f"),
+        (second, "claude-cli 1c282c5f"),
+        (third, "codex_exec a215783e"),
     ):
         row = recent[reply["id"]]
         usage = reply["usage"]
@@ -117,14 +117,14 @@ def test_snapshot_follows_finished_requests_per_client(tiny_server: RunningServe
     assert recent[second["id"]]["cached_tokens"] > 0, "the repeated prompt missed the cache"
 
     clients = {row["client"]: row for row in snap["cache"]["clients"]}
-    claude_reads = clients["claude-cli 2fa7b109"]
+    claude_reads = clients["claude-cli 1c282c5f"]
     assert claude_reads["requests"] == 2
     assert claude_reads["prompt_tokens"] == first["usage"]["prompt_tokens"] * 2
     assert claude_reads["cached_tokens"] == (
         first["usage"]["prompt_tokens_details"]["cached_tokens"]
         + second["usage"]["prompt_tokens_details"]["cached_tokens"]
     )
-    assert clients["codex_exec 01a2093b"]["requests"] == 1
+    assert clients["codex_exec a215783e"]["requests"] == 1
     assert snap["cache"]["enabled"] and snap["cache"]["hit_tokens"] >= claude_reads["cached_tokens"]
 
 

@@ -110,17 +110,29 @@ def request_with(headers: dict[str, str]) -> Request:
         (
             {
                 "user-agent": "claude-cli/2.0.14 (external, cli)",
-                "X-Claude-Code-Session-Id": "2fa7b109-13cc",
+                "X-Claude-Code-Session-Id": "2fa7b109-13cc-4825-8e11-9db81c282c5f",
             },
-            "claude-cli 2fa7b109",
+            "claude-cli 1c282c5f",
         ),
         (
-            {"user-agent": "codex_exec/0.163.0 (Debian 12)", "session-id": "01a2093b-8fa0"},
-            "codex_exec 01a2093b",
+            {
+                "user-agent": "codex_exec/0.163.0 (Debian 12)",
+                "session-id": "01a2093b-8fa0-7652-9538-d574a215783e",
+            },
+            "codex_exec a215783e",
         ),
         ({"user-agent": "opencode/1.18.3 ai-sdk/provider-utils/3.0.0"}, "opencode"),
         ({"user-agent": "Mozilla/5.0 (X11)", "x-client-name": "dashboard"}, "dashboard"),
-        ({"x-session-affinity": "ses_abcdefghijkl"}, "unknown ses_abcd"),
+        # OpenCode 1.18: the session in x-session-affinity and X-Session-Id.
+        (
+            {
+                "user-agent": "opencode/1.18.3",
+                "x-session-affinity": "ses_2a41c7e3effeQ8mZpL0xYk3Rt",
+                "x-session-id": "ses_2a41c7e3effeQ8mZpL0xYk3Rt",
+            },
+            "opencode L0xYk3Rt",
+        ),
+        ({"x-opencode-session": "ses_abcdefghijkl"}, "unknown efghijkl"),
         ({}, "unknown"),
         ({"x-client-name": "a\x1bb" + "c" * 100}, "ab" + "c" * 38),
     ],
