@@ -14,16 +14,17 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-# Debian packages: pthread OpenBLAS (MLX on the CPU is ~14x faster with it) and iproute2
-# (the Claude Code end-to-end test runs in a loopback-only network namespace).
-SYSTEM_PACKAGES := libopenblas0-pthread iproute2
+# Debian packages: pthread OpenBLAS (MLX on the CPU is ~14x faster with it), iproute2
+# (the Claude Code end-to-end test runs in a loopback-only network namespace) and
+# chromium (the dashboard's browser tests drive it with Playwright).
+SYSTEM_PACKAGES := libopenblas0-pthread iproute2 chromium
 system-libs:
-	@if [ "$$(uname -s)" = Linux ] && ! { ldconfig -p 2>/dev/null | grep -q 'libopenblas.so.0' && command -v ip >/dev/null; }; then \
+	@if [ "$$(uname -s)" = Linux ] && ! { ldconfig -p 2>/dev/null | grep -q 'libopenblas.so.0' && command -v ip >/dev/null && command -v chromium >/dev/null; }; then \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	    echo "== installing $(SYSTEM_PACKAGES)"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
 	  else \
-	    echo "!! need $(SYSTEM_PACKAGES) (run make setup as root on Debian): MLX will run ~14x slower"; \
+	    echo "!! need $(SYSTEM_PACKAGES) (run make setup as root on Debian): MLX will run ~14x slower, browser tests fail"; \
 	  fi; \
 	fi
 

@@ -336,6 +336,10 @@ def _codex_config(args: list[str]) -> int:
 
 def _serve(ns: argparse.Namespace) -> int:
     _setup_logging(ns.log_level)
+    # The dashboard's log panel (/v1/logs) keeps the lines from here on, loading included.
+    from compat_serve.server.dashboard.log_ring import log_ring
+
+    log_ring()
     if ns.shutdown_timeout < 0:
         log.error("--shutdown-timeout must be >= 0, not %s", ns.shutdown_timeout)
         return 2
@@ -433,6 +437,7 @@ compat-serve {__version__} serving {model_name!r} at {base}
 
   Endpoints: POST /v1/messages, /v1/messages/count_tokens, /v1/chat/completions,
              /v1/completions; GET /v1/models, /health
+  Dashboard: {base}/dashboard
 """,
         flush=True,
     )

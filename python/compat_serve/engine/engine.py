@@ -199,11 +199,38 @@ class Engine:
         """Drafted and accepted tokens (speculative decoding), for /v1/status."""
         return self._executor.spec_stats.status()
 
+    @property
+    def kv_memory_bytes(self) -> int:
+        """The running requests' KV budget (--kv-memory)."""
+        budget = self.config.kv_memory_bytes
+        return int(physical_memory_bytes() * DEFAULT_KV_MEMORY_SHARE) if budget is None else budget
+
+    @property
+    def cache_memory_bytes(self) -> int:
+        """The prefix cache's RAM budget (--cache-memory)."""
+        budget = self.config.cache_memory_bytes
+        if budget is None:
+            return int(physical_memory_bytes() * DEFAULT_CACHE_MEMORY_SHARE)
+        return budget
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K/V bytes one position takes across all layers (measured at startup)."""
+        return self._kv_bytes_per_token
+
+    @property
+    def kv_format(self) -> dict[str, object]:
+        """The KV cache's layer kinds and element type, as measured at startup."""
+        return self._runner.kv_format
+
+    @property
+    def weights_bytes(self) -> int:
+        """Bytes of the model's parameters (the draft model's not included)."""
+        return self._runner.weights_bytes
+
     def _kv_capacity_tokens(self) -> int:
         per_token = self._kv_bytes_per_token
-        budget = self.config.kv_memory_bytes
-        if budget is None:
-            budget = int(physical_memory_bytes() * DEFAULT_KV_MEMORY_SHARE)
+        budget = self.kv_memory_bytes
         if per_token <= 0:  # no attention KV at all (pure recurrent model)
             return max(budget, 1)
         return max(budget // per_token, 2)
@@ -212,9 +239,7 @@ class Engine:
         config = self.config
         if not config.prefix_cache:
             return None
-        budget = config.cache_memory_bytes
-        if budget is None:
-            budget = int(physical_memory_bytes() * DEFAULT_CACHE_MEMORY_SHARE)
+        budget = self.cache_memory_bytes
         per_block = max(self._kv_bytes_per_token, 1) * config.block_size
         hybrid = not all(is_attention_cache(c) for c in self._runner.new_cache())
         num_blocks = max(budget // per_block, 1)
@@ -316,6 +341,7 @@ class Engine:
                 "queued",
                 len(request.prompt_ids),
                 submitted_at=seq.timings.submitted,
+                client=request.client,
             )
         )
         self.metrics.on_submit(request.request_id, seq.prompt_len, seq.timings.submitted)

@@ -741,7 +741,13 @@ class StepExecutor:
         )
         # Clear the status row before the final event: a client that sees its request
         # finished must not still find it in /v1/status.
-        self._status.remove(seq.request_id)
+        self._status.finish(
+            seq.request_id,
+            reason.value,
+            len(seq.generated),
+            _decode_rate(seq),
+            seq.timings.finished,
+        )
         self._metrics.on_finish(seq.request_id, reason, seq.timings.finished)
         seq.stream.push(
             EngineEvent(
@@ -812,12 +818,21 @@ def _token_value(token: mx.array) -> int:
     return value
 
 
+def _decode_rate(seq: Sequence) -> float | None:
+    """Tokens per second after the first one (None before a second token)."""
+    t = seq.timings
+    end = t.finished or time.monotonic()
+    decode_s = (end - t.first_token) if t.first_token else 0.0
+    if len(seq.generated) < 2 or decode_s <= 0:
+        return None
+    return round((len(seq.generated) - 1) / decode_s, 2)
+
+
 def _log_finished(seq: Sequence, reason: FinishReason) -> None:
     t = seq.timings
     end = t.finished or time.monotonic()
     ttft = (t.first_token - t.submitted) if t.first_token else None
-    decode_s = (end - t.first_token) if t.first_token else 0.0
-    rate = (len(seq.generated) - 1) / decode_s if decode_s > 0 else 0.0
+    rate = _decode_rate(seq) or 0.0
     log.info(
         "%s: %s — prompt %d tok, generated %d tok, ttft %s, decode %.1f tok/s, total %.2fs",
         seq.request_id,

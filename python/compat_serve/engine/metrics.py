@@ -116,6 +116,11 @@ class Counter:
         with self._lock:
             return self._values.get(key, 0)
 
+    def total(self) -> float:
+        """The sum over every label set."""
+        with self._lock:
+            return sum(self._values.values())
+
     def render(self) -> list[str]:
         with self._lock:
             items = sorted(self._values.items())

@@ -9,6 +9,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from compat_serve.engine.batch import merge_caches
+from compat_serve.engine.kv_format import describe_kv_cache, parameter_bytes
 from compat_serve.engine.metrics import kv_bytes_per_token
 from compat_serve.engine.vision import FeatureCache, VisionInput, chunk_inputs
 from compat_serve.models.types import LoadedModel
@@ -22,6 +23,9 @@ class ModelRunner:
         # Width of the model's logits (may exceed the tokenizer's vocabulary); measured by
         # `measure_kv_bytes_per_token`, which the engine runs at start.
         self.logits_width = loaded.tokenizer.vocab_size
+        # The KV cache's layer kinds and dtype, also measured there.
+        self.kv_format: dict[str, Any] = {}
+        self.weights_bytes = parameter_bytes(self._model)
         # Vision-language models (models/vlm.py): image rows prefill from embeddings.
         self.features: FeatureCache | None = None
         if hasattr(self._model, "encode_image"):
@@ -55,6 +59,7 @@ class ModelRunner:
         logits = self._model(mx.array([[0]], dtype=mx.uint32), cache=cache)
         mx.eval(logits, [c.state for c in cache])
         self.logits_width = int(logits.shape[-1])
+        self.kv_format = describe_kv_cache(cache)
         return kv_bytes_per_token(cache)
 
     def prefill(

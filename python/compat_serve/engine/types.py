@@ -92,6 +92,8 @@ class EngineRequest:
     grammar: Grammar | None = None
     # Images of a vision-language model's prompt (engine/vision.py); None: text only.
     vision: VisionInput | None = None
+    # Who sent it (the client's name and session, server/clients.py), for the dashboard.
+    client: str | None = None
 
 
 # Most alternatives a request may ask for at each token (OpenAI's and vLLM's limit).

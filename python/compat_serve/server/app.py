@@ -11,6 +11,8 @@ from fastapi import Depends, FastAPI, Request
 
 from compat_serve.server import common_routes, discovery, observability_routes, router_routes
 from compat_serve.server.anthropic import routes as anthropic_routes
+from compat_serve.server.dashboard import routes as dashboard_routes
+from compat_serve.server.dashboard.log_ring import attach_log_ring
 from compat_serve.server.errors import ApiError, install_error_handlers
 from compat_serve.server.generation import server_state
 from compat_serve.server.keys import presented_key
@@ -39,6 +41,7 @@ def create_app(state: ServerState, *, manage_engine: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        attach_log_ring()  # again: uvicorn's logging setup dropped it from its loggers
         if manage_engine:
             state.engine.start()
         try:
@@ -64,4 +67,5 @@ def create_app(state: ServerState, *, manage_engine: bool = True) -> FastAPI:
     app.include_router(anthropic_routes.router, dependencies=authed)
     app.include_router(observability_routes.router, dependencies=authed)
     router_routes.install(app, authed)
+    dashboard_routes.install(app, authed)
     return app

@@ -28,6 +28,7 @@ from compat_serve.engine.types import (
 )
 from compat_serve.parsers import OutputParser, ParsedTurn, RequestTools
 from compat_serve.parsers.setup import RequestParsing
+from compat_serve.server.clients import client_label
 from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError
 from compat_serve.server.keys import cache_salt
@@ -95,6 +96,7 @@ def submit(
     cache_salt: bytes | None = None,
     grammar: Grammar | None = None,
     vision: VisionInput | None = None,
+    client: str | None = None,
 ) -> RequestStream:
     check_admitting(state)
     cap = state.max_output_tokens
@@ -115,6 +117,7 @@ def submit(
                 cache_salt,
                 grammar,
                 vision=vision,
+                client=client,
             )
         )
     except PromptTooLong as exc:
@@ -198,6 +201,7 @@ async def admit_chat(
         salt,
         parsing.grammar,
         prompt.vision,
+        client_label(request),
     )
     stream.keeps_reply = not prompt.vision
     return Admitted(state, request_id, prompt, stream, parsing.parser)

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from compat_serve.engine.stream import RequestStream
 from compat_serve.engine.types import FinishReason, TokenLogprob
 from compat_serve.server import sse
+from compat_serve.server.clients import client_label
 from compat_serve.server.errors import ApiError, openai_error_body
 from compat_serve.server.generation import (
     admit_chat,
@@ -166,7 +167,9 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     prompt_ids = await completion_ids(state, prompt)
     response_id = new_id("cmpl-")
     salt = cache_salt(request, per_key=state.cache_salt_per_key)
-    stream = submit(state, response_id, prompt_ids, sampling, cache_salt=salt)
+    stream = submit(
+        state, response_id, prompt_ids, sampling, cache_salt=salt, client=client_label(request)
+    )
     created = int(time.time())
     echo = prompt if (body.echo and isinstance(prompt, str)) else ""
     if body.stream:
