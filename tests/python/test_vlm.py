@@ -21,7 +21,7 @@ from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParam
 from compat_serve.engine.vision import VisionInput
 from compat_serve.models.loader import load_model
 from compat_serve.models.types import LoadedModel
-from tests.tiny_vlm import write_idefics3_dir, write_qwen25_vl_dir
+from tests.tiny_vlm import QWEN_VL_TYPES, write_idefics3_dir, write_qwen_vl_dir
 
 pytest.importorskip("mlx_vlm", reason="compat-serve[vision] is installed by make setup")
 
@@ -74,7 +74,7 @@ class Vlm:
 
 
 WRITERS = {
-    "qwen2_5_vl": write_qwen25_vl_dir,
+    **{t: functools.partial(write_qwen_vl_dir, model_type=t) for t in QWEN_VL_TYPES},
     "idefics3": write_idefics3_dir,
     # SmolVLM's default: images split into tiles (2x2 + the global one here).
     "idefics3-tiled": functools.partial(write_idefics3_dir, split=True),
