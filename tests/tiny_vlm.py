@@ -217,9 +217,7 @@ def _write_model_dir(
     # Projections of the language model scaled up: at the default init a random model
     # repeats one token whatever the input; at this scale its greedy output depends on
     # the prompt and the image.
-    weights = {
-        k: v * _scale(k) for k, v in tree_flatten(model.parameters())
-    }
+    weights = {k: v * _scale(k) for k, v in tree_flatten(model.parameters())}
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=1))
     tokenizer.save(str(out / "tokenizer.json"))
@@ -311,7 +309,7 @@ def write_qwen_vl_dir(
     config = QWEN_VL_CONFIGS[model_type](vocab, first)
     end = backend.token_to_id("<|im_end|>")
     # Qwen3-VL keeps bos/eos in text_config; the others at the top level.
-    ids_at = config["text_config"] if "text_config" in config else config
+    ids_at = config.get("text_config", config)
     ids_at["bos_token_id"] = ids_at["eos_token_id"] = end
     _write_model_dir(
         out,

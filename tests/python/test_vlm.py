@@ -1,7 +1,8 @@
-"""Vision-language models through the same engine (issue #18): tiny random models of two
-mlx-vlm architectures (Qwen2.5-VL with M-RoPE, Idefics3 = SmolVLM's), written to a
-directory with a real tokenizer and loaded offline through our loader, against mlx-vlm's
-own generation on the same files."""
+"""Vision-language models through the same engine (issue #18, #25): tiny random models of
+mlx-vlm's architectures (the Qwen-VL family with M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL
+and its MoE with DeepStack; Idefics3 = SmolVLM's), written to a directory with a real
+tokenizer and loaded offline through our loader, against mlx-vlm's own generation on the
+same files."""
 
 from __future__ import annotations
 
@@ -170,11 +171,16 @@ def test_image_answer_and_prompt_count_equal_mlx_vlm(vlm: Vlm) -> None:
         # 112x112 in 56 px tiles: 2x2 tiles and the global one, a span each.
         _, tiled = vlm.request("x", image(1))
         assert tiled is not None and [s.length for s in tiled.spans] == [4] * 5
-    if vlm.loaded.model_type == "qwen2_5_vl":
+    if vlm.loaded.model_type in QWEN_VL_TYPES:
         # A 112x112 image is 4x4 merged tokens on 4 M-RoPE positions per axis: later
         # positions are shifted back by 12, per request.
         _, square = vlm.request("x", image(1))
         assert square is not None and square.rope_delta == -12
+        # Qwen3-VL's DeepStack level rides with the features (the answers above would
+        # differ from mlx-vlm's without it).
+        span = square.spans[0]
+        levels = vlm.loaded.model.encode_image(span.pixel_values, span.grid).shape[1]
+        assert levels == (2 if vlm.loaded.model_type.startswith("qwen3_vl") else 1)
 
 
 def test_different_images_give_different_answers(vlm: Vlm) -> None:
