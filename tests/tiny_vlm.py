@@ -9,7 +9,11 @@ offline, and so does compat-serve.
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -328,6 +332,43 @@ def write_qwen_vl_dir(
             written.pop(key, None)
         (out / "config.json").write_text(json.dumps(written, indent=1))
     return out
+
+
+@dataclass(frozen=True)
+class TinyVlm:
+    """A tiny VLM directory, loaded by compat-serve and (for references) by mlx-vlm."""
+
+    path: Path
+    loaded: LoadedModel
+    vlm: Any  # mlx-vlm's model, loaded by mlx-vlm from the same directory
+    processor: Any
+
+
+_TINY_VLMS: dict[tuple[str, int], TinyVlm] = {}
+
+
+def tiny_vlm(name: str, like: LoadedModel) -> TinyVlm:
+    """The tiny VLM `name` (a Qwen-VL type, "idefics3" or "idefics3-tiled"), written once
+    per test session to a temporary directory and loaded both ways: the test modules
+    share it (engines and servers over one LoadedModel, one after another)."""
+    found = _TINY_VLMS.get((name, id(like)))
+    if found is not None:
+        return found
+    from mlx_vlm import load
+
+    from compat_serve.models.loader import load_model
+
+    root = Path(tempfile.mkdtemp(prefix="tiny-vlm-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    out = root / name
+    if name in QWEN_VL_CONFIGS:
+        write_qwen_vl_dir(out, like, model_type=name)
+    else:
+        write_idefics3_dir(out, like, split=name == "idefics3-tiled")
+    model, processor = load(str(out))
+    made = TinyVlm(out, load_model(str(out)), model, processor)
+    _TINY_VLMS[(name, id(like))] = made
+    return made
 
 
 def write_qwen25_vl_dir(out: Path, like: LoadedModel, *, seed: int = 0) -> Path:

@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 
-from compat_serve.models.loader import load_model
 from compat_serve.models.types import LoadedModel
 from tests.conftest import RunningServer, start_server
 from tests.http.test_vision_http import b64, claude, encoded, gpt, image_block, picture, text_of
-from tests.tiny_vlm import QWEN_VL_TYPES, write_qwen_vl_dir
+from tests.tiny_vlm import QWEN_VL_TYPES, tiny_vlm
 
 pytest.importorskip("anthropic")
 pytest.importorskip("openai")
@@ -56,20 +55,12 @@ class Served:
 
 
 @pytest.fixture(scope="module", params=QWEN_VL_TYPES)
-def served(
-    request: pytest.FixtureRequest, embedded_model: LoadedModel, tmp_path_factory: Any
-) -> Iterator[Served]:
-    from mlx_vlm import load
-
-    model_type: str = request.param
-    out = write_qwen_vl_dir(
-        tmp_path_factory.mktemp("qwen-vl-http") / model_type, embedded_model, model_type=model_type
-    )
-    loaded = load_model(str(out))
-    assert loaded.model_type == model_type and loaded.extra.get("vision") is not None
+def served(request: pytest.FixtureRequest, embedded_model: LoadedModel) -> Iterator[Served]:
+    tiny = tiny_vlm(request.param, embedded_model)
+    loaded = tiny.loaded
+    assert loaded.model_type == request.param and loaded.extra.get("vision") is not None
     running = start_server(loaded, block_size=8, prefill_chunk=32, default_temperature=0.0)
-    vlm, processor = load(str(out))
-    yield Served(running, vlm, processor)
+    yield Served(running, tiny.vlm, tiny.processor)
     running.stop()
 
 

@@ -7,7 +7,6 @@ same files."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,9 +19,8 @@ import pytest
 from compat_serve.engine.engine import Engine, EngineConfig
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
 from compat_serve.engine.vision import VisionInput
-from compat_serve.models.loader import load_model
 from compat_serve.models.types import LoadedModel
-from tests.tiny_vlm import QWEN_VL_TYPES, write_idefics3_dir, write_qwen_vl_dir
+from tests.tiny_vlm import QWEN_VL_TYPES, tiny_vlm
 
 pytest.importorskip("mlx_vlm", reason="compat-serve[vision] is installed by make setup")
 
@@ -74,24 +72,15 @@ class Vlm:
         )
 
 
-WRITERS = {
-    **{t: functools.partial(write_qwen_vl_dir, model_type=t) for t in QWEN_VL_TYPES},
-    "idefics3": write_idefics3_dir,
-    # SmolVLM's default: images split into tiles (2x2 + the global one here).
-    "idefics3-tiled": functools.partial(write_idefics3_dir, split=True),
-}
+# The Qwen-VL family, Idefics3 and SmolVLM's default: images split into tiles (2x2 + the
+# global one here).
+ARCHITECTURES = sorted([*QWEN_VL_TYPES, "idefics3", "idefics3-tiled"])
 
 
-@pytest.fixture(scope="module", params=sorted(WRITERS))
-def vlm(
-    request: pytest.FixtureRequest, embedded_model: LoadedModel, tmp_path_factory: Any
-) -> Iterator[Vlm]:
-    from mlx_vlm import load
-
-    arch: str = request.param
-    out = WRITERS[arch](tmp_path_factory.mktemp("vlm") / f"tiny-{arch}", embedded_model)
-    loaded = load_model(str(out))
-    model, processor = load(str(out))
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def vlm(request: pytest.FixtureRequest, embedded_model: LoadedModel) -> Iterator[Vlm]:
+    tiny = tiny_vlm(request.param, embedded_model)
+    loaded, model, processor = tiny.loaded, tiny.vlm, tiny.processor
     config = {"prefill_chunk": CHUNK, "block_size": BLOCK}
     cached = Engine(loaded, EngineConfig(**config))  # type: ignore[arg-type]
     uncached = Engine(loaded, EngineConfig(prefix_cache=False, **config))  # type: ignore[arg-type]
