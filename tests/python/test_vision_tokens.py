@@ -98,3 +98,26 @@ def test_a_directory_missing_vision_end_everywhere_fails_to_load_naming_it(
     tokenizer.write_text(tokenizer.read_text().replace("<|vision_end|>", "<|vision_stop|>"))
     with pytest.raises(ModelLoadError, match=re.escape("config.json has no vision_end_token_id")):
         load_model(str(out))
+
+
+def test_a_transformers_5_qwen2_vl_config_is_a_load_error_saying_why(
+    embedded_model: LoadedModel, tmp_path: Path
+) -> None:
+    """transformers 5 saves Qwen2/2.5-VL with the text settings only in text_config (and
+    rope_parameters), which mlx-vlm's qwen2_vl cannot read: a ModelLoadError, not a
+    TypeError from mlx-vlm's config class."""
+    pytest.importorskip("mlx_vlm")
+    out = write_qwen_vl_dir(tmp_path / "q2", embedded_model, model_type="qwen2_vl")
+    flat = json.loads((out / "config.json").read_text())
+    text = {k: v for k, v in flat.items() if k != "vision_config" and not k.endswith("token_id")}
+    rope = {**text.pop("rope_scaling"), "rope_theta": text.pop("rope_theta")}
+    nested = {
+        "model_type": "qwen2_vl",
+        "architectures": flat["architectures"],
+        "text_config": {**text, "rope_parameters": rope},
+        "vision_config": flat["vision_config"],
+        **{k: v for k, v in flat.items() if k.endswith("token_id")},
+    }
+    (out / "config.json").write_text(json.dumps(nested))
+    with pytest.raises(ModelLoadError, match="only in text_config, as transformers 5 saves"):
+        load_model(str(out))

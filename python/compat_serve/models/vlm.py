@@ -356,6 +356,21 @@ def _settings(image_processor: Any, *extra: Any) -> bytes:
     return json.dumps([settings, extra], sort_keys=True, default=str).encode()
 
 
+def _nested_text_config_hint(model_type: str, config: dict[str, Any]) -> str:
+    """Why mlx-vlm rejects a Qwen2/2.5-VL config.json saved by transformers 5 (the
+    language model's settings only in `text_config`), and the fix; else ""."""
+    text = config.get("text_config")
+    if model_type not in ("qwen2_vl", "qwen2_5_vl") or not isinstance(text, dict):
+        return ""
+    if "hidden_size" in config or "hidden_size" not in text:
+        return ""
+    return (
+        f" (config.json keeps the language model's settings only in text_config, as "
+        f"transformers 5 saves them; mlx-vlm reads them from the top level for {model_type}: "
+        "copy text_config's keys to the top level, with rope_parameters as rope_scaling)"
+    )
+
+
 def use_vision_tokens(vlm: Module, tokens: QwenVisionTokens) -> None:
     """Make mlx-vlm's config (which its M-RoPE index reads) carry the checkpoint's ids,
     not its class defaults."""
@@ -415,8 +430,9 @@ def load_vlm_dir(
     try:
         vlm = vlm_load_model(model_dir, lazy=True)
         processor = load_processor(model_dir, add_detokenizer=False)
-    except (ValueError, FileNotFoundError, KeyError, OSError) as exc:
-        raise ModelLoadError(f"cannot load {model_dir} with mlx-vlm: {exc}") from exc
+    except (ValueError, FileNotFoundError, KeyError, OSError, TypeError) as exc:
+        hint = _nested_text_config_hint(model_type, config)
+        raise ModelLoadError(f"cannot load {model_dir} with mlx-vlm: {exc}{hint}") from exc
     dtype_name = "as stored"
     if plan.dense is not None:
         target = mx_dtype(plan.dense)
