@@ -33,6 +33,7 @@ from compat_serve.engine.vision import ImageSpan, VisionInput
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.types import LoadedModel
 from compat_serve.models.vision_tokens import QwenVisionTokens, qwen_vision_tokens
+from compat_serve.models.vlm_config import mlx_vlm_readable_dir
 
 __all__ = [
     "SUPPORTED_VLM_TYPES",
@@ -356,21 +357,6 @@ def _settings(image_processor: Any, *extra: Any) -> bytes:
     return json.dumps([settings, extra], sort_keys=True, default=str).encode()
 
 
-def _nested_text_config_hint(model_type: str, config: dict[str, Any]) -> str:
-    """Why mlx-vlm rejects a Qwen2/2.5-VL config.json saved by transformers 5 (the
-    language model's settings only in `text_config`), and the fix; else ""."""
-    text = config.get("text_config")
-    if model_type not in ("qwen2_vl", "qwen2_5_vl") or not isinstance(text, dict):
-        return ""
-    if "hidden_size" in config or "hidden_size" not in text:
-        return ""
-    return (
-        f" (config.json keeps the language model's settings only in text_config, as "
-        f"transformers 5 saves them; mlx-vlm reads them from the top level for {model_type}: "
-        "copy text_config's keys to the top level, with rope_parameters as rope_scaling)"
-    )
-
-
 def use_vision_tokens(vlm: Module, tokens: QwenVisionTokens) -> None:
     """Make mlx-vlm's config (which its M-RoPE index reads) carry the checkpoint's ids,
     not its class defaults."""
@@ -427,26 +413,27 @@ def load_vlm_dir(
 
     plan = resolve_dtype(dtype)
     t0 = time.perf_counter()
-    try:
-        vlm = vlm_load_model(model_dir, lazy=True)
-        processor = load_processor(model_dir, add_detokenizer=False)
-    except (ValueError, FileNotFoundError, KeyError, OSError, TypeError) as exc:
-        hint = _nested_text_config_hint(model_type, config)
-        raise ModelLoadError(f"cannot load {model_dir} with mlx-vlm: {exc}{hint}") from exc
-    dtype_name = "as stored"
-    if plan.dense is not None:
-        target = mx_dtype(plan.dense)
-        dequantize_model(vlm, target)
-        cast_floating(vlm, target)
-        dtype_name = plan.dense
-    vision: VisionProcessor | Idefics3Processor
-    if model_type in QWEN_VL_TYPES:
-        tokens = qwen_vision_tokens(config, processor.tokenizer.get_vocab(), str(model_dir))
-        use_vision_tokens(vlm, tokens)
-        vision = VisionProcessor(vlm, processor, tokens)
-    else:
-        vision = Idefics3Processor(vlm, processor)
-    eval_with_progress(vlm, "loading weights", log=log)
+    with mlx_vlm_readable_dir(model_dir, config) as readable:
+        try:
+            vlm = vlm_load_model(readable, lazy=True)
+            processor = load_processor(readable, add_detokenizer=False)
+        except (ValueError, FileNotFoundError, KeyError, OSError, TypeError) as exc:
+            raise ModelLoadError(f"cannot load {model_dir} with mlx-vlm: {exc}") from exc
+        dtype_name = "as stored"
+        if plan.dense is not None:
+            target = mx_dtype(plan.dense)
+            dequantize_model(vlm, target)
+            cast_floating(vlm, target)
+            dtype_name = plan.dense
+        vision: VisionProcessor | Idefics3Processor
+        if model_type in QWEN_VL_TYPES:
+            vocab = processor.tokenizer.get_vocab()
+            tokens = qwen_vision_tokens(config, vocab, str(model_dir))
+            use_vision_tokens(vlm, tokens)
+            vision = VisionProcessor(vlm, processor, tokens)
+        else:
+            vision = Idefics3Processor(vlm, processor)
+        eval_with_progress(vlm, "loading weights", log=log)  # before the links go
     info = load_hf_tokenizer(model_dir, config)
     log.info("vision-language model ready in %.2fs", time.perf_counter() - t0)
     return LoadedModel(

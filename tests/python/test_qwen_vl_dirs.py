@@ -1,10 +1,12 @@
-"""The image token ids of a Qwen-VL directory (issue #25 item 8): read from config.json in
-each version's layout, else from the tokenizer, else a load error naming the field."""
+"""Qwen-VL directories as users have them (issue #25 item 8): the image token ids read from
+config.json in each version's layout, else from the tokenizer, else a load error naming
+the field; config.json as transformers 5 saves it loads as the original does."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.loader import load_model
 from compat_serve.models.types import LoadedModel
 from compat_serve.models.vision_tokens import QwenVisionTokens, qwen_vision_tokens
-from tests.tiny_vlm import VISION_TOKENS, write_qwen_vl_dir
+from tests.tiny_vlm import VISION_TOKENS, tiny_vlm, write_qwen_vl_dir
 
 VOCAB = {"<|vision_start|>": 900, "<|vision_end|>": 901, "<|image_pad|>": 902, "<|video_pad|>": 903}
 IDS = ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id")
@@ -100,24 +102,45 @@ def test_a_directory_missing_vision_end_everywhere_fails_to_load_naming_it(
         load_model(str(out))
 
 
-def test_a_transformers_5_qwen2_vl_config_is_a_load_error_saying_why(
-    embedded_model: LoadedModel, tmp_path: Path
+@pytest.mark.parametrize("model_type", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_a_transformers_5_layout_loads_as_the_flat_one(
+    model_type: str, embedded_model: LoadedModel, tmp_path: Path
 ) -> None:
-    """transformers 5 saves Qwen2/2.5-VL with the text settings only in text_config (and
-    rope_parameters), which mlx-vlm's qwen2_vl cannot read: a ModelLoadError, not a
-    TypeError from mlx-vlm's config class."""
-    pytest.importorskip("mlx_vlm")
-    out = write_qwen_vl_dir(tmp_path / "q2", embedded_model, model_type="qwen2_vl")
-    flat = json.loads((out / "config.json").read_text())
-    text = {k: v for k, v in flat.items() if k != "vision_config" and not k.endswith("token_id")}
-    rope = {**text.pop("rope_scaling"), "rope_theta": text.pop("rope_theta")}
-    nested = {
-        "model_type": "qwen2_vl",
-        "architectures": flat["architectures"],
-        "text_config": {**text, "rope_parameters": rope},
-        "vision_config": flat["vision_config"],
-        **{k: v for k, v in flat.items() if k.endswith("token_id")},
+    """transformers 5 saves the Qwen-VL family with the text settings only in
+    text_config, rope_parameters and `<type>_vision`, which mlx-vlm's classes cannot
+    read: it loads through a rewritten shadow and computes what the original computes."""
+    import mlx.core as mx
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig
+
+    from compat_serve.engine.runner import ModelRunner
+
+    flat = tiny_vlm(model_type, embedded_model)
+    out = tmp_path / model_type
+    shutil.copytree(flat.path, out)
+    old = json.loads((out / "config.json").read_text())
+    ids = {k: v for k, v in old.items() if k in IDS}
+    text = old.get("text_config") or {
+        k: v for k, v in old.items() if k != "vision_config" and k not in ids
     }
-    (out / "config.json").write_text(json.dumps(nested))
-    with pytest.raises(ModelLoadError, match="only in text_config, as transformers 5 saves"):
-        load_model(str(out))
+    classes = {"qwen2_vl": Qwen2VLConfig, "qwen2_5_vl": Qwen2_5_VLConfig}
+    cls = classes.get(model_type, Qwen3VLConfig)
+    saved = cls(text_config=text, vision_config=old["vision_config"], **ids).to_dict()
+    assert "hidden_size" not in saved and "rope_parameters" in saved["text_config"]
+    assert "mrope_section" in saved["text_config"]["rope_parameters"]
+    assert saved["vision_config"]["model_type"] == f"{model_type}_vision"
+    (out / "config.json").write_text(json.dumps(saved))
+
+    nested = load_model(str(out))
+    assert nested.model_type == model_type
+    vision = nested.extra["vision"]
+    prompt = f"<|im_start|>user\n{vision.image_markup}Describe.<|im_end|>\n<|im_start|>assistant\n"
+    prompt_ids = nested.tokenizer.encode(prompt)
+    assert flat.loaded.extra["vision"].image_markup == vision.image_markup
+    logits = []
+    for loaded in (flat.loaded, nested):
+        processor = loaded.extra["vision"]
+        full, request = processor.expand(prompt_ids, [processor.prepare(picture())])
+        runner = ModelRunner(loaded)
+        logits.append(runner.last_logits(runner.new_cache(), full, request, 0))
+    assert mx.abs(logits[0]).max().item() > 0.1
+    assert mx.abs(logits[0] - logits[1]).max().item() < 1e-5
