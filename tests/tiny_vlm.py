@@ -1,13 +1,19 @@
-"""A tiny randomly initialised Qwen2.5-VL (mlx-vlm's own classes) written to a directory
-the way a converted checkpoint looks: config.json with a vision part, safetensors,
-preprocessor_config.json (tiny images: at most 4 merged tokens per 56x56 tile), a real
-tokenizer (the embedded SmolLM2 one plus Qwen's vision special tokens) and a Qwen2-VL
-style chat template. mlx-vlm loads it offline, and so does compat-serve.
+"""Tiny randomly initialised vision-language models (mlx-vlm's own classes) written to a
+directory the way a checkpoint looks: config.json with a vision part (as each version's
+Hugging Face config.json lays it out), safetensors, preprocessor_config.json (tiny
+images: one merged token per 28x28 or 32x32 pixels, at most 16), a real tokenizer (the
+embedded SmolLM2 one plus the vision special tokens) and a chat template. Qwen2-VL,
+Qwen2.5-VL and Qwen3-VL, and Idefics3 (SmolVLM's architecture). mlx-vlm loads them
+offline, and so does compat-serve.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,15 +38,27 @@ CHAT_TEMPLATE = (
 )
 
 LM_WEIGHT_SCALE = 6.0
+# Qwen3-VL's DeepStack mergers scaled up too: at the default init their features are
+# small beside the scaled hidden states, and dropping them would not change the output.
+DEEPSTACK_WEIGHT_SCALE = 40.0
 PATCH = 14
 MERGE = 2
 TILE = PATCH * MERGE  # one merged image token per 28x28 pixels
 
 
-def qwen25_vl_config(vocab_size: int, first_vision_id: int) -> dict[str, Any]:
+def _qwen_vl_ids(first_vision_id: int) -> dict[str, int]:
+    """The vision token ids as Qwen's config.json files write them (top level)."""
     return {
-        "model_type": "qwen2_5_vl",
-        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "vision_start_token_id": first_vision_id,
+        "vision_end_token_id": first_vision_id + 1,
+        "image_token_id": first_vision_id + 2,
+        "video_token_id": first_vision_id + 3,
+    }
+
+
+def _qwen2_text(vocab_size: int) -> dict[str, Any]:
+    """Qwen2's language model settings (Qwen2-VL, Qwen2.5-VL: at the top level)."""
+    return {
         "hidden_size": 64,
         "num_hidden_layers": 2,
         "intermediate_size": 128,
@@ -52,10 +70,39 @@ def qwen25_vl_config(vocab_size: int, first_vision_id: int) -> dict[str, Any]:
         "rope_theta": 10000.0,
         "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
         "tie_word_embeddings": True,
-        "vision_start_token_id": first_vision_id,
-        "vision_end_token_id": first_vision_id + 1,
-        "image_token_id": first_vision_id + 2,
-        "video_token_id": first_vision_id + 3,
+    }
+
+
+def qwen2_vl_config(vocab_size: int, first_vision_id: int) -> dict[str, Any]:
+    """Qwen2-VL-2B-Instruct's config.json, shrunk: flat text settings, the vision ids
+    (`vision_end_token_id` included, which mlx-vlm's qwen2_vl config class lacks)."""
+    return {
+        "model_type": "qwen2_vl",
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+        **_qwen2_text(vocab_size),
+        **_qwen_vl_ids(first_vision_id),
+        "vision_token_id": first_vision_id + 2,
+        "vision_config": {
+            "depth": 2,
+            "embed_dim": 32,
+            "mlp_ratio": 2,
+            "num_heads": 2,
+            "in_chans": 3,
+            "hidden_size": 64,
+            "patch_size": PATCH,
+            "spatial_merge_size": MERGE,
+            "spatial_patch_size": PATCH,
+            "temporal_patch_size": 2,
+        },
+    }
+
+
+def qwen25_vl_config(vocab_size: int, first_vision_id: int) -> dict[str, Any]:
+    return {
+        "model_type": "qwen2_5_vl",
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        **_qwen2_text(vocab_size),
+        **_qwen_vl_ids(first_vision_id),
         "vision_token_id": first_vision_id + 2,
         "vision_config": {
             "model_type": "qwen2_5_vl",
@@ -75,13 +122,62 @@ def qwen25_vl_config(vocab_size: int, first_vision_id: int) -> dict[str, Any]:
     }
 
 
-def _scaled(name: str) -> bool:
-    return (
-        name.startswith("language_model.")
-        and name.endswith("weight")
-        and "norm" not in name
-        and "embed" not in name
-    )
+QWEN3_PATCH = 16
+
+
+def qwen3_vl_config(vocab_size: int, first_vision_id: int) -> dict[str, Any]:
+    """Qwen3-VL-2B-Instruct's config.json, shrunk: the text settings nested in
+    `text_config`, interleaved M-RoPE, 16 px patches, DeepStack features from the first
+    vision block added to the first language layer."""
+    return {
+        "model_type": "qwen3_vl",
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        **_qwen_vl_ids(first_vision_id),
+        "tie_word_embeddings": True,
+        "text_config": {
+            "model_type": "qwen3_vl_text",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": vocab_size,
+            "max_position_embeddings": 4096,
+            "rope_theta": 10000.0,
+            "rope_scaling": {
+                "mrope_interleaved": True,
+                "mrope_section": [4, 2, 2],
+                "rope_type": "default",
+            },
+            "tie_word_embeddings": True,
+        },
+        "vision_config": {
+            "model_type": "qwen3_vl",
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "out_hidden_size": 64,
+            "num_heads": 2,
+            "in_channels": 3,
+            "patch_size": QWEN3_PATCH,
+            "spatial_merge_size": MERGE,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0],
+        },
+    }
+
+
+def _scale(name: str) -> float:
+    if not name.endswith("weight") or "norm" in name:
+        return 1.0
+    if name.startswith("language_model.") and "embed" not in name:
+        return LM_WEIGHT_SCALE
+    if name.startswith("vision_tower.deepstack_merger_list.") and "linear_fc2" in name:
+        return DEEPSTACK_WEIGHT_SCALE
+    return 1.0
 
 
 def _tokenizer_with(like: LoadedModel, tokens: tuple[str, ...]) -> Any:
@@ -125,9 +221,7 @@ def _write_model_dir(
     # Projections of the language model scaled up: at the default init a random model
     # repeats one token whatever the input; at this scale its greedy output depends on
     # the prompt and the image.
-    weights = {
-        k: v * LM_WEIGHT_SCALE if _scaled(k) else v for k, v in tree_flatten(model.parameters())
-    }
+    weights = {k: v * _scale(k) for k, v in tree_flatten(model.parameters())}
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=1))
     tokenizer.save(str(out / "tokenizer.json"))
@@ -143,18 +237,52 @@ def _write_model_dir(
     (out / "preprocessor_config.json").write_text(json.dumps(preprocessor))
 
 
-def write_qwen25_vl_dir(out: Path, like: LoadedModel, *, seed: int = 0) -> Path:
-    """Write the tiny Qwen2.5-VL to `out` (created) with `like`'s tokenizer."""
-    from mlx_vlm.models import qwen2_5_vl
+def qwen3_vl_moe_config(vocab_size: int, first_vision_id: int) -> dict[str, Any]:
+    """Qwen3-VL-30B-A3B's layout: Qwen3-VL with mixture-of-experts language layers."""
+    config = qwen3_vl_config(vocab_size, first_vision_id)
+    config["model_type"] = "qwen3_vl_moe"
+    config["architectures"] = ["Qwen3VLMoeForConditionalGeneration"]
+    config["vision_config"]["model_type"] = "qwen3_vl_moe"
+    config["text_config"].update(
+        model_type="qwen3_vl_moe_text",
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        moe_intermediate_size=32,
+    )
+    return config
 
-    backend = _tokenizer_with(like, VISION_TOKENS)
-    first = backend.token_to_id(VISION_TOKENS[0])
-    vocab = backend.get_vocab_size(with_added_tokens=True)
-    config = qwen25_vl_config(vocab, first)
-    config["bos_token_id"] = config["eos_token_id"] = backend.token_to_id("<|im_end|>")
-    preprocessor = {
+
+QWEN_VL_CONFIGS = {
+    "qwen2_vl": qwen2_vl_config,
+    "qwen2_5_vl": qwen25_vl_config,
+    "qwen3_vl": qwen3_vl_config,
+    "qwen3_vl_moe": qwen3_vl_moe_config,
+}
+QWEN_VL_TYPES = tuple(QWEN_VL_CONFIGS)
+
+
+def qwen_vl_preprocessor(model_type: str) -> dict[str, Any]:
+    """preprocessor_config.json as each version's checkpoints have it (tiny images: at
+    most 16 merged tokens): Qwen2/2.5-VL bound pixels with min/max_pixels and CLIP's
+    mean/std, Qwen3-VL with `size` (shortest/longest edge in pixels) and 0.5/0.5."""
+    if model_type.startswith("qwen3_vl"):
+        tile = QWEN3_PATCH * MERGE
+        return {
+            "image_processor_type": "Qwen2VLImageProcessorFast",
+            "processor_class": "Qwen3VLProcessor",
+            "patch_size": QWEN3_PATCH,
+            "merge_size": MERGE,
+            "temporal_patch_size": 2,
+            "size": {"shortest_edge": tile * tile, "longest_edge": 16 * tile * tile},
+            "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5],
+        }
+    processor = "Qwen2VLProcessor" if model_type == "qwen2_vl" else "Qwen2_5_VLProcessor"
+    return {
         "image_processor_type": "Qwen2VLImageProcessor",
-        "processor_class": "Qwen2_5_VLProcessor",
+        "processor_class": processor,
         "patch_size": PATCH,
         "merge_size": MERGE,
         "temporal_patch_size": 2,
@@ -163,18 +291,89 @@ def write_qwen25_vl_dir(out: Path, like: LoadedModel, *, seed: int = 0) -> Path:
         "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711],
     }
+
+
+def write_qwen_vl_dir(
+    out: Path,
+    like: LoadedModel,
+    *,
+    model_type: str = "qwen2_5_vl",
+    seed: int = 0,
+    drop: tuple[str, ...] = (),
+) -> Path:
+    """Write a tiny Qwen-VL of `model_type` (a key of QWEN_VL_CONFIGS) to `out`
+    (created) with `like`'s tokenizer plus Qwen's vision tokens. `drop`: top-level
+    config.json keys to leave out (checkpoints that lack them)."""
+    import importlib
+
+    architecture = importlib.import_module(f"mlx_vlm.models.{model_type}")
+    backend = _tokenizer_with(like, VISION_TOKENS)
+    first = backend.token_to_id(VISION_TOKENS[0])
+    vocab = backend.get_vocab_size(with_added_tokens=True)
+    config = QWEN_VL_CONFIGS[model_type](vocab, first)
+    end = backend.token_to_id("<|im_end|>")
+    # Qwen3-VL keeps bos/eos in text_config; the others at the top level.
+    ids_at = config.get("text_config", config)
+    ids_at["bos_token_id"] = ids_at["eos_token_id"] = end
     _write_model_dir(
         out,
-        qwen2_5_vl,
+        architecture,
         config,
-        preprocessor,
+        qwen_vl_preprocessor(model_type),
         like=like,
         tokenizer=backend,
         eos_token="<|im_end|>",
         chat_template=CHAT_TEMPLATE,
         seed=seed,
     )
+    if drop:
+        written = json.loads((out / "config.json").read_text())
+        for key in drop:
+            written.pop(key, None)
+        (out / "config.json").write_text(json.dumps(written, indent=1))
     return out
+
+
+@dataclass(frozen=True)
+class TinyVlm:
+    """A tiny VLM directory, loaded by compat-serve and (for references) by mlx-vlm."""
+
+    path: Path
+    loaded: LoadedModel
+    vlm: Any  # mlx-vlm's model, loaded by mlx-vlm from the same directory
+    processor: Any
+
+
+_TINY_VLMS: dict[tuple[str, int], TinyVlm] = {}
+
+
+def tiny_vlm(name: str, like: LoadedModel) -> TinyVlm:
+    """The tiny VLM `name` (a Qwen-VL type, "idefics3" or "idefics3-tiled"), written once
+    per test session to a temporary directory and loaded both ways: the test modules
+    share it (engines and servers over one LoadedModel, one after another)."""
+    found = _TINY_VLMS.get((name, id(like)))
+    if found is not None:
+        return found
+    from mlx_vlm import load
+
+    from compat_serve.models.loader import load_model
+
+    root = Path(tempfile.mkdtemp(prefix="tiny-vlm-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    out = root / name
+    if name in QWEN_VL_CONFIGS:
+        write_qwen_vl_dir(out, like, model_type=name)
+    else:
+        write_idefics3_dir(out, like, split=name == "idefics3-tiled")
+    model, processor = load(str(out))
+    made = TinyVlm(out, load_model(str(out)), model, processor)
+    _TINY_VLMS[(name, id(like))] = made
+    return made
+
+
+def write_qwen25_vl_dir(out: Path, like: LoadedModel, *, seed: int = 0) -> Path:
+    """Write the tiny Qwen2.5-VL to `out` (created) with `like`'s tokenizer."""
+    return write_qwen_vl_dir(out, like, model_type="qwen2_5_vl", seed=seed)
 
 
 # SmolVLM / Idefics3: a Llama language model, a SigLIP-style encoder and a pixel-shuffle

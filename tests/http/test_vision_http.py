@@ -16,10 +16,9 @@ import httpx
 import numpy as np
 import pytest
 
-from compat_serve.models.loader import load_model
 from compat_serve.models.types import LoadedModel
 from tests.conftest import RunningServer, start_server
-from tests.tiny_vlm import write_qwen25_vl_dir
+from tests.tiny_vlm import TinyVlm, tiny_vlm
 
 anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
@@ -47,28 +46,24 @@ def b64(data: bytes) -> str:
 
 
 @pytest.fixture(scope="module")
-def vlm_dir(embedded_model: LoadedModel, tmp_path_factory: Any) -> Any:
-    return write_qwen25_vl_dir(
-        tmp_path_factory.mktemp("vlm-http") / "tiny-qwen2.5-vl", embedded_model
-    )
+def tiny(embedded_model: LoadedModel) -> TinyVlm:
+    return tiny_vlm("qwen2_5_vl", embedded_model)
 
 
 @pytest.fixture(scope="module")
-def vlm_server(vlm_dir: Any) -> Iterator[RunningServer]:
-    running = start_server(
-        load_model(str(vlm_dir)), block_size=8, prefill_chunk=32, default_temperature=0.0
-    )
+def vlm_server(tiny: TinyVlm) -> Iterator[RunningServer]:
+    running = start_server(tiny.loaded, block_size=8, prefill_chunk=32, default_temperature=0.0)
     yield running
     running.stop()
 
 
 @pytest.fixture(scope="module")
-def reference(vlm_dir: Any) -> Any:
+def reference(tiny: TinyVlm) -> Any:
     """mlx-vlm's own greedy answer (token ids) for QUESTION about an image."""
-    from mlx_vlm import generate, load
+    from mlx_vlm import generate
     from mlx_vlm.prompt_utils import apply_chat_template
 
-    model, processor = load(str(vlm_dir))
+    model, processor = tiny.vlm, tiny.processor
 
     def answer(image: Any) -> tuple[list[int], int]:
         prompt = apply_chat_template(processor, model.config, QUESTION, num_images=1)

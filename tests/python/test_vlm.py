@@ -1,12 +1,12 @@
-"""Vision-language models through the same engine (issue #18): tiny random models of two
-mlx-vlm architectures (Qwen2.5-VL with M-RoPE, Idefics3 = SmolVLM's), written to a
-directory with a real tokenizer and loaded offline through our loader, against mlx-vlm's
-own generation on the same files."""
+"""Vision-language models through the same engine (issue #18, #25): tiny random models of
+mlx-vlm's architectures (the Qwen-VL family with M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL
+and its MoE with DeepStack; Idefics3 = SmolVLM's), written to a directory with a real
+tokenizer and loaded offline through our loader, against mlx-vlm's own generation on the
+same files."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,9 +19,8 @@ import pytest
 from compat_serve.engine.engine import Engine, EngineConfig
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
 from compat_serve.engine.vision import VisionInput
-from compat_serve.models.loader import load_model
 from compat_serve.models.types import LoadedModel
-from tests.tiny_vlm import write_idefics3_dir, write_qwen25_vl_dir
+from tests.tiny_vlm import QWEN_VL_TYPES, tiny_vlm
 
 pytest.importorskip("mlx_vlm", reason="compat-serve[vision] is installed by make setup")
 
@@ -73,24 +72,17 @@ class Vlm:
         )
 
 
-WRITERS = {
-    "qwen2_5_vl": write_qwen25_vl_dir,
-    "idefics3": write_idefics3_dir,
-    # SmolVLM's default: images split into tiles (2x2 + the global one here).
-    "idefics3-tiled": functools.partial(write_idefics3_dir, split=True),
-}
+# The Qwen-VL family, Idefics3 and SmolVLM's default: images split into tiles (2x2 + the
+# global one here). Qwen3-VL-MoE differs from Qwen3-VL only in its language layers: it
+# is served in tests/http/test_vision_families_http.py, not repeated here.
+ARCHITECTURES = sorted([*QWEN_VL_TYPES, "idefics3", "idefics3-tiled"])
+ARCHITECTURES.remove("qwen3_vl_moe")
 
 
-@pytest.fixture(scope="module", params=sorted(WRITERS))
-def vlm(
-    request: pytest.FixtureRequest, embedded_model: LoadedModel, tmp_path_factory: Any
-) -> Iterator[Vlm]:
-    from mlx_vlm import load
-
-    arch: str = request.param
-    out = WRITERS[arch](tmp_path_factory.mktemp("vlm") / f"tiny-{arch}", embedded_model)
-    loaded = load_model(str(out))
-    model, processor = load(str(out))
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def vlm(request: pytest.FixtureRequest, embedded_model: LoadedModel) -> Iterator[Vlm]:
+    tiny = tiny_vlm(request.param, embedded_model)
+    loaded, model, processor = tiny.loaded, tiny.vlm, tiny.processor
     config = {"prefill_chunk": CHUNK, "block_size": BLOCK}
     cached = Engine(loaded, EngineConfig(**config))  # type: ignore[arg-type]
     uncached = Engine(loaded, EngineConfig(prefix_cache=False, **config))  # type: ignore[arg-type]
@@ -170,11 +162,16 @@ def test_image_answer_and_prompt_count_equal_mlx_vlm(vlm: Vlm) -> None:
         # 112x112 in 56 px tiles: 2x2 tiles and the global one, a span each.
         _, tiled = vlm.request("x", image(1))
         assert tiled is not None and [s.length for s in tiled.spans] == [4] * 5
-    if vlm.loaded.model_type == "qwen2_5_vl":
+    if vlm.loaded.model_type in QWEN_VL_TYPES:
         # A 112x112 image is 4x4 merged tokens on 4 M-RoPE positions per axis: later
         # positions are shifted back by 12, per request.
         _, square = vlm.request("x", image(1))
         assert square is not None and square.rope_delta == -12
+        # Qwen3-VL's DeepStack level rides with the features (the answers above would
+        # differ from mlx-vlm's without it).
+        span = square.spans[0]
+        levels = vlm.loaded.model.encode_image(span.pixel_values, span.grid).shape[1]
+        assert levels == (2 if vlm.loaded.model_type.startswith("qwen3_vl") else 1)
 
 
 def test_different_images_give_different_answers(vlm: Vlm) -> None:

@@ -40,14 +40,15 @@ class ModelRunner:
             out: mx.array = self._model(mx.array(token_ids, dtype=mx.uint32)[None], cache=cache)
             return out
         assert self.features is not None, "images sent to a text-only model"
-        ids, embeddings, positions = chunk_inputs(
-            self.features,
-            self._model,
-            vision,
-            start,
-            token_ids,
+        chunk = chunk_inputs(self.features, self._model, vision, start, token_ids)
+        extra = {} if chunk.deepstack is None else {"deepstack": chunk.deepstack}
+        out = self._model(
+            chunk.ids,
+            cache=cache,
+            input_embeddings=chunk.embeddings,
+            positions=chunk.positions,
+            **extra,
         )
-        out = self._model(ids, cache=cache, input_embeddings=embeddings, positions=positions)
         return out
 
     def new_cache(self) -> list[Any]:

@@ -2,7 +2,9 @@
 feature LRU, and the input embeddings and positions of a prefill chunk of an image row.
 
 The engine sees embeddings and positions, never HTTP or PIL. A chunk may start or end
-inside an image: the image's features are computed once (whole image) and sliced.
+inside an image: the image's features are computed once (whole image) and sliced. An
+image's features are `[tokens, levels, hidden]`: level 0 replaces its tokens' embeddings;
+further levels (Qwen3-VL's DeepStack) are added after the first language layers.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ class VisionInput:
 class ImageEncoder(Protocol):
     def embed(self, inputs: mx.array) -> mx.array: ...
 
-    def encode_image(self, pixel_values: Any, grid: tuple[int, int, int]) -> mx.array: ...
+    def encode_image(self, pixel_values: Any, grid: tuple[int, int, int]) -> mx.array:
+        """`[tokens, levels, hidden]` features of one image."""
+        ...
 
 
 # Encoder features kept for re-sent images: a real model's image is 1-20 MB of features.
@@ -101,24 +105,40 @@ class FeatureCache:
         ]
 
 
+@dataclass(frozen=True)
+class ChunkInputs:
+    """What the model takes for one prefill chunk of an image row."""
+
+    ids: mx.array  # [1, L]
+    embeddings: mx.array  # [1, L, D]: image features where the chunk overlaps an image
+    positions: mx.array  # [3, 1, L] M-RoPE positions
+    # DeepStack (Qwen3-VL): the [1, L] mask of image positions and their features per
+    # level, [levels, positions, D]; None when the chunk has no image or the model none.
+    deepstack: tuple[mx.array, mx.array] | None
+
+
 def chunk_inputs(
     features: FeatureCache,
     encoder: ImageEncoder,
     vision: VisionInput,
     start: int,
     tokens: Sequence[int],
-) -> tuple[mx.array, mx.array, mx.array]:
-    """Token ids `[1, L]`, input embeddings `[1, L, D]` (image features where the chunk
-    overlaps an image) and M-RoPE positions `[3, 1, L]` of tokens `[start, start + L)`."""
+) -> ChunkInputs:
+    """The model's inputs for tokens `[start, start + L)` of an image row."""
     end = start + len(tokens)
     ids = mx.array(list(tokens), dtype=mx.uint32)[None]
     embeddings = encoder.embed(ids)
+    mask = np.zeros((1, len(tokens)), dtype=bool)
+    deep: list[mx.array] = []
     for span in vision.spans:
         a, b = max(span.start, start), min(span.start + span.length, end)
         if a >= b:
             continue
         image = features.get(span)[a - span.start : b - span.start]
-        embeddings[:, a - start : b - start, :] = image.astype(embeddings.dtype)[None]
+        embeddings[:, a - start : b - start, :] = image[:, 0].astype(embeddings.dtype)[None]
+        if image.shape[1] > 1:
+            mask[0, a - start : b - start] = True
+            deep.append(image[:, 1:].astype(embeddings.dtype))
     prompt_positions = np.asarray(vision.positions)
     prompt_len = prompt_positions.shape[1]
     head = prompt_positions[:, start : min(end, prompt_len)]
@@ -126,4 +146,7 @@ def chunk_inputs(
         after = np.arange(max(start, prompt_len), end, dtype=np.int32) + vision.rope_delta
         head = np.concatenate([head, np.tile(after, (3, 1))], axis=1)
     positions = mx.array(head.astype(np.int32))[:, None, :]
-    return ids, embeddings, positions
+    deepstack = None
+    if deep:  # spans are in prompt order, as the mask's positions
+        deepstack = (mx.array(mask), mx.concatenate(deep, axis=0).transpose(1, 0, 2))
+    return ChunkInputs(ids, embeddings, positions, deepstack)

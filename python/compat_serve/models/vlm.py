@@ -32,6 +32,8 @@ from compat_serve._native import image_hash
 from compat_serve.engine.vision import ImageSpan, VisionInput
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.types import LoadedModel
+from compat_serve.models.vision_tokens import QwenVisionTokens, qwen_vision_tokens
+from compat_serve.models.vlm_config import mlx_vlm_readable_dir
 
 __all__ = [
     "SUPPORTED_VLM_TYPES",
@@ -44,9 +46,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# mlx-vlm model types driven here: Qwen2/2.5-VL (M-RoPE positions) and Idefics3/SmolVLM
-# (a Llama language model; images unsplit).
-QWEN_VL_TYPES = frozenset({"qwen2_5_vl", "qwen2_vl"})
+# mlx-vlm model types driven here: Qwen2/2.5/3-VL (M-RoPE positions; Qwen3-VL adds
+# DeepStack features to its first language layers) and Idefics3/SmolVLM (a Llama language
+# model; images split into tiles or not, as the checkpoint says).
+QWEN_VL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})
 IDEFICS3_TYPES = frozenset({"idefics3", "smolvlm"})
 SUPPORTED_VLM_TYPES = QWEN_VL_TYPES | IDEFICS3_TYPES
 
@@ -87,13 +90,19 @@ class VisionLanguageModel(Module):
         return out
 
     def encode_image(self, pixel_values: Any, grid: tuple[int, int, int]) -> mx.array:
-        """The vision tower's features of one image: `[tokens, hidden]`."""
+        """The vision tower's features of one image: `[tokens, levels, hidden]`. Level 0
+        replaces the image tokens' embeddings; levels 1.. (Qwen3-VL's DeepStack) are added
+        to the hidden states after language layers 0, 1, ... at the same positions."""
         if not self.mrope:
-            return self._encode_idefics3(pixel_values)
+            return self._encode_idefics3(pixel_values)[:, None, :]
         tower = self.vlm.vision_tower
         pixels = mx.array(pixel_values).astype(tower.patch_embed.proj.weight.dtype)
-        out: mx.array = tower(pixels, mx.array([list(grid)]), output_hidden_states=False)
-        return out
+        out = tower(pixels, mx.array([list(grid)]), output_hidden_states=False)
+        if isinstance(out, tuple):  # Qwen3-VL: (features, [DeepStack features per level])
+            features, deepstack = out
+            return mx.stack([features, *deepstack], axis=1)
+        stacked: mx.array = out[:, None, :]
+        return stacked
 
     def _encode_idefics3(self, inputs: dict[str, Any]) -> mx.array:
         """mlx-vlm's Idefics3 image path: patches the pixel mask covers, the encoder, the
@@ -120,7 +129,10 @@ class VisionLanguageModel(Module):
         input_embeddings: mx.array | None = None,
         positions: mx.array | None = None,
         rope_deltas: Sequence[int] | None = None,
+        deepstack: tuple[mx.array, mx.array] | None = None,
     ) -> mx.array:
+        """`deepstack` (Qwen3-VL image rows): the `[1, L]` mask of the image positions
+        and their features per DeepStack level, `[levels, positions, hidden]`."""
         lm = self.vlm.language_model
         if not self.mrope:
             out = lm(inputs, inputs_embeds=input_embeddings, cache=cache)
@@ -138,8 +150,11 @@ class VisionLanguageModel(Module):
                 base = base + mx.array(list(rope_deltas), dtype=mx.int32).reshape(-1, 1)
             grid = base + mx.arange(length, dtype=mx.int32)[None]
             positions = mx.broadcast_to(grid[None], (3, rows, length))
+        extra: dict[str, Any] = {}
+        if deepstack is not None:
+            extra = {"visual_pos_masks": deepstack[0], "deepstack_visual_embeds": deepstack[1]}
         hidden = lm.model(
-            inputs, cache=cache, inputs_embeds=input_embeddings, position_ids=positions
+            inputs, cache=cache, inputs_embeds=input_embeddings, position_ids=positions, **extra
         )
         if lm.args.tie_word_embeddings:
             logits = lm.model.embed_tokens.as_linear(hidden)
@@ -164,17 +179,14 @@ class VisionProcessor:
     request's `VisionInput` (spans, M-RoPE positions and delta). Pure numpy/PIL in, no
     MLX out: the server calls it off the event loop."""
 
-    def __init__(self, vlm: Module, processor: Any) -> None:
-        config = vlm.config
+    def __init__(self, vlm: Module, processor: Any, tokens: QwenVisionTokens) -> None:
         self._vlm = vlm
         self.image_processor = processor.image_processor
-        self.image_token_id = int(config.image_token_id)
-        self.merge = int(config.vision_config.spatial_merge_size)
+        self.image_token_id = tokens.image
+        self.merge = int(vlm.config.vision_config.spatial_merge_size)
         tok = processor.tokenizer
-        start = tok.convert_ids_to_tokens(int(config.vision_start_token_id))
-        end = tok.convert_ids_to_tokens(int(config.vision_end_token_id))
-        pad = tok.convert_ids_to_tokens(self.image_token_id)
-        # What the chat template writes for one image (Qwen2-VL's template).
+        start, pad, end = tok.convert_ids_to_tokens([tokens.start, tokens.image, tokens.end])
+        # What the chat template writes for one image (every Qwen-VL template).
         self.image_markup = f"{start}{pad}{end}"
         settings = {
             k: getattr(self.image_processor, k, None)
@@ -345,6 +357,24 @@ def _settings(image_processor: Any, *extra: Any) -> bytes:
     return json.dumps([settings, extra], sort_keys=True, default=str).encode()
 
 
+def use_vision_tokens(vlm: Module, tokens: QwenVisionTokens) -> None:
+    """Make mlx-vlm's config (which its M-RoPE index reads) carry the checkpoint's ids,
+    not its class defaults."""
+    configs = {id(c): c for c in (vlm.config, getattr(vlm.language_model, "config", None))}
+    for config in configs.values():
+        if config is None:
+            continue
+        config.image_token_id = tokens.image
+        config.vision_start_token_id = tokens.start
+        config.vision_end_token_id = tokens.end
+        if tokens.video is not None:
+            config.video_token_id = tokens.video
+        if hasattr(config, "image_token_index"):
+            config.image_token_index = tokens.image
+            if tokens.video is not None:
+                config.video_token_index = tokens.video
+
+
 def load_vlm_dir(
     model_dir: Path, config: dict[str, Any], *, dtype: str | None, source: str, name: str
 ) -> LoadedModel | None:
@@ -383,18 +413,27 @@ def load_vlm_dir(
 
     plan = resolve_dtype(dtype)
     t0 = time.perf_counter()
-    try:
-        vlm = vlm_load_model(model_dir, lazy=True)
-        processor = load_processor(model_dir, add_detokenizer=False)
-    except (ValueError, FileNotFoundError, KeyError, OSError) as exc:
-        raise ModelLoadError(f"cannot load {model_dir} with mlx-vlm: {exc}") from exc
-    dtype_name = "as stored"
-    if plan.dense is not None:
-        target = mx_dtype(plan.dense)
-        dequantize_model(vlm, target)
-        cast_floating(vlm, target)
-        dtype_name = plan.dense
-    eval_with_progress(vlm, "loading weights", log=log)
+    with mlx_vlm_readable_dir(model_dir, config) as readable:
+        try:
+            vlm = vlm_load_model(readable, lazy=True)
+            processor = load_processor(readable, add_detokenizer=False)
+        except (ValueError, FileNotFoundError, KeyError, OSError, TypeError) as exc:
+            raise ModelLoadError(f"cannot load {model_dir} with mlx-vlm: {exc}") from exc
+        dtype_name = "as stored"
+        if plan.dense is not None:
+            target = mx_dtype(plan.dense)
+            dequantize_model(vlm, target)
+            cast_floating(vlm, target)
+            dtype_name = plan.dense
+        vision: VisionProcessor | Idefics3Processor
+        if model_type in QWEN_VL_TYPES:
+            vocab = processor.tokenizer.get_vocab()
+            tokens = qwen_vision_tokens(config, vocab, str(model_dir))
+            use_vision_tokens(vlm, tokens)
+            vision = VisionProcessor(vlm, processor, tokens)
+        else:
+            vision = Idefics3Processor(vlm, processor)
+        eval_with_progress(vlm, "loading weights", log=log)  # before the links go
     info = load_hf_tokenizer(model_dir, config)
     log.info("vision-language model ready in %.2fs", time.perf_counter() - t0)
     return LoadedModel(
@@ -411,11 +450,7 @@ def load_vlm_dir(
             "config": config,
             "backend": plan.backend,
             "model_dir": str(model_dir),
-            "vision": (
-                VisionProcessor(vlm, processor)
-                if model_type in QWEN_VL_TYPES
-                else Idefics3Processor(vlm, processor)
-            ),
+            "vision": vision,
             "load_seconds": {"total": time.perf_counter() - t0},
         },
     )
