@@ -176,7 +176,15 @@ EMBEDDED_PROJECT_CONFIG = {
     "tools": {
         name: False
         for name in (
-            "bash", "edit", "glob", "grep", "skill", "task", "todowrite", "webfetch", "write"
+            "bash",
+            "edit",
+            "glob",
+            "grep",
+            "skill",
+            "task",
+            "todowrite",
+            "webfetch",
+            "write",
         )
     },
 }
@@ -217,7 +225,7 @@ def test_opencode_embedded_model_answers_a_plain_question(tmp_path: Path) -> Non
     assert "POST /v1/chat/completions" in server_log
     texts = [e["part"]["text"] for e in _events(root) if e["type"] == "text"]
     answer = " ".join(texts).strip()
-    assert answer, _events(root)
+    assert "Paris" in answer, _events(root)  # greedy decoding: the same answer every run
     placeholders = _placeholders()
     assert placeholders  # the prompt still shows an example to copy from
     for placeholder in placeholders:

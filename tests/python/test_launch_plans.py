@@ -94,7 +94,8 @@ def test_codex_with_an_api_key_reads_it_from_the_environment(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(
-    ("api", "package"), [("openai", "@ai-sdk/openai-compatible"), ("anthropic", "@ai-sdk/anthropic")]
+    ("api", "package"),
+    [("openai", "@ai-sdk/openai-compatible"), ("anthropic", "@ai-sdk/anthropic")],
 )
 def test_opencode_config_names_the_provider_model_window_and_small_model(
     tmp_path: Path, api: str, package: str
@@ -114,9 +115,9 @@ def test_opencode_config_names_the_provider_model_window_and_small_model(
 def test_opencode_output_limit_follows_the_servers_cap() -> None:
     assert opencode.output_limit(served(max_output_tokens=512)) == 512
     assert opencode.output_limit(served(context_length=400_000)) == 32_000
-    assert opencode.config(served(api_key="k"))["provider"]["compat-serve"]["options"][
-        "apiKey"
-    ] == "k"
+    assert (
+        opencode.config(served(api_key="k"))["provider"]["compat-serve"]["options"]["apiKey"] == "k"
+    )
 
 
 def test_print_shows_what_the_client_gets(tmp_path: Path) -> None:

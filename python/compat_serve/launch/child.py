@@ -17,10 +17,12 @@ import threading
 
 
 def _stop_when_stdin_closes() -> None:
+    # os.read on the raw descriptor: a read through sys.stdin would hold its buffer's
+    # lock and stall the interpreter's exit.
     try:
-        while sys.stdin.buffer.read(4096):
+        while os.read(0, 4096):
             pass
-    except (OSError, ValueError):
+    except OSError:
         pass
     os.kill(os.getpid(), signal.SIGTERM)
 

@@ -16,6 +16,8 @@ import urllib.request
 from pathlib import Path
 from typing import IO
 
+from compat_serve.launch.client_process import exit_code
+
 LOG_TAIL_LINES = 20
 STOP_TIMEOUT_S = 30.0
 
@@ -78,8 +80,8 @@ class ServerProcess:
         if api_key:
             request.add_header("Authorization", f"Bearer {api_key}")
         while True:
-            returncode = self.process.poll()
-            if returncode is not None:
+            if self.process.poll() is not None:
+                returncode = exit_code(self.process.returncode)
                 raise ServerFailed(
                     f"the server exited with code {returncode} before it was ready; "
                     f"its last log lines:\n{log_tail(self.log_path)}",
