@@ -143,3 +143,13 @@ def test_refusals(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["codex", "--no-such-flag"])
     assert "--no-such-flag" in capsys.readouterr().err
+
+
+def test_codex_overrides_follow_a_subcommand(tmp_path: Path) -> None:
+    """`codex -c A exec -c B` reads only B (Codex 0.163), so ours go after `exec`."""
+    plan = codex.plan(served(), tmp_path)
+    command = plan.command("codex", ["exec", "-c", 'approval_policy="never"', "hi"])
+    assert command[:2] == ["codex", "exec"]
+    assert command[2:-3] == plan.args
+    assert command[-3:] == ["-c", 'approval_policy="never"', "hi"]
+    assert plan.command("codex", ["fix it"]) == ["codex", *plan.args, "fix it"]

@@ -18,6 +18,9 @@ from compat_serve.launch.plan import ClientInfo, LaunchPlan, Served
 INFO = ClientInfo(name="codex", command="codex", install="npm install -g @openai/codex")
 # Codex sends the provider's env_key variable as a bearer token.
 API_KEY_ENV = "COMPAT_SERVE_API_KEY"
+# Codex 0.163 drops the top-level `-c` overrides when a subcommand gets `-c` of its own
+# (`codex -c A exec -c B` uses B only), so for these the overrides follow the subcommand.
+SUBCOMMANDS = frozenset({"exec", "e", "review", "resume", "fork"})
 
 
 def plan(served: Served, tmp: Path) -> LaunchPlan:
@@ -36,4 +39,5 @@ def plan(served: Served, tmp: Path) -> LaunchPlan:
         args=args,
         env=env,
         files={catalog_path: json.dumps(catalog_json, indent=2) + "\n"},
+        subcommands=SUBCOMMANDS,
     )

@@ -169,7 +169,7 @@ def _launch(
             max_output_tokens=serve_ns.max_output_tokens,
         )
         plan = client_plan(client, served, tmp, ns.api)
-        command = [binary, *plan.args, *client_args]
+        command = plan.command(binary, client_args)
         if ns.print_only:
             sys.stdout.write(render_plan(command, plan, served))
             return 0

@@ -27,6 +27,13 @@ class LaunchPlan:
     unset: list[str] = field(default_factory=list)
     # Files written into the launcher's temp directory before the client starts.
     files: dict[Path, str] = field(default_factory=dict)
+    # Subcommands whose own options replace the top-level ones: `args` go after them.
+    subcommands: frozenset[str] = frozenset()
+
+    def command(self, binary: str, client_args: list[str]) -> list[str]:
+        if client_args and client_args[0] in self.subcommands:
+            return [binary, client_args[0], *self.args, *client_args[1:]]
+        return [binary, *self.args, *client_args]
 
     def environment(self, base: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in base.items() if k not in self.unset}
