@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         "loopback port unless --port), run the agent client in this terminal pointed at it, "
         "stop the server when the client exits and exit with the client's code. Nothing is "
         "written to the client's own config: generated files live in a temp directory "
-        "removed on exit. Arguments after `--` go to the client.",
+        "removed on exit. Arguments after `--` go to the client. Serve options: see "
+        "`compat-serve --help`.",
         allow_abbrev=False,
     )
     p.add_argument(
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--startup-timeout",
         type=float,
         default=600.0,
+        metavar="S",
         help="seconds the server may take to load its model and answer (default 600)",
     )
     return p
