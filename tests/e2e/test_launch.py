@@ -167,8 +167,10 @@ def test_url_uses_a_running_server_and_removes_what_it_generated(
     monkeypatch.setenv("FAKE_RC", "3")
     assert main(["codex", "--url", server.base_url + "/v1", "--", "exec", "say hi"]) == 3
     args = (fake / "args").read_text().splitlines()
-    assert args[-2:] == ["exec", "say hi"]
-    overrides = dict(a.split("=", 1) for a in args[1:-2:2])
+    # Codex's subcommand first: its own -c options would drop top-level ones.
+    assert args[0] == "exec" and args[-1] == "say hi"
+    assert args[1:-1:2] == ["-c"] * ((len(args) - 2) // 2)
+    overrides = dict(a.split("=", 1) for a in args[2:-1:2])
     assert overrides["model_providers.compat-serve.base_url"] == f'"{server.base_url}/v1"'
     assert overrides["model_providers.compat-serve.wire_api"] == '"responses"'
     assert overrides["model_context_window"] == str(server.state.context_length)  # type: ignore[attr-defined]
