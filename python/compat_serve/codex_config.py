@@ -149,7 +149,7 @@ def _toml_string(value: str) -> str:
     return json.dumps(value)
 
 
-def profile_toml(
+def profile_settings(
     *,
     profile: str,
     model: str,
@@ -157,23 +157,42 @@ def profile_toml(
     base_url: str,
     catalog_path: Path,
     api_key_env: str | None,
-) -> str:
-    lines = [
-        f"# Written by `compat-serve codex-config`; use it with `codex --profile {profile}`.",
-        f"model = {_toml_string(model)}",
-        f"model_provider = {_toml_string(profile)}",
-        f"model_context_window = {context_length}",
-        f"model_catalog_json = {_toml_string(str(catalog_path))}",
-        "",
-        f"[model_providers.{_toml_string(profile)}]",
-        'name = "compat-serve"',
-        f"base_url = {_toml_string(base_url.rstrip('/') + '/v1')}",
-        'wire_api = "responses"',
-        f"stream_idle_timeout_ms = {STREAM_IDLE_TIMEOUT_MS}",
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The profile's top-level settings and its provider's, as (key, TOML value) pairs."""
+    top = [
+        ("model", _toml_string(model)),
+        ("model_provider", _toml_string(profile)),
+        ("model_context_window", str(context_length)),
+        ("model_catalog_json", _toml_string(str(catalog_path))),
+    ]
+    provider = [
+        ("name", '"compat-serve"'),
+        ("base_url", _toml_string(base_url.rstrip("/") + "/v1")),
+        ("wire_api", '"responses"'),
+        ("stream_idle_timeout_ms", str(STREAM_IDLE_TIMEOUT_MS)),
     ]
     if api_key_env:
-        lines.append(f"env_key = {_toml_string(api_key_env)}")
+        provider.append(("env_key", _toml_string(api_key_env)))
+    return top, provider
+
+
+def profile_toml(*, profile: str, **settings: Any) -> str:
+    top, provider = profile_settings(profile=profile, **settings)
+    lines = [
+        f"# Written by `compat-serve codex-config`; use it with `codex --profile {profile}`.",
+        *(f"{key} = {value}" for key, value in top),
+        "",
+        f"[model_providers.{_toml_string(profile)}]",
+        *(f"{key} = {value}" for key, value in provider),
+    ]
     return "\n".join(lines) + "\n"
+
+
+def override_args(*, profile: str, **settings: Any) -> list[str]:
+    """The same settings as `-c key=value` arguments, for a Codex run that reads no profile."""
+    top, provider = profile_settings(profile=profile, **settings)
+    pairs = top + [(f"model_providers.{profile}.{key}", value) for key, value in provider]
+    return [arg for key, value in pairs for arg in ("-c", f"{key}={value}")]
 
 
 def codex_home(explicit: str | None) -> Path:
