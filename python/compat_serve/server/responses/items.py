@@ -166,15 +166,12 @@ class _Conversation:
         blob = item.get("encrypted_content")
         if blob is not None and not isinstance(blob, str):
             raise bad(f"{where}.encrypted_content", "must be a string")
-        restored = self._seal.open(blob) if blob else None
-        if restored is None:
-            content = item.get("content")
-            if content:
-                restored = content_text(content, f"{where}.content")
-        if restored is None:
-            summary = item.get("summary")
-            if summary:
-                restored = content_text(summary, f"{where}.summary")
+        # The sealed text, else the content, else the summary; null or empty: none.
+        texts = [self._seal.open(blob) if blob else None]
+        for key in ("content", "summary"):
+            value = item.get(key)
+            texts.append(None if value is None else content_text(value, f"{where}.{key}"))
+        restored = next((text for text in texts if text), None)
         if restored:
             self._reasoning.append(restored)
 
