@@ -282,7 +282,7 @@ OUTPUT_FORMAT_SCHEMA = {
 
 _UNFORCED = nullable({"type": "object", "properties": {"type": {"enum": ["auto", "none"]}}})
 _CLIENT_TOOL = {"type": "object", "properties": {"type": nullable({"const": "custom"})}}
-_MESSAGES_RULES = [
+_MESSAGES_RULES: list[Any] = [
     needs(
         "tool_choice",
         _UNFORCED,

@@ -65,7 +65,7 @@ RESPONSE_FORMAT_SCHEMA = {
 }
 # A grammar that does not compile (a bad regex, Lark or JSON schema) is a 400 naming the
 # field ("<field>: does not compile: ..."): JSON Schema cannot state that rule.
-_STRUCTURED_KIND = {
+_STRUCTURED_KIND: dict[str, dict[str, Any]] = {
     "json": {
         "anyOf": [_JSON_OBJECT, {"type": "string", "contentMediaType": "application/json"}],
         "description": "a JSON schema, or its JSON text (which must parse to an object)",
@@ -106,7 +106,7 @@ _OUTPUT_UNSET = {
     "structured_outputs": {"anyOf": [_NULL, {"type": "object", "properties": _STRUCTURED_UNSET}]},
     **{f"guided_{kind}": _NULL for kind in ("json", "regex", "grammar", "choice")},
 }
-_CHAT_RULES = [
+_CHAT_RULES: list[Any] = [
     at_most_one(
         _OUTPUT_UNSET,
         "At most one output constraint: response_format (other than text), "
@@ -160,8 +160,10 @@ class ToolCallIn(_Lenient):
     function: FunctionCall
 
 
-_TEXT_PART = {"properties": {"type": {"const": "text"}, "text": nullable({"type": "string"})}}
-_IMAGE_PART = {
+_TEXT_PART: dict[str, Any] = {
+    "properties": {"type": {"const": "text"}, "text": nullable({"type": "string"})}
+}
+_IMAGE_PART: dict[str, Any] = {
     "properties": {
         "type": {"const": "image_url"},
         "image_url": {

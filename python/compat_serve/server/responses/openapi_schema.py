@@ -337,7 +337,7 @@ _CALLABLE_TOOL = {
         },
     ]
 }
-REQUEST_RULES = [
+REQUEST_RULES: list[Any] = [
     {
         "anyOf": [
             {
