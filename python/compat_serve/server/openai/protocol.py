@@ -185,7 +185,7 @@ class ContentPart(_Lenient):
         extra="ignore", strict=True, json_schema_extra={"anyOf": [_TEXT_PART, _IMAGE_PART]}
     )
 
-    type: str = Field(json_schema_extra={"enum": ["text", "image_url"]})
+    type: str  # the variants above say which
     text: str | None = None
     # {"url": "data:image/png;base64,..." | "https://...", "detail": ...}
     image_url: dict[str, Any] | None = None
