@@ -19,9 +19,9 @@ from compat_serve.server.responses.sealed_reasoning import ReasoningSeal
 from compat_serve.server.responses.tools import CUSTOM_INPUT, chat_name
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text", "refusal")
+TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text", "refusal")
 # Calls of hosted tools a client may send back: nothing to render.
-_HOSTED_ITEMS = (
+HOSTED_ITEMS = (
     "web_search_call",
     "file_search_call",
     "image_generation_call",
@@ -77,7 +77,7 @@ def content_text(content: object, where: str, images: list[ImageRef] | None = No
         if not isinstance(part, dict):
             raise bad(at, "must be a content part object")
         kind = part.get("type")
-        if kind in _TEXT_PARTS:
+        if kind in TEXT_PARTS:
             key = "refusal" if kind == "refusal" else "text"
             text = part.get(key)
             if not isinstance(text, str):
@@ -199,7 +199,7 @@ def input_messages(
             conversation.output(item, at)
         elif kind == "reasoning":
             conversation.reasoning(item, at)
-        elif kind in _HOSTED_ITEMS:
+        elif kind in HOSTED_ITEMS:
             continue
         elif kind is None:
             raise bad(f"{at}.type", "field required")

@@ -1,9 +1,10 @@
-"""What `/v1/responses` answers, for the OpenAPI document (server/openapi.py)."""
+"""What `/v1/responses` takes and answers, for the OpenAPI document (server/openapi.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from compat_serve.server.responses.items import HOSTED_ITEMS, TEXT_PARTS
 from compat_serve.server.schema_rules import JSON_OBJECT_TEXT
 
 _INT = {"type": "integer"}
@@ -87,7 +88,7 @@ EVENT: dict[str, Any] = {
 # object, a named tool must be one of `tools` (and of the named kind), tool names are
 # unique, grammars and JSON schemas must compile, `previous_response_id` must be stored.
 
-_TEXT_PART_TYPES = ["input_text", "output_text", "text", "summary_text", "reasoning_text"]
+_TEXT_PART_TYPES = [kind for kind in TEXT_PARTS if kind != "refusal"]
 _PARTS = [
     {
         "type": "object",
@@ -113,15 +114,6 @@ _CONTENT = {"anyOf": [_STR, {"type": "array", "items": {"anyOf": _PARTS}}]}
 _TEXT_CONTENT = {"anyOf": [_STR, {"type": "array", "items": {"anyOf": _PARTS[:2]}}]}
 _ARGUMENTS = {**JSON_OBJECT_TEXT, "description": "the JSON text of an object (or blank)"}
 _OPTIONAL_STR = {"anyOf": [_STR, _NULL]}
-HOSTED_ITEMS = [
-    "web_search_call",
-    "file_search_call",
-    "image_generation_call",
-    "code_interpreter_call",
-    "tool_search_call",
-    "tool_search_output",
-    "mcp_list_tools",
-]
 
 
 def _item(kind: str, fields: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -164,7 +156,7 @@ _REASONING_ITEM = _item(
 )
 _HOSTED_ITEM = {
     "type": "object",
-    "properties": {"type": {"enum": HOSTED_ITEMS}},
+    "properties": {"type": {"enum": list(HOSTED_ITEMS)}},
     "required": ["type"],
     "description": "a hosted tool's item: ignored",
 }
@@ -293,13 +285,15 @@ TOOL_CHOICE = {
         _NULL,
     ]
 }
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+SUMMARIES = ("auto", "concise", "detailed")
 REASONING = {
     "anyOf": [
         {
             "type": "object",
             "properties": {
-                "effort": {"enum": ["none", "minimal", "low", "medium", "high", "xhigh", None]},
-                "summary": {"enum": ["auto", "concise", "detailed", "none", None]},
+                "effort": {"enum": [*EFFORTS, None]},
+                "summary": {"enum": [*SUMMARIES, "none", None]},
             },
         },
         _NULL,
