@@ -83,6 +83,12 @@ BAD_BODIES: list[tuple[str, dict[str, Any], str]] = [
         "input",
     ),
     (
+        "nothing but an empty prefill and empty system text",
+        {**OK, "system": "", "messages": [{"role": "system", "content": ""},
+                                          {"role": "assistant", "content": ""}]},
+        "all messages are empty",
+    ),
+    (
         "prefill ending in whitespace",
         {**OK, "messages": [*HI, {"role": "assistant", "content": "Sure "}]},
         "trailing whitespace",

@@ -219,3 +219,34 @@ def test_a_vanishing_temperature_is_greedy_not_a_500(server: RunningServer) -> N
     response = httpx.post(f"{server.base_url}{_CHAT}", json=body)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] in ("jQg", "abc")
+
+
+def test_image_parts_are_documented_only_for_a_model_that_reads_images(
+    document: dict[str, Any],
+) -> None:
+    from compat_serve.server.openapi import VISION_ONLY, truthful_openapi
+
+    # The embedded model is text-only: its document lists no image part or block.
+    text = json.dumps(document["components"]["schemas"])
+    part = document["components"]["schemas"]["ContentPart"]
+    assert [v["properties"]["type"]["const"] for v in part["anyOf"]] == ["text"]
+    assert '"input_image"' not in text
+    assert '{"const": "image"}' not in text and VISION_ONLY not in text
+    variants = [{"properties": {"type": {"const": "text"}}}, {VISION_ONLY: True, "title": "img"}]
+    for vision, kept in ((False, 1), (True, 2)):
+        part = {"anyOf": [dict(v) for v in variants]}
+        doc = {"paths": {}, "components": {"schemas": {"Part": part}}}
+        schemas = truthful_openapi(doc, vision=vision)["components"]["schemas"]
+        assert len(schemas["Part"]["anyOf"]) == kept
+        assert VISION_ONLY not in json.dumps(schemas)
+
+
+def test_cross_field_rules_are_in_the_document(document: dict[str, Any]) -> None:
+    """A body the document calls invalid for a rule across fields is one the server
+    refuses (the fuzzer checks the other direction)."""
+    chat = json.dumps(_request_schema(document, _CHAT)["allOf"])
+    assert "At most one output constraint" in chat and "top_logprobs above 0" in chat
+    messages = json.dumps(_request_schema(document, _MESSAGES)["allOf"])
+    assert "Thinking may not be enabled" in messages
+    responses = json.dumps(_request_schema(document, "/v1/responses")["allOf"])
+    assert "Something to answer" in responses

@@ -35,6 +35,18 @@ CASES: list[tuple[str, dict[str, Any], int, str]] = [
         "input[0].content",
     ),
     (
+        "reasoning content of a wrong type",
+        {"input": [{"type": "reasoning", "content": 0}, {"role": "user", "content": "x"}]},
+        400,
+        "input[0].content",
+    ),
+    (
+        "reasoning summary of a wrong type",
+        {"input": [{"type": "reasoning", "summary": {}}, {"role": "user", "content": "x"}]},
+        400,
+        "input[0].summary",
+    ),
+    (
         "unknown content part",
         {"input": [{"role": "user", "content": [{"type": "input_video"}]}]},
         400,

@@ -199,6 +199,10 @@ def test_choice_walks_produce_a_choice(vocab: Vocab) -> None:
         ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json"),
         ({"structured_outputs": {"regex": ""}}, "structured_outputs.regex"),
         ({"structured_outputs": {"regex": 5}}, "structured_outputs.regex"),
+        # Only null (and false for json_object) leaves a constraint unset; 0 is no null.
+        ({"structured_outputs": {"regex": 0}}, "structured_outputs.regex"),
+        ({"structured_outputs": {"json": False}}, "structured_outputs.json"),
+        ({"structured_outputs": {"json_object": 0}}, "structured_outputs.json_object"),
         ({"structured_outputs": {"grammar": "  "}}, "structured_outputs.grammar"),
         ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
         ({"structured_outputs": {"choice": "yes"}}, "structured_outputs.choice"),

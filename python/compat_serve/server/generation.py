@@ -139,7 +139,7 @@ def submit(
         raise shutdown_error() from exc
     except GrammarError as exc:
         field = grammar.field if grammar is not None else "grammar"
-        raise ApiError(400, f"{field}: {exc}", param=field) from exc
+        raise ApiError(400, f"{field}: does not compile: {exc}", param=field) from exc
     except ValueError as exc:
         raise ApiError(400, str(exc)) from exc
 

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from compat_serve.server.anthropic.errors import ERROR_TYPES as ANTHROPIC_ERROR_TYPES
+from compat_serve.server.images import reads_images
 from compat_serve.server.responses import openapi_schema as responses_schema
 from compat_serve.server.state import ServerState
 
@@ -421,8 +422,31 @@ def _token_ids(schema: Any, vocab_size: int) -> None:
             _token_ids(item, vocab_size)
 
 
-def truthful_openapi(document: JsonSchema, vocab_size: int | None = None) -> JsonSchema:
-    """Rewrite FastAPI's document (in place) to match what the routes answer."""
+VISION_ONLY = "x-vision-only"
+
+
+def _for_the_model(schema: Any, vision: bool) -> None:
+    """Keep the `anyOf` variants marked vision-only (image parts and blocks) on a model
+    that reads images, drop them on a text-only one (which answers them with a 400)."""
+    if isinstance(schema, dict):
+        variants = schema.get("anyOf")
+        if isinstance(variants, list):
+            schema["anyOf"] = [
+                v for v in variants if vision or not (isinstance(v, dict) and v.get(VISION_ONLY))
+            ]
+        schema.pop(VISION_ONLY, None)
+        for value in schema.values():
+            _for_the_model(value, vision)
+    elif isinstance(schema, list):
+        for item in schema:
+            _for_the_model(item, vision)
+
+
+def truthful_openapi(
+    document: JsonSchema, vocab_size: int | None = None, *, vision: bool = False
+) -> JsonSchema:
+    """Rewrite FastAPI's document (in place) to match what the routes answer; `vision`:
+    the model reads images."""
     for path, operations in document.get("paths", {}).items():
         for operation in operations.values():
             if path in _SUCCESS or path == "/metrics":
@@ -443,6 +467,7 @@ def truthful_openapi(document: JsonSchema, vocab_size: int | None = None) -> Jso
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
+    _for_the_model(schemas, vision)
     schemas.update(SCHEMAS)
     if vocab_size is not None and "CompletionRequest" in schemas:
         _token_ids(schemas["CompletionRequest"]["properties"]["prompt"], vocab_size)
@@ -461,7 +486,7 @@ def install_openapi(app: FastAPI, state: ServerState) -> None:
                 routes=app.routes,
             )
             vocab = getattr(getattr(state.engine.model, "tokenizer", None), "vocab_size", None)
-            app.openapi_schema = truthful_openapi(document, vocab)
+            app.openapi_schema = truthful_openapi(document, vocab, vision=reads_images(state))
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -19,6 +19,7 @@ from pydantic.config import JsonDict
 
 from compat_serve.engine.types import Usage
 from compat_serve.server.json_types import INTEGRAL, U32_MAX, JsonInt
+from compat_serve.server.schema_rules import needs, nullable, unless
 
 
 class _Lenient(BaseModel):
@@ -120,6 +121,14 @@ _TOOL_USE = {
     },
     "required": ["type", "id", "name", "input"],
 }
+# Only in the document of a vision-language model (server/openapi.py).
+_IMAGE = {
+    "type": "object",
+    "properties": {"type": {"const": "image"}, "source": {"type": "object"}},
+    "required": ["type", "source"],
+    "description": "a base64 or URL image source the server can read",
+    "x-vision-only": True,
+}
 _TOOL_RESULT = {
     "type": "object",
     "properties": {
@@ -128,7 +137,7 @@ _TOOL_RESULT = {
         "content": {
             "anyOf": [
                 {"type": "string"},
-                {"type": "array", "items": {"anyOf": [_TEXT, _IGNORED]}},
+                {"type": "array", "items": {"anyOf": [_TEXT, _IGNORED, _IMAGE]}},
                 _NULL,
             ]
         },
@@ -156,13 +165,16 @@ MESSAGES_SCHEMA = {
     "minItems": 1,
     "items": {
         "anyOf": [
-            _message(["user"], _content(_TEXT, _TOOL_RESULT, _IGNORED)),
+            _message(["user"], _content(_TEXT, _TOOL_RESULT, _IGNORED, _IMAGE)),
             _message(["assistant"], _content(_TEXT, _THINKING, _TOOL_USE, _IGNORED)),
             _message(["system", "developer"], SYSTEM_CONTENT_SCHEMA),
         ]
     },
-    "description": "At least one message must have content; a final assistant message "
-    "(a prefill) cannot hold tool_use blocks nor end with whitespace.",
+    # Rules on the last message and on the whole list, which JSON Schema cannot state.
+    "description": "At least one message must have content (a user message, an assistant "
+    "message before the last, or non-empty system text); a final assistant message (a "
+    "prefill) cannot hold tool_use blocks nor end with whitespace, nor come with a "
+    "structured output format.",
 }
 
 
@@ -211,6 +223,21 @@ class ToolDef(_Lenient):
 
 
 class ToolChoice(_Lenient):
+    model_config = ConfigDict(
+        extra="ignore",
+        strict=True,
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"type": {"enum": ["auto", "any", "none"]}}},
+                {
+                    "properties": {"type": {"const": "tool"}, "name": {"type": "string"}},
+                    "required": ["name"],
+                    "description": "the name of one of the client tools",
+                },
+            ]
+        },
+    )
+
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
@@ -253,7 +280,30 @@ OUTPUT_FORMAT_SCHEMA = {
 }
 
 
+_UNFORCED = nullable({"type": "object", "properties": {"type": {"enum": ["auto", "none"]}}})
+_CLIENT_TOOL = {"type": "object", "properties": {"type": nullable({"const": "custom"})}}
+_MESSAGES_RULES: list[Any] = [
+    needs(
+        "tool_choice",
+        _UNFORCED,
+        "tools",
+        {"type": "array", "contains": _CLIENT_TOOL},
+        "tool_choice any or tool needs a client tool; a named tool must be one of them.",
+    ),
+    unless(
+        "tool_choice",
+        _UNFORCED,
+        {"properties": {"thinking": nullable({"properties": {"type": {"const": "disabled"}}})}},
+        "Thinking may not be enabled when tool_choice forces tool use.",
+    ),
+]
+
+
 class _MessagesBase(_Lenient):
+    model_config = ConfigDict(
+        extra="ignore", strict=True, json_schema_extra={"allOf": _MESSAGES_RULES}
+    )
+
     model: str
     messages: Annotated[list[InputMessage], WithJsonSchema(MESSAGES_SCHEMA)]
     system: Annotated[
@@ -277,6 +327,7 @@ class _MessagesBase(_Lenient):
             }
         ),
     ] = None
+    # Both given: they must be equal (a rule JSON Schema cannot state).
     output_format: Annotated[dict[str, Any] | None, WithJsonSchema(OUTPUT_FORMAT_SCHEMA)] = None
 
 

@@ -12,8 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from compat_serve.engine.types import MAX_TOP_LOGPROBS
 from compat_serve.server.json_types import INTEGRAL, U32_MAX, JsonInt
+from compat_serve.server.schema_rules import JSON_OBJECT_TEXT, at_most_one, needs, nullable
+from compat_serve.server.schema_rules import NULL as _NULL
 
-_NULL = {"type": "null"}
 _JSON_OBJECT = {"type": "object", "additionalProperties": True}
 # What `tool_choice` accepts (the named function must be one of `tools`).
 TOOL_CHOICE_SCHEMA = {
@@ -49,8 +50,8 @@ RESPONSE_FORMAT_SCHEMA = {
                 "json_schema": {
                     "type": "object",
                     "properties": {
-                        "name": {"type": "string"},
-                        "strict": {"anyOf": [{"type": "boolean"}, _NULL]},
+                        "name": nullable({"type": "string"}),
+                        "strict": nullable({"type": "boolean"}),
                         "schema": {**_JSON_OBJECT, "description": "a JSON schema"},
                     },
                     "required": ["schema"],
@@ -62,21 +63,31 @@ RESPONSE_FORMAT_SCHEMA = {
     ],
     "description": "At most one of response_format, structured_outputs and guided_*.",
 }
-_STRUCTURED_KIND = {
-    "json": {"anyOf": [_JSON_OBJECT, {"type": "string"}], "description": "a JSON schema"},
-    "regex": {"type": "string", "description": "a regular expression"},
-    "grammar": {"type": "string", "description": "a Lark grammar"},
+# A grammar that does not compile (a bad regex, Lark or JSON schema) is a 400 naming the
+# field ("<field>: does not compile: ..."): JSON Schema cannot state that rule.
+_STRUCTURED_KIND: dict[str, dict[str, Any]] = {
+    "json": {
+        "anyOf": [_JSON_OBJECT, {"type": "string", "contentMediaType": "application/json"}],
+        "description": "a JSON schema, or its JSON text (which must parse to an object)",
+    },
+    "regex": {"type": "string", "minLength": 1, "description": "a regular expression"},
+    "grammar": {"type": "string", "pattern": "\\S", "description": "a Lark grammar"},
     "choice": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-    "json_object": {"const": True},
+    "json_object": {"type": "boolean", "description": "true: any JSON object; false: unset"},
 }
+_UNSET_KIND = {"json_object": {"anyOf": [_NULL, {"const": False}]}}
+_STRUCTURED_UNSET = {kind: _UNSET_KIND.get(kind, _NULL) for kind in _STRUCTURED_KIND}
 STRUCTURED_OUTPUTS_SCHEMA = {
     "anyOf": [
         {
             "type": "object",
-            "description": "vLLM structured outputs: at most one constraint",
-            "properties": _STRUCTURED_KIND,
-            "maxProperties": 1,
-            "additionalProperties": False,
+            "description": "vLLM structured outputs: at most one constraint (other keys "
+            "are options, ignored)",
+            "properties": {
+                **{kind: nullable(schema) for kind, schema in _STRUCTURED_KIND.items()},
+                "structural_tag": {**_NULL, "description": "not supported"},
+            },
+            "allOf": [at_most_one(_STRUCTURED_UNSET, "at most one constraint")],
         },
         _NULL,
     ]
@@ -85,6 +96,38 @@ STRUCTURED_OUTPUTS_SCHEMA = {
 
 def _guided(kind: str) -> Any:
     return WithJsonSchema({"anyOf": [_STRUCTURED_KIND[kind], _NULL], "description": "vLLM"})
+
+
+# Whole-body rules of a chat completion request.
+_OUTPUT_UNSET = {
+    "response_format": {
+        "anyOf": [_NULL, {"type": "object", "properties": {"type": {"const": "text"}}}]
+    },
+    "structured_outputs": {"anyOf": [_NULL, {"type": "object", "properties": _STRUCTURED_UNSET}]},
+    **{f"guided_{kind}": _NULL for kind in ("json", "regex", "grammar", "choice")},
+}
+_CHAT_RULES: list[Any] = [
+    at_most_one(
+        _OUTPUT_UNSET,
+        "At most one output constraint: response_format (other than text), "
+        "structured_outputs, guided_*.",
+    ),
+    needs(
+        "tool_choice",
+        nullable({"enum": ["none", "auto"]}),
+        "tools",
+        {"type": "array", "minItems": 1},
+        "tool_choice 'required' or a named function needs tools; a named function must "
+        "be one of them.",
+    ),
+    needs(
+        "top_logprobs",
+        nullable({"const": 0}),
+        "logprobs",
+        {"const": True},
+        "top_logprobs above 0 needs logprobs: true.",
+    ),
+]
 
 
 class _Lenient(BaseModel):
@@ -101,7 +144,7 @@ class FunctionCall(_Lenient):
         WithJsonSchema(
             {
                 "anyOf": [
-                    {"type": "string", "contentMediaType": "application/json"},
+                    JSON_OBJECT_TEXT,
                     _JSON_OBJECT,
                 ],
                 "description": "a JSON object, or its JSON text (integers within 64 bits)",
@@ -117,9 +160,32 @@ class ToolCallIn(_Lenient):
     function: FunctionCall
 
 
+_TEXT_PART: dict[str, Any] = {
+    "properties": {"type": {"const": "text"}, "text": nullable({"type": "string"})}
+}
+_IMAGE_PART: dict[str, Any] = {
+    "properties": {
+        "type": {"const": "image_url"},
+        "image_url": {
+            "type": "object",
+            "properties": {"url": {"type": "string", "minLength": 1}},
+            "required": ["url"],
+        },
+    },
+    "required": ["image_url"],
+    "description": "a data: URL or an http(s) URL of an image the server can read",
+    # Only in the document of a vision-language model (server/openapi.py).
+    "x-vision-only": True,
+}
+
+
 class ContentPart(_Lenient):
     # Text parts; `image_url` parts on a vision-language model (a 400 on a text-only one).
-    type: str = Field(json_schema_extra={"enum": ["text", "image_url"]})
+    model_config = ConfigDict(
+        extra="ignore", strict=True, json_schema_extra={"anyOf": [_TEXT_PART, _IMAGE_PART]}
+    )
+
+    type: str  # the variants above say which
     text: str | None = None
     # {"url": "data:image/png;base64,..." | "https://...", "detail": ...}
     image_url: dict[str, Any] | None = None
@@ -173,6 +239,8 @@ class _SamplingFields(_Lenient):
 
 
 class ChatCompletionRequest(_SamplingFields):
+    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra={"allOf": _CHAT_RULES})
+
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: Annotated[int, Field(ge=-1, le=U32_MAX), INTEGRAL] | None = None
     # Log probability of each generated token, and of this many alternatives at each.

@@ -84,7 +84,8 @@ def _structured_outputs(value: dict[str, Any]) -> Grammar | None:
     for kind in _UNSUPPORTED_STRUCTURED:
         if value.get(kind) is not None:
             raise bad(f"structured_outputs.{kind}", "is not supported")
-    given = [k for k in _STRUCTURED_KINDS if value.get(k) not in (None, False)]
+    # Unset: absent or null (json_object also false); `0` is not `false` here.
+    given = [k for k in _STRUCTURED_KINDS if not _unset(k, value.get(k))]
     if len(given) > 1:
         raise bad(
             f"structured_outputs.{given[1]}",
@@ -100,6 +101,10 @@ def _structured_outputs(value: dict[str, Any]) -> Grammar | None:
             raise bad(field, "must be true")
         return json_schema_grammar(_ANY_OBJECT, field)
     return _build(kind, item, field)
+
+
+def _unset(kind: str, value: object) -> bool:
+    return value is None or (kind == "json_object" and value is False)
 
 
 def _guided(name: str, value: object) -> Grammar:

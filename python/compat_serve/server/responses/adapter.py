@@ -9,14 +9,15 @@ from compat_serve.chat.images import ImageRef
 from compat_serve.chat.types import ChatRequest, Message
 from compat_serve.engine.types import Grammar, SamplingParams
 from compat_serve.server.output_format import bad, json_schema_grammar
+from compat_serve.server.responses import openapi_schema
 from compat_serve.server.responses.items import input_messages
 from compat_serve.server.responses.protocol import ResponsesRequest
 from compat_serve.server.responses.sealed_reasoning import ReasoningSeal
 from compat_serve.server.responses.tools import ResponseTools, ToolEntry, response_tools
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
-_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
-_SUMMARIES = ("auto", "concise", "detailed")
+_EFFORTS = openapi_schema.EFFORTS
+_SUMMARIES = openapi_schema.SUMMARIES
 
 
 @dataclass

@@ -19,9 +19,9 @@ from compat_serve.server.responses.sealed_reasoning import ReasoningSeal
 from compat_serve.server.responses.tools import CUSTOM_INPUT, chat_name
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text", "refusal")
+TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text", "refusal")
 # Calls of hosted tools a client may send back: nothing to render.
-_HOSTED_ITEMS = (
+HOSTED_ITEMS = (
     "web_search_call",
     "file_search_call",
     "image_generation_call",
@@ -77,7 +77,7 @@ def content_text(content: object, where: str, images: list[ImageRef] | None = No
         if not isinstance(part, dict):
             raise bad(at, "must be a content part object")
         kind = part.get("type")
-        if kind in _TEXT_PARTS:
+        if kind in TEXT_PARTS:
             key = "refusal" if kind == "refusal" else "text"
             text = part.get(key)
             if not isinstance(text, str):
@@ -166,15 +166,12 @@ class _Conversation:
         blob = item.get("encrypted_content")
         if blob is not None and not isinstance(blob, str):
             raise bad(f"{where}.encrypted_content", "must be a string")
-        restored = self._seal.open(blob) if blob else None
-        if restored is None:
-            content = item.get("content")
-            if content:
-                restored = content_text(content, f"{where}.content")
-        if restored is None:
-            summary = item.get("summary")
-            if summary:
-                restored = content_text(summary, f"{where}.summary")
+        # The sealed text, else the content, else the summary; null or empty: none.
+        texts = [self._seal.open(blob) if blob else None]
+        for key in ("content", "summary"):
+            value = item.get(key)
+            texts.append(None if value is None else content_text(value, f"{where}.{key}"))
+        restored = next((text for text in texts if text), None)
         if restored:
             self._reasoning.append(restored)
 
@@ -202,7 +199,7 @@ def input_messages(
             conversation.output(item, at)
         elif kind == "reasoning":
             conversation.reasoning(item, at)
-        elif kind in _HOSTED_ITEMS:
+        elif kind in HOSTED_ITEMS:
             continue
         elif kind is None:
             raise bad(f"{at}.type", "field required")

@@ -13,49 +13,30 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from compat_serve.server.json_types import INTEGRAL, U32_MAX
+from compat_serve.server.responses import openapi_schema as schema
+from compat_serve.server.schema_rules import NULL as _NULL
 
-_NULL = {"type": "null"}
-_ITEMS = {
-    "anyOf": [
-        {"type": "string"},
-        {"type": "array", "items": {"type": "object", "additionalProperties": True}},
-    ],
-    "description": "a user message, or input items (message, function_call, "
-    "function_call_output, custom_tool_call, custom_tool_call_output, reasoning)",
-}
-_OBJECTS = {
-    "anyOf": [
-        {"type": "array", "items": {"type": "object", "additionalProperties": True}},
-        _NULL,
-    ]
-}
-_TOOL_CHOICE = {
-    "anyOf": [
-        {"type": "string", "enum": ["none", "auto", "required"]},
-        {"type": "object", "additionalProperties": True},
-        _NULL,
-    ]
-}
 _STOP = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, _NULL]}
-_OBJECT = {"anyOf": [{"type": "object", "additionalProperties": True}, _NULL]}
 
 
 class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(
+        extra="ignore", strict=True, json_schema_extra={"allOf": schema.REQUEST_RULES}
+    )
 
     model: str
-    input: Annotated[Any, WithJsonSchema(_ITEMS)] = ""
+    input: Annotated[Any, WithJsonSchema(schema.INPUT)] = ""
     instructions: str | None = None
-    tools: Annotated[list[Any] | None, WithJsonSchema(_OBJECTS)] = None
-    tool_choice: Annotated[Any, WithJsonSchema(_TOOL_CHOICE)] = None
+    tools: Annotated[list[Any] | None, WithJsonSchema(schema.TOOLS)] = None
+    tool_choice: Annotated[Any, WithJsonSchema(schema.TOOL_CHOICE)] = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: Annotated[int, Field(ge=1, le=U32_MAX), INTEGRAL] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     # An extension (vLLM accepts it too): stop strings.
     stop: Annotated[Any, WithJsonSchema(_STOP)] = None
-    reasoning: Annotated[dict[str, Any] | None, WithJsonSchema(_OBJECT)] = None
-    text: Annotated[dict[str, Any] | None, WithJsonSchema(_OBJECT)] = None
+    reasoning: Annotated[dict[str, Any] | None, WithJsonSchema(schema.REASONING)] = None
+    text: Annotated[dict[str, Any] | None, WithJsonSchema(schema.TEXT)] = None
     include: list[str] | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
