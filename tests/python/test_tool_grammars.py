@@ -667,3 +667,16 @@ def test_unimplemented_schema_keywords_in_tools_are_not_enforced(plain: Vocab, n
         "required": ["url"],
     }
     _compile(plain, TOOL_FORMATS[name], RequestTools({"fetch": schema}), mode="required")
+
+
+def test_a_tool_name_with_the_del_character_compiles(plain: Vocab) -> None:
+    """json.dumps leaves DEL raw; the grammar engine's lexer refuses it (found by the
+    schemathesis fuzzer on seed 5: every forced call to such a tool was a 400)."""
+    from compat_serve.parsers.lark import quote
+
+    name = "a\x7fb"
+    assert quote(name) == '"a\\u007fb"'
+    matcher = plain.grammars.table.compile("lark", "start: " + quote(name))
+    for token in plain.tokenizer.encode(name):
+        matcher.consume(token)
+    assert matcher.is_accepting()

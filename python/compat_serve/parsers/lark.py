@@ -51,8 +51,9 @@ def arguments_schema(schema: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 
 def quote(text: str) -> str:
-    """A Lark string literal."""
-    return json.dumps(text, ensure_ascii=False)
+    """A Lark string literal. DEL is escaped too: json.dumps leaves it raw, and the grammar
+    engine's lexer refuses it (a client tool named with it made every forced call a 400)."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def regex_escape(text: str) -> str:
