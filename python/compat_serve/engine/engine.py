@@ -12,6 +12,7 @@ or a full context. Aborts are applied between steps, so a request leaves at most
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -25,8 +26,9 @@ from compat_serve.engine.draft_model import with_draft_model
 from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTooLong
 from compat_serve.engine.executor import StepExecutor
 from compat_serve.engine.kv_events import check_kv_events_config, open_kv_events
-from compat_serve.engine.memory import physical_memory_bytes
-from compat_serve.engine.metrics import EngineMetrics
+from compat_serve.engine.kv_quant import KVFormat, check_head_dim
+from compat_serve.engine.memory import auto_context_length, physical_memory_bytes
+from compat_serve.engine.metrics import EngineMetrics, Gauge
 from compat_serve.engine.prefix.cache import PrefixCaching
 from compat_serve.engine.prefix.disk import DiskStore, model_fingerprint, weights_digest
 from compat_serve.engine.prefix.store import is_attention_cache
@@ -81,6 +83,10 @@ class EngineConfig:
     progress_interval_s: float = 5.0
     # Speculative decoding (engine/speculation.py); off by default.
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    # How attention K/V is stored (engine/kv_quant.py): the model's dtype, or quantized.
+    kv_format: KVFormat = field(default_factory=KVFormat)
+    # Serve min(the model's window, what one sequence's KV can hold in --kv-memory).
+    auto_context: bool = False
 
     @property
     def prefill_chunk_while_decoding(self) -> int:
@@ -123,6 +129,7 @@ class EngineConfig:
             raise ValueError("--max-num-batched-tokens must be at least --max-num-seqs")
         check_kv_events_config(self)
         self.speculation.validate()
+        self.kv_format.validate()
 
 
 @dataclass(frozen=True)
@@ -150,7 +157,9 @@ class Engine:
         self.config.validate()
         self.status = StatusBoard()
         self.metrics = EngineMetrics(loaded.name)
-        self._runner = ModelRunner(loaded)
+        kv_format = self.config.kv_format
+        self._runner = ModelRunner(loaded, kv_format)
+        check_head_dim(self._runner.head_dims() if kv_format.quantized else [], kv_format)
         if self._runner.features is not None:
             self.metrics.extra_renderers.append(self._runner.features.render_metrics)
         tokenizer = loaded.tokenizer
@@ -162,6 +171,12 @@ class Engine:
         self._grammars_lock = threading.Lock()
         self._kv_bytes_per_token = self._runner.measure_kv_bytes_per_token()
         self.kv_capacity_tokens = self._kv_capacity_tokens()
+        if self.config.auto_context:
+            loaded = self.model = dataclasses.replace(
+                loaded,
+                context_length=auto_context_length(loaded.context_length, self.kv_capacity_tokens),
+            )
+        self.metrics.extra_renderers.append(self._render_kv_format)
         self.prefix = self._prefix_caching()
         # Longest prompt that leaves room for one generated token.
         self.max_prompt_tokens = min(loaded.context_length, self.kv_capacity_tokens + 1) - 1
@@ -199,6 +214,40 @@ class Engine:
         """Drafted and accepted tokens (speculative decoding), for /v1/status."""
         return self._executor.spec_stats.status()
 
+    @property
+    def kv_format(self) -> KVFormat:
+        return self.config.kv_format
+
+    def kv_format_status(self) -> dict[str, object]:
+        """The KV format, for /v1/status and the startup log."""
+        kv_format = self.config.kv_format
+        return {
+            "format": kv_format.tag,
+            "bits": kv_format.bits,
+            "group_size": kv_format.group_size if kv_format.quantized else None,
+            "dtype": self.model.dtype,
+            "bytes_per_token": self._kv_bytes_per_token,
+        }
+
+    def _render_kv_format(self) -> list[str]:
+        kv_format = self.config.kv_format
+        info = Gauge(
+            "compat_kv_cache_format_info",
+            "How attention K/V is stored (--kv-bits, --kv-group-size): format, bits, group.",
+            {
+                "format": kv_format.tag,
+                "bits": str(kv_format.bits or 0),
+                "group_size": str(kv_format.group_size if kv_format.quantized else 0),
+            },
+        )
+        info.set(1)
+        per_token = Gauge(
+            "compat_kv_bytes_per_token",
+            "Bytes of K/V one position takes across all layers, in the stored format.",
+        )
+        per_token.set(self._kv_bytes_per_token)
+        return [*info.render(), *per_token.render()]
+
     def _kv_capacity_tokens(self) -> int:
         per_token = self._kv_bytes_per_token
         budget = self.config.kv_memory_bytes
@@ -231,6 +280,7 @@ class Engine:
             hybrid=hybrid,
             hash_kind=config.cache_hash,
             snapshot_budget_bytes=budget // 4,
+            kv_format=config.kv_format,
             disk=self._disk_store(),
         )
 
@@ -248,6 +298,8 @@ class Engine:
             self._kv_bytes_per_token,
             config.block_size,
             config.cache_hash,
+            # Another KV format's files are never even listed: a miss, not an error.
+            *([config.kv_format.tag] if config.kv_format.quantized else []),
         )
         return DiskStore(config.cache_dir, fingerprint, config.cache_disk_bytes)
 
@@ -259,11 +311,13 @@ class Engine:
             self._thread.start()
             log.info(
                 "engine: up to %d sequences per batch, %d tokens per step, prefill chunk %d, "
-                "KV room for %d tokens",
+                "KV room for %d tokens, KV stored as %s (%d bytes per token)",
                 self.config.max_num_seqs,
                 self.config.batched_tokens,
                 self.config.prefill_chunk,
                 self.kv_capacity_tokens,
+                self.config.kv_format.describe(self.model.dtype),
+                self._kv_bytes_per_token,
             )
 
     @property

@@ -46,3 +46,62 @@ def parse_memory_size(text: str, *, total: int | None = None) -> int:
     if size <= 0:
         raise ValueError(f"a memory size must be positive, got {text!r}")
     return size
+
+
+# ---- the device's memory ------------------------------------------------------------------
+
+# Least served window `--context-length auto` accepts.
+MIN_AUTO_CONTEXT = 256
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def cgroup_limit_bytes() -> int | None:
+    """The container's memory limit (cgroup v2 or v1), None when there is none."""
+    for path in _CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # "max" or a huge number: no limit
+            return int(text)
+    return None
+
+
+def device_memory() -> tuple[int, str]:
+    """(bytes, where the number comes from) the model may use: on Metal the recommended
+    working set (`mx.metal.device_info()`), on CUDA the GPU's memory, on the CPU the
+    cgroup limit or else physical RAM."""
+    import mlx.core as mx
+
+    try:
+        if mx.metal.is_available():
+            info = mx.metal.device_info()
+            size = int(info.get("max_recommended_working_set_size", 0))
+            if size > 0:
+                return size, "Metal recommended working set"
+        cuda = getattr(mx, "cuda", None)
+        if cuda is not None and cuda.is_available():
+            size = int(mx.device_info().get("memory_size", 0))
+            if size > 0:
+                return size, "CUDA device memory"
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        pass
+    ram = physical_memory_bytes()
+    limit = cgroup_limit_bytes()
+    if limit is not None and limit < ram:
+        return limit, "cgroup memory limit"
+    return ram, "physical RAM"
+
+
+def auto_context_length(model_window: int, kv_capacity_tokens: int) -> int:
+    """`--context-length auto`: the model's window, or what one sequence's KV can hold in
+    the KV budget if that is less; at least `MIN_AUTO_CONTEXT` or a start-up error."""
+    window = min(model_window, kv_capacity_tokens)
+    if window < MIN_AUTO_CONTEXT:
+        raise ValueError(
+            f"--context-length auto: --kv-memory holds only {kv_capacity_tokens} tokens of "
+            f"this model's KV; give it room for at least {MIN_AUTO_CONTEXT} tokens (or use "
+            "--kv-bits 8 or 4), or pass --context-length as an integer"
+        )
+    return window

@@ -9,6 +9,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from compat_serve.engine.batch import merge_caches
+from compat_serve.engine.kv_quant import KVFormat, is_attention_layer, quantize_cache
 from compat_serve.engine.metrics import kv_bytes_per_token
 from compat_serve.engine.vision import FeatureCache, VisionInput, chunk_inputs
 from compat_serve.models.types import LoadedModel
@@ -17,8 +18,10 @@ from compat_serve.models.types import LoadedModel
 class ModelRunner:
     """Chunked prefill on one request's own cache; batched decode over the running batch."""
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(self, loaded: LoadedModel, kv_format: KVFormat | None = None) -> None:
         self._model = loaded.model
+        # How attention K/V is stored (engine/kv_quant.py); the model's dtype by default.
+        self.kv_format = kv_format or KVFormat()
         # Width of the model's logits (may exceed the tokenizer's vocabulary); measured by
         # `measure_kv_bytes_per_token`, which the engine runs at start.
         self.logits_width = loaded.tokenizer.vocab_size
@@ -47,7 +50,17 @@ class ModelRunner:
         return out
 
     def new_cache(self) -> list[Any]:
-        return make_prompt_cache(self._model)
+        return quantize_cache(make_prompt_cache(self._model), self.kv_format)
+
+    def head_dims(self) -> list[int]:
+        """The K and V head dims of each attention layer, read from a 1-token forward."""
+        cache = make_prompt_cache(self._model)
+        self._model(mx.array([[0]], dtype=mx.uint32), cache=cache)
+        dims: list[int] = []
+        for layer in cache:
+            if type(layer) is KVCache and layer.keys is not None:
+                dims += [int(layer.keys.shape[-1]), int(layer.values.shape[-1])]
+        return dims
 
     def measure_kv_bytes_per_token(self) -> int:
         """K/V bytes one position takes across all layers, measured on a 1-token forward."""
@@ -155,6 +168,6 @@ class ModelRunner:
 
 
 def plain_kv(cache: list[Any]) -> bool:
-    """True when every layer of a request's cache is a plain `KVCache` (what
-    `last_logits_together` handles)."""
-    return all(type(layer) is KVCache for layer in cache)
+    """True when every layer of a request's cache is a plain `KVCache`, quantized or not
+    (what `last_logits_together` handles)."""
+    return all(is_attention_layer(layer) for layer in cache)
