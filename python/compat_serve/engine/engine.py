@@ -27,7 +27,12 @@ from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTo
 from compat_serve.engine.executor import StepExecutor
 from compat_serve.engine.kv_events import check_kv_events_config, open_kv_events
 from compat_serve.engine.kv_quant import KVFormat, check_head_dim
-from compat_serve.engine.memory import auto_context_length, physical_memory_bytes
+from compat_serve.engine.memory import (
+    MemoryBudget,
+    auto_context_length,
+    plan_memory,
+    weights_nbytes,
+)
 from compat_serve.engine.metrics import EngineMetrics, Gauge
 from compat_serve.engine.prefix.cache import PrefixCaching
 from compat_serve.engine.prefix.disk import DiskStore, model_fingerprint, weights_digest
@@ -44,9 +49,10 @@ from compat_serve.models.types import LoadedModel
 
 log = logging.getLogger("compat_serve.engine")
 
-# Share of physical RAM the running requests' KV may take when --kv-memory is not given.
+# Share of the device's memory left after the weights and the headroom (engine/memory.py)
+# that the running requests' KV may take when --kv-memory is not given.
 DEFAULT_KV_MEMORY_SHARE = 0.3
-# Share of physical RAM the prefix cache may take when --cache-memory is not given.
+# The same for the prefix cache when --cache-memory is not given.
 DEFAULT_CACHE_MEMORY_SHARE = 0.2
 _STALL_WAIT_S = 0.01
 
@@ -63,10 +69,12 @@ class EngineConfig:
     # Most tokens one step computes; None = one prefill chunk plus a token per sequence,
     # so a step never computes more than one chunk of prompt.
     max_num_batched_tokens: int | None = None
-    # KV memory of running requests, in bytes; None = a share of physical RAM.
+    # KV memory of running requests, in bytes of the stored format (--kv-bits); None = a
+    # share of what the device has left after the weights (engine/memory.py).
     kv_memory_bytes: int | None = None
     # Prefix cache: on by default; blocks of `block_size` tokens, at most
-    # `cache_memory_bytes` of cached K/V (None = a share of physical RAM).
+    # `cache_memory_bytes` of cached K/V in the stored format (None = a share of the
+    # device's spare memory).
     prefix_cache: bool = True
     block_size: int = 16
     cache_memory_bytes: int | None = None
@@ -170,6 +178,7 @@ class Engine:
         self._grammars: Grammars | None = None
         self._grammars_lock = threading.Lock()
         self._kv_bytes_per_token = self._runner.measure_kv_bytes_per_token()
+        self.memory = self._plan_memory()
         self.kv_capacity_tokens = self._kv_capacity_tokens()
         if self.config.auto_context:
             loaded = self.model = dataclasses.replace(
@@ -248,11 +257,24 @@ class Engine:
         per_token.set(self._kv_bytes_per_token)
         return [*info.render(), *per_token.render()]
 
+    def _plan_memory(self) -> MemoryBudget:
+        """The device's budget (engine/memory.py), logged; a start-up error if the given
+        --kv-memory and --cache-memory do not fit beside the weights and the headroom."""
+        config = self.config
+        budget = plan_memory(
+            weights_nbytes(self.model.model),
+            config.kv_memory_bytes,
+            config.cache_memory_bytes if config.prefix_cache else 0,
+            DEFAULT_KV_MEMORY_SHARE,
+            DEFAULT_CACHE_MEMORY_SHARE,
+        )
+        log.info("memory: %s", budget.describe())
+        budget.check()
+        return budget
+
     def _kv_capacity_tokens(self) -> int:
         per_token = self._kv_bytes_per_token
-        budget = self.config.kv_memory_bytes
-        if budget is None:
-            budget = int(physical_memory_bytes() * DEFAULT_KV_MEMORY_SHARE)
+        budget = self.memory.kv
         if per_token <= 0:  # no attention KV at all (pure recurrent model)
             return max(budget, 1)
         return max(budget // per_token, 2)
@@ -261,9 +283,7 @@ class Engine:
         config = self.config
         if not config.prefix_cache:
             return None
-        budget = config.cache_memory_bytes
-        if budget is None:
-            budget = int(physical_memory_bytes() * DEFAULT_CACHE_MEMORY_SHARE)
+        budget = self.memory.cache
         per_block = max(self._kv_bytes_per_token, 1) * config.block_size
         hybrid = not all(is_attention_cache(c) for c in self._runner.new_cache())
         num_blocks = max(budget // per_block, 1)

@@ -214,7 +214,8 @@ class BatchQuantKV(_BaseCache):
             self.values = tree_map(lambda a: a[batch_indices], self.values)
         self.offset = self.offset[batch_indices]
         self.left_padding = self.left_padding[batch_indices]
-        shared = min(self.left_padding.tolist())
+        padding: list[int] = self.left_padding.tolist()  # type: ignore[assignment]
+        shared = min(padding)
         if shared > 0:
             self.drop_front(shared)
 
@@ -266,7 +267,8 @@ class BatchQuantKV(_BaseCache):
 
     def extract(self, idx: int) -> QuantKV:
         cache = QuantKV(self.group_size, self.bits)
-        pad = int(self.left_padding.tolist()[idx])
+        padding: list[int] = self.left_padding.tolist()  # type: ignore[assignment]
+        pad = padding[idx]
         end = self._idx
         cache.keys = tree_map(lambda a: mx.contiguous(a[idx : idx + 1, :, pad:end]), self.keys)
         cache.values = tree_map(lambda a: mx.contiguous(a[idx : idx + 1, :, pad:end]), self.values)

@@ -1,9 +1,13 @@
-"""Memory sizes given on the command line: bytes, units, or a share of physical RAM."""
+"""Memory sizes given on the command line (bytes, units, or a share of the device's
+memory), the device's memory itself, and the one budget weights, live KV, the prefix
+cache and a headroom must fit in."""
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
+from typing import Any
 
 _UNITS = {
     "": 1,
@@ -29,7 +33,8 @@ def physical_memory_bytes() -> int:
 
 
 def parse_memory_size(text: str, *, total: int | None = None) -> int:
-    """'30%' (of `total`, default physical RAM), '4GiB', '512MB', '1000000' → bytes."""
+    """'30%' (of `total`, default the device's memory: `device_memory`), '4GiB', '512MB',
+    '1000000' → bytes."""
     value = text.strip()
     if value.endswith("%"):
         try:
@@ -38,7 +43,7 @@ def parse_memory_size(text: str, *, total: int | None = None) -> int:
             raise ValueError(f"not a percentage: {text!r}") from None
         if not 0 < share <= 100:
             raise ValueError(f"a percentage must be in (0, 100], got {text!r}")
-        return int((physical_memory_bytes() if total is None else total) * share / 100)
+        return int((device_memory()[0] if total is None else total) * share / 100)
     match = _SIZE.match(value)
     if match is None or match.group(2).lower() not in _UNITS:
         raise ValueError(f"not a memory size: {text!r} (use e.g. 30%, 4GiB, 512MB, 1000000)")
@@ -105,3 +110,71 @@ def auto_context_length(model_window: int, kv_capacity_tokens: int) -> int:
             "--kv-bits 8 or 4), or pass --context-length as an integer"
         )
     return window
+
+
+def headroom_bytes(device: int) -> int:
+    """Memory left for activations, the allocator's slack and the process itself: a tenth
+    of the device, between 512 MiB and 4 GiB."""
+    return min(max(device // 10, 512 * 2**20), 4 * 2**30)
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """One budget for the device: weights + live KV + prefix cache + headroom must fit."""
+
+    device: int
+    source: str
+    weights: int
+    kv: int
+    cache: int
+    headroom: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.cache + self.headroom
+
+    def describe(self) -> str:
+        def gib(n: int) -> str:
+            return f"{n / 2**30:.2f} GiB"
+
+        return (
+            f"{gib(self.device)} ({self.source}): weights {gib(self.weights)} + live KV "
+            f"{gib(self.kv)} + prefix cache {gib(self.cache)} + headroom {gib(self.headroom)}"
+            f" = {gib(self.total)}"
+        )
+
+    def check(self) -> None:
+        if self.total > self.device:
+            raise ValueError(
+                f"memory budget does not fit the device: {self.describe()}; lower --kv-memory "
+                "or --cache-memory (or use --kv-bits 8 to hold the same tokens in less)"
+            )
+
+
+def plan_memory(
+    weights: int,
+    kv_bytes: int | None,
+    cache_bytes: int | None,
+    kv_share: float,
+    cache_share: float,
+    device: tuple[int, str] | None = None,
+) -> MemoryBudget:
+    """The budget: given sizes as they are, missing ones as shares of what the device has
+    left after the weights and the headroom."""
+    size, source = device or device_memory()
+    headroom = headroom_bytes(size)
+    spare = max(size - weights - headroom, 0)
+    kv = kv_bytes if kv_bytes is not None else int(spare * kv_share)
+    cache = cache_bytes if cache_bytes is not None else int(spare * cache_share)
+    return MemoryBudget(size, source, weights, kv, cache, headroom)
+
+
+def weights_nbytes(model: object) -> int:
+    """Bytes of a model's parameters as loaded."""
+    from mlx.utils import tree_flatten
+
+    parameters = getattr(model, "parameters", None)
+    if parameters is None:
+        return 0
+    flat: Any = tree_flatten(parameters())
+    return sum(int(getattr(array, "nbytes", 0)) for _, array in flat)

@@ -58,7 +58,7 @@ class ModelRunner:
         self._model(mx.array([[0]], dtype=mx.uint32), cache=cache)
         dims: list[int] = []
         for layer in cache:
-            if type(layer) is KVCache and layer.keys is not None:
+            if type(layer) is KVCache and layer.keys is not None and layer.values is not None:
                 dims += [int(layer.keys.shape[-1]), int(layer.values.shape[-1])]
         return dims
 

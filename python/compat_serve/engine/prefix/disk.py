@@ -132,7 +132,7 @@ class DiskFault(RuntimeError):
 def encode(
     key: str, parent: str, tokens: Sequence[int], kv: BlockKV, snapshot: list[Any] | None = None
 ) -> list[bytes]:
-    layers: list[list[object] | None] = []
+    layers: list[list[object] | dict[str, object] | None] = []
     arrays: list[mx.array] = []
     for piece in kv:
         if piece is None:
