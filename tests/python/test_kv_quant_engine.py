@@ -171,3 +171,16 @@ def test_auto_context_serves_what_the_kv_budget_holds(embedded_model: LoadedMode
         auto_engine(embedded_model, kv_memory_bytes=4 * 2**20)
     with pytest.raises(ValueError, match=r"--kv-group-size 128 does not divide .* head dim 64"):
         started(embedded_model, kv_format=KVFormat(8, 128))
+
+
+def test_bad_kv_flags_fail_before_the_model_loads() -> None:
+    from compat_serve.bootstrap import ServeOptions, build_state
+
+    for options, message in [
+        (ServeOptions(kv_bits="3"), r"^--kv-bits must be 8 or 4, not 3$"),
+        (ServeOptions(kv_bits=8, kv_group_size="48"), r"--kv-group-size must be 32, 64 or 128"),
+        (ServeOptions(context_length="0"), r"--context-length must be auto or an integer >= 2"),
+        (ServeOptions(context_length="big"), r"--context-length must be auto or an integer"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            build_state(options, loaded=None)  # raises before load_model(None) runs
