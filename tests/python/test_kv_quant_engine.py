@@ -184,3 +184,46 @@ def test_bad_kv_flags_fail_before_the_model_loads() -> None:
     ]:
         with pytest.raises(ValueError, match=message):
             build_state(options, loaded=None)  # raises before load_model(None) runs
+
+
+def test_fused_decode_over_quantized_kv_matches_the_stock_block(
+    embedded_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decode steps over 8-bit KV take the Rust projection, then quantized attention
+    (models/cpu_decode_block.py); their logits agree with mlx-lm's stock block."""
+    import mlx.core as mx
+
+    from compat_serve.engine.batch import merge_caches
+    from compat_serve.engine.runner import ModelRunner
+    from compat_serve.models import cpu_decode_block
+
+    runner = ModelRunner(embedded_model, Q8)
+    calls = []
+    fused = cpu_decode_block._quantized_step
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return fused(*args)
+
+    def logits() -> mx.array:
+        caches = []
+        for i in range(3):
+            cache = runner.new_cache()
+            runner.prefill(cache, list(range(100 + i, 130 + 7 * i)))
+            caches.append(cache)
+        batch = merge_caches(caches)
+        out = runner.decode_logits(batch, [5, 6, 7])
+        mx.eval(out)
+        return out
+
+    monkeypatch.setattr(cpu_decode_block, "_quantized_step", counted)
+    ours = logits()
+    assert calls  # the quantized decode path ran
+    monkeypatch.setattr(
+        cpu_decode_block,
+        "_quantized_step",
+        cpu_decode_block.llama.TransformerBlock.__call__,
+    )
+    stock = logits()
+    assert mx.abs(ours - stock).max().item() < 1e-3
+    assert mx.array_equal(ours.argmax(axis=-1), stock.argmax(axis=-1)).item()
