@@ -169,6 +169,9 @@ def main() -> None:
     parser.add_argument("--ppl-tokens", type=int, default=2048)
     parser.add_argument("--decode-tokens", type=int, default=32)
     parser.add_argument("--cache-mib", type=float, default=None)
+    parser.add_argument(
+        "--decode-only", action="store_true", help="only greedy agreement and decode speed"
+    )
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()}")
     loaded = load_model(None)
@@ -182,8 +185,11 @@ def main() -> None:
         ratio = per_gib[name] / per_gib["none"]
         rows[name]["tokens/GiB"] = f"{per_gib[name]:,.0f} ({ratio:.2f}x)"
 
-    ppl = {name: perplexity(loaded, f, text_tokens) for name, f in FORMATS.items()}
-    for name in FORMATS:
+    ppl = {
+        name: 1.0 if args.decode_only else perplexity(loaded, f, text_tokens)
+        for name, f in FORMATS.items()
+    }
+    for name in FORMATS if not args.decode_only else ():
         change = (ppl[name] / ppl["none"] - 1) * 100
         rows[name][f"ppl ({args.ppl_tokens} tok)"] = f"{ppl[name]:.3f} ({change:+.2f}%)"
 
@@ -221,7 +227,7 @@ def main() -> None:
     prompt = tuple(encode(fixed_text()))[:600]
     per_token_none = 2**30 / per_gib["none"]
     mib = args.cache_mib or len(prompt) * per_token_none / 2 / 2**20
-    for name, f in FORMATS.items():
+    for name, f in FORMATS.items() if not args.decode_only else ():
         rows[name][f"repeat reads ({mib:.1f} MiB cache)"] = (
             f"{cache_reads(loaded, f, prompt, mib)}/{len(prompt) - 1}"
         )
