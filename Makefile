@@ -100,6 +100,7 @@ bench-python: build
 	$(PY) benches/vision_session.py
 	$(PY) benches/sampling_defaults.py
 	$(PY) benches/echo_survival.py
+	$(PY) benches/kv_quant.py
 
 clean:
 	cargo clean

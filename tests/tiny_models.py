@@ -233,12 +233,15 @@ def family_config(model_type: str, vocab_size: int) -> dict[str, Any]:
     return {"model_type": model_type, "vocab_size": vocab_size, **FAMILY_CONFIGS[model_type]}
 
 
-def tiny_model(model_type: str, like: LoadedModel, *, seed: int = 0) -> LoadedModel:
-    """A randomly initialised `model_type` model with `like`'s tokenizer and template."""
+def tiny_model(
+    model_type: str, like: LoadedModel, *, seed: int = 0, overrides: dict[str, Any] | None = None
+) -> LoadedModel:
+    """A randomly initialised `model_type` model with `like`'s tokenizer and template;
+    `overrides` change its config (e.g. a head dim quantized KV groups divide)."""
     import mlx.core as mx
 
     module = importlib.import_module(f"mlx_lm.models.{model_type}")
-    config = family_config(model_type, like.tokenizer.vocab_size)
+    config = {**family_config(model_type, like.tokenizer.vocab_size), **(overrides or {})}
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(config))
     mx.eval(model.parameters())

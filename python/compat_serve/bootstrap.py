@@ -10,6 +10,7 @@ from pathlib import Path
 
 from compat_serve.chat.prompt import PromptBuilder
 from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.kv_quant import KVFormat
 from compat_serve.engine.memory import parse_memory_size
 from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.models.loader import load_model, read_chat_template_file, replace_chat_template
@@ -40,7 +41,8 @@ class ServeOptions:
     inline_system: str = "auto"
     # Which echoed replies continue from their generated tokens (chat/reply_history.py).
     reply_history: str = "loop"
-    context_length: int | None = None
+    # An integer, "auto" (what one sequence's KV can hold), or None (the model's own).
+    context_length: int | str | None = None
     prefill_chunk: int = 512
     decode_prefill_chunk: int | None = None
     max_num_seqs: int = 16
@@ -51,6 +53,9 @@ class ServeOptions:
     draft_model: str | None = None
     max_num_batched_tokens: int | None = None
     kv_memory: str = "30%"
+    # Quantized KV (engine/kv_quant.py): None = the model's dtype; strings as typed.
+    kv_bits: int | str | None = None
+    kv_group_size: int | str = 64
     prefix_cache: bool = True
     block_size: int = 16
     cache_memory: str = "20%"
@@ -83,16 +88,18 @@ def _engine_config(options: ServeOptions) -> EngineConfig:
         max_queue=options.max_queue,
         max_num_seqs=options.max_num_seqs,
         max_num_batched_tokens=options.max_num_batched_tokens,
-        kv_memory_bytes=parse_memory_size(options.kv_memory),
+        kv_memory_bytes=_memory_option(options.kv_memory, "30%"),
         prefix_cache=options.prefix_cache,
         block_size=options.block_size,
-        cache_memory_bytes=parse_memory_size(options.cache_memory),
+        cache_memory_bytes=_memory_option(options.cache_memory, "20%"),
         cache_hash=options.cache_hash,
         cache_dir=options.cache_dir,
         cache_disk_bytes=_disk_size(options),
         kv_events_endpoint=options.kv_events_endpoint,
         kv_events_replay_endpoint=options.kv_events_replay_endpoint,
         kv_events_topic=options.kv_events_topic,
+        kv_format=_kv_format(options),
+        auto_context=options.context_length == "auto",
         speculation=SpeculationConfig(
             options.speculative,
             options.speculative_tokens,
@@ -103,6 +110,45 @@ def _engine_config(options: ServeOptions) -> EngineConfig:
     )
     config.validate()  # before the model loads: a bad flag fails fast
     return config
+
+
+def _memory_option(value: str, default: str) -> int | None:
+    """Bytes of a memory flag; None for the default share, which the engine takes of what
+    the device has left after the weights (engine/memory.py)."""
+    return None if value == default else parse_memory_size(value)
+
+
+def _kv_format(options: ServeOptions) -> KVFormat:
+    """--kv-bits and --kv-group-size, checked: a bad value names the flag and its choices."""
+    bits = _flag_int(options.kv_bits, "--kv-bits", "8 or 4")
+    group = _flag_int(options.kv_group_size, "--kv-group-size", "32, 64 or 128")
+    kv_format = KVFormat(bits, 64 if group is None else group)
+    kv_format.validate()
+    return kv_format
+
+
+def _flag_int(value: int | str | None, flag: str, allowed: str) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{flag} must be {allowed}, not {value!r}") from None
+
+
+def context_length_option(value: int | str | None) -> int | str | None:
+    """--context-length: None, "auto", or an integer of at least 2."""
+    if value is None or value == "auto":
+        return value
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"--context-length must be auto or an integer >= 2, not {value!r}"
+        ) from None
+    if number < 2:
+        raise ValueError(f"--context-length must be auto or an integer >= 2, not {value}")
+    return number
 
 
 def _disk_size(options: ServeOptions) -> int | None:
@@ -131,15 +177,14 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
     engine_config = _engine_config(options)
     # Cheap checks first: a typo must not wait for a multi-second model load.
     template = read_chat_template_file(options.chat_template) if options.chat_template else None
-    if options.context_length is not None and options.context_length < 2:
-        raise ValueError("--context-length must be at least 2")
+    context_length = context_length_option(options.context_length)
     check_parser_choices(options.tool_parser, options.reasoning_parser)
     if loaded is None:
         loaded = load_model(options.model)
     if template is not None and options.chat_template is not None:
         loaded = replace_chat_template(loaded, template, options.chat_template)
-    if options.context_length is not None:
-        loaded = dataclasses.replace(loaded, context_length=options.context_length)
+    if isinstance(context_length, int):
+        loaded = dataclasses.replace(loaded, context_length=context_length)
     builder = PromptBuilder(
         loaded.chat_template,
         loaded.tokenizer,
@@ -183,6 +228,7 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         sampling_defaults.describe(),
     )
     engine = Engine(loaded, engine_config)
+    loaded = engine.model  # --context-length auto: the window the KV budget holds
     name = options.served_model_name or loaded.name
     engine.vllm_metrics.model_name = name
     log.info(

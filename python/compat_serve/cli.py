@@ -67,8 +67,8 @@ def build_serve_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--context-length",
-        type=int,
-        help="override the context window (default: the model's own)",
+        help="the served context window: an integer, or auto for what one sequence's KV "
+        "can hold in --kv-memory (at most the model's own; default: the model's own)",
     )
     p.add_argument(
         "--prefill-chunk",
@@ -128,6 +128,17 @@ def build_serve_parser() -> argparse.ArgumentParser:
         help="memory for the running requests' KV cache: bytes (4GiB, 512MB) or a share of "
         "RAM (default 30%%); when it is full the newest request is preempted and recomputed "
         "later",
+    )
+    p.add_argument(
+        "--kv-bits",
+        help="store attention K/V quantized: 8 (about half the memory of 16-bit, twice the "
+        "context) or 4; live batch, prefix cache and disk tier alike (default: the model's "
+        "dtype)",
+    )
+    p.add_argument(
+        "--kv-group-size",
+        default="64",
+        help="values per quantization group of --kv-bits: 32, 64 (default) or 128",
     )
     p.add_argument(
         "--no-prefix-cache",
@@ -376,6 +387,8 @@ def _serve(ns: argparse.Namespace) -> int:
                 draft_model=ns.draft_model,
                 max_num_batched_tokens=ns.max_num_batched_tokens,
                 kv_memory=ns.kv_memory,
+                kv_bits=ns.kv_bits,
+                kv_group_size=ns.kv_group_size,
                 prefix_cache=ns.prefix_cache,
                 block_size=ns.block_size,
                 cache_memory=ns.cache_memory,

@@ -20,6 +20,8 @@ SERVE_FLAGS = [
     "--chat-template",
     "--inline-system",
     "--context-length",
+    "--kv-bits",
+    "--kv-group-size",
     "--prefill-chunk",
     "--decode-prefill-chunk",
     "--max-queue",
@@ -91,6 +93,9 @@ def test_convert_gguf_command_writes_a_loadable_directory(tmp_path: Path) -> Non
         (["--default-temperature", "3"], "--default-temperature"),
         (["--generation-config", "vllm"], "--generation-config"),
         (["--reply-history", "always"], "--reply-history"),
+        (["--kv-bits", "3"], "--kv-bits must be 8 or 4, not 3"),
+        (["--kv-group-size", "48"], "--kv-group-size must be 32, 64 or 128, not 48"),
+        (["--context-length", "0"], "--context-length must be auto or an integer >= 2, not 0"),
     ],
 )
 def test_startup_errors_are_clear(args: list[str], needle: str) -> None:

@@ -15,6 +15,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_map
+
+from compat_serve.engine.kv_quant import components
 
 LayerCaches = list[Any]
 
@@ -38,9 +41,9 @@ def can_rollback(cache: LayerCaches) -> bool:
     """Whether `DecodeBatch.rollback` handles a request's cache: every layer a plain
     `KVCache` (batched as `BatchKVCache`). Rotating (sliding-window) caches have already
     overwritten what a rollback would restore, and recurrent state cannot be rewound."""
-    from mlx_lm.models.cache import KVCache
+    from compat_serve.engine.kv_quant import is_attention_layer
 
-    return all(type(layer) is KVCache for layer in cache)
+    return all(is_attention_layer(layer) for layer in cache)
 
 
 class DecodeBatch:
@@ -100,7 +103,7 @@ class DecodeBatch:
         its real positions right in place (one slice copy per shifted row and layer;
         mlx-lm's `dynamic_roll` would gather the whole buffer, capacity included, for every
         row: ~4x the time), so every row ends at the batch's last position again. Only for
-        `BatchKVCache` layers (`can_rollback`)."""
+        `BatchKVCache` layers, quantized or not (`can_rollback`)."""
         if len(rejected) != len(self._ids):
             raise ValueError(f"{len(rejected)} rollbacks for {len(self._ids)} rows")
         low = min(rejected)
@@ -124,16 +127,17 @@ def _shift_rows_right(layer: Any, shifts: list[int]) -> None:
     for row, (shift, start) in enumerate(zip(shifts, padding, strict=True)):
         if shift:
             for name in ("keys", "values"):
-                buffer = getattr(layer, name)
-                buffer[row : row + 1, :, start + shift : end, :] = buffer[
-                    row : row + 1, :, start : end - shift, :
-                ]
+                # One array, or the three of a quantized cache (kv_quant.py).
+                for buffer in components(getattr(layer, name)):
+                    buffer[row : row + 1, :, start + shift : end, :] = buffer[
+                        row : row + 1, :, start : end - shift, :
+                    ]
     moved = mx.array(shifts)
     layer.offset = layer.offset - moved
     layer.left_padding = layer.left_padding + moved
     shared = min(p + s for p, s in zip(padding, shifts, strict=True))
     if shared > 0:  # every row has padding in front: drop it
-        layer.keys = layer.keys[..., shared:, :]
-        layer.values = layer.values[..., shared:, :]
+        layer.keys = tree_map(lambda a: a[..., shared:, :], layer.keys)
+        layer.values = tree_map(lambda a: a[..., shared:, :], layer.values)
         layer._idx -= shared
         layer.left_padding = layer.left_padding - shared

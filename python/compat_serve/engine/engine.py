@@ -12,6 +12,7 @@ or a full context. Aborts are applied between steps, so a request leaves at most
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -25,8 +26,14 @@ from compat_serve.engine.draft_model import with_draft_model
 from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTooLong
 from compat_serve.engine.executor import StepExecutor
 from compat_serve.engine.kv_events import check_kv_events_config, open_kv_events
-from compat_serve.engine.memory import physical_memory_bytes
-from compat_serve.engine.metrics import EngineMetrics
+from compat_serve.engine.kv_quant import KVFormat, check_head_dim
+from compat_serve.engine.memory import (
+    MemoryBudget,
+    auto_context_length,
+    plan_memory,
+    weights_nbytes,
+)
+from compat_serve.engine.metrics import EngineMetrics, Gauge
 from compat_serve.engine.prefix.cache import PrefixCaching
 from compat_serve.engine.prefix.disk import DiskStore, model_fingerprint, weights_digest
 from compat_serve.engine.prefix.store import is_attention_cache
@@ -42,9 +49,10 @@ from compat_serve.models.types import LoadedModel
 
 log = logging.getLogger("compat_serve.engine")
 
-# Share of physical RAM the running requests' KV may take when --kv-memory is not given.
+# Share of the device's memory left after the weights and the headroom (engine/memory.py)
+# that the running requests' KV may take when --kv-memory is not given.
 DEFAULT_KV_MEMORY_SHARE = 0.3
-# Share of physical RAM the prefix cache may take when --cache-memory is not given.
+# The same for the prefix cache when --cache-memory is not given.
 DEFAULT_CACHE_MEMORY_SHARE = 0.2
 _STALL_WAIT_S = 0.01
 
@@ -61,10 +69,12 @@ class EngineConfig:
     # Most tokens one step computes; None = one prefill chunk plus a token per sequence,
     # so a step never computes more than one chunk of prompt.
     max_num_batched_tokens: int | None = None
-    # KV memory of running requests, in bytes; None = a share of physical RAM.
+    # KV memory of running requests, in bytes of the stored format (--kv-bits); None = a
+    # share of what the device has left after the weights (engine/memory.py).
     kv_memory_bytes: int | None = None
     # Prefix cache: on by default; blocks of `block_size` tokens, at most
-    # `cache_memory_bytes` of cached K/V (None = a share of physical RAM).
+    # `cache_memory_bytes` of cached K/V in the stored format (None = a share of the
+    # device's spare memory).
     prefix_cache: bool = True
     block_size: int = 16
     cache_memory_bytes: int | None = None
@@ -81,6 +91,10 @@ class EngineConfig:
     progress_interval_s: float = 5.0
     # Speculative decoding (engine/speculation.py); off by default.
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    # How attention K/V is stored (engine/kv_quant.py): the model's dtype, or quantized.
+    kv_format: KVFormat = field(default_factory=KVFormat)
+    # Serve min(the model's window, what one sequence's KV can hold in --kv-memory).
+    auto_context: bool = False
 
     @property
     def prefill_chunk_while_decoding(self) -> int:
@@ -123,6 +137,7 @@ class EngineConfig:
             raise ValueError("--max-num-batched-tokens must be at least --max-num-seqs")
         check_kv_events_config(self)
         self.speculation.validate()
+        self.kv_format.validate()
 
 
 @dataclass(frozen=True)
@@ -150,7 +165,9 @@ class Engine:
         self.config.validate()
         self.status = StatusBoard()
         self.metrics = EngineMetrics(loaded.name)
-        self._runner = ModelRunner(loaded)
+        kv_format = self.config.kv_format
+        self._runner = ModelRunner(loaded, kv_format)
+        check_head_dim(self._runner.head_dims() if kv_format.quantized else [], kv_format)
         if self._runner.features is not None:
             self.metrics.extra_renderers.append(self._runner.features.render_metrics)
         tokenizer = loaded.tokenizer
@@ -161,7 +178,14 @@ class Engine:
         self._grammars: Grammars | None = None
         self._grammars_lock = threading.Lock()
         self._kv_bytes_per_token = self._runner.measure_kv_bytes_per_token()
+        self.memory = self._plan_memory()
         self.kv_capacity_tokens = self._kv_capacity_tokens()
+        if self.config.auto_context:
+            loaded = self.model = dataclasses.replace(
+                loaded,
+                context_length=auto_context_length(loaded.context_length, self.kv_capacity_tokens),
+            )
+        self.metrics.extra_renderers.append(self._render_kv_format)
         self.prefix = self._prefix_caching()
         # Longest prompt that leaves room for one generated token.
         self.max_prompt_tokens = min(loaded.context_length, self.kv_capacity_tokens + 1) - 1
@@ -201,17 +225,13 @@ class Engine:
 
     @property
     def kv_memory_bytes(self) -> int:
-        """The running requests' KV budget (--kv-memory)."""
-        budget = self.config.kv_memory_bytes
-        return int(physical_memory_bytes() * DEFAULT_KV_MEMORY_SHARE) if budget is None else budget
+        """The running requests' KV budget (--kv-memory, in bytes of the stored format)."""
+        return self.memory.kv
 
     @property
     def cache_memory_bytes(self) -> int:
         """The prefix cache's RAM budget (--cache-memory)."""
-        budget = self.config.cache_memory_bytes
-        if budget is None:
-            return int(physical_memory_bytes() * DEFAULT_CACHE_MEMORY_SHARE)
-        return budget
+        return self.memory.cache
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -219,18 +239,67 @@ class Engine:
         return self._kv_bytes_per_token
 
     @property
-    def kv_format(self) -> dict[str, object]:
+    def kv_layout(self) -> dict[str, object]:
         """The KV cache's layer kinds and element type, as measured at startup."""
-        return self._runner.kv_format
+        return self._runner.kv_layout
 
     @property
     def weights_bytes(self) -> int:
         """Bytes of the model's parameters (the draft model's not included)."""
         return self._runner.weights_bytes
 
+    @property
+    def kv_format(self) -> KVFormat:
+        return self.config.kv_format
+
+    def kv_format_status(self) -> dict[str, object]:
+        """The KV format, for /v1/status and the startup log."""
+        kv_format = self.config.kv_format
+        return {
+            "format": kv_format.tag,
+            "bits": kv_format.bits,
+            "group_size": kv_format.group_size if kv_format.quantized else None,
+            "dtype": self.model.dtype,
+            "bytes_per_token": self._kv_bytes_per_token,
+        }
+
+    def _render_kv_format(self) -> list[str]:
+        kv_format = self.config.kv_format
+        info = Gauge(
+            "compat_kv_cache_format_info",
+            "How attention K/V is stored (--kv-bits, --kv-group-size): format, bits, group.",
+            {
+                "format": kv_format.tag,
+                "bits": str(kv_format.bits or 0),
+                "group_size": str(kv_format.group_size if kv_format.quantized else 0),
+            },
+        )
+        info.set(1)
+        per_token = Gauge(
+            "compat_kv_bytes_per_token",
+            "Bytes of K/V one position takes across all layers, in the stored format.",
+        )
+        per_token.set(self._kv_bytes_per_token)
+        return [*info.render(), *per_token.render()]
+
+    def _plan_memory(self) -> MemoryBudget:
+        """The device's budget (engine/memory.py), logged; a start-up error if the given
+        --kv-memory and --cache-memory do not fit beside the weights and the headroom."""
+        config = self.config
+        budget = plan_memory(
+            weights_nbytes(self.model.model),
+            config.kv_memory_bytes,
+            config.cache_memory_bytes if config.prefix_cache else 0,
+            DEFAULT_KV_MEMORY_SHARE,
+            DEFAULT_CACHE_MEMORY_SHARE,
+        )
+        log.info("memory: %s", budget.describe())
+        budget.check()
+        return budget
+
     def _kv_capacity_tokens(self) -> int:
         per_token = self._kv_bytes_per_token
-        budget = self.kv_memory_bytes
+        budget = self.memory.kv
         if per_token <= 0:  # no attention KV at all (pure recurrent model)
             return max(budget, 1)
         return max(budget // per_token, 2)
@@ -239,7 +308,7 @@ class Engine:
         config = self.config
         if not config.prefix_cache:
             return None
-        budget = self.cache_memory_bytes
+        budget = self.memory.cache
         per_block = max(self._kv_bytes_per_token, 1) * config.block_size
         hybrid = not all(is_attention_cache(c) for c in self._runner.new_cache())
         num_blocks = max(budget // per_block, 1)
@@ -256,6 +325,7 @@ class Engine:
             hybrid=hybrid,
             hash_kind=config.cache_hash,
             snapshot_budget_bytes=budget // 4,
+            kv_format=config.kv_format,
             disk=self._disk_store(),
         )
 
@@ -273,6 +343,8 @@ class Engine:
             self._kv_bytes_per_token,
             config.block_size,
             config.cache_hash,
+            # Another KV format's files are never even listed: a miss, not an error.
+            *([config.kv_format.tag] if config.kv_format.quantized else []),
         )
         return DiskStore(config.cache_dir, fingerprint, config.cache_disk_bytes)
 
@@ -284,11 +356,13 @@ class Engine:
             self._thread.start()
             log.info(
                 "engine: up to %d sequences per batch, %d tokens per step, prefill chunk %d, "
-                "KV room for %d tokens",
+                "KV room for %d tokens, KV stored as %s (%d bytes per token)",
                 self.config.max_num_seqs,
                 self.config.batched_tokens,
                 self.config.prefill_chunk,
                 self.kv_capacity_tokens,
+                self.config.kv_format.describe(self.model.dtype),
+                self._kv_bytes_per_token,
             )
 
     @property

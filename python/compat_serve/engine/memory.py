@@ -1,9 +1,13 @@
-"""Memory sizes given on the command line: bytes, units, or a share of physical RAM."""
+"""Memory sizes given on the command line (bytes, units, or a share of the device's
+memory), the device's memory itself, and the one budget weights, live KV, the prefix
+cache and a headroom must fit in."""
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
+from typing import Any
 
 _UNITS = {
     "": 1,
@@ -29,7 +33,8 @@ def physical_memory_bytes() -> int:
 
 
 def parse_memory_size(text: str, *, total: int | None = None) -> int:
-    """'30%' (of `total`, default physical RAM), '4GiB', '512MB', '1000000' → bytes."""
+    """'30%' (of `total`, default the device's memory: `device_memory`), '4GiB', '512MB',
+    '1000000' → bytes."""
     value = text.strip()
     if value.endswith("%"):
         try:
@@ -38,7 +43,7 @@ def parse_memory_size(text: str, *, total: int | None = None) -> int:
             raise ValueError(f"not a percentage: {text!r}") from None
         if not 0 < share <= 100:
             raise ValueError(f"a percentage must be in (0, 100], got {text!r}")
-        return int((physical_memory_bytes() if total is None else total) * share / 100)
+        return int((device_memory()[0] if total is None else total) * share / 100)
     match = _SIZE.match(value)
     if match is None or match.group(2).lower() not in _UNITS:
         raise ValueError(f"not a memory size: {text!r} (use e.g. 30%, 4GiB, 512MB, 1000000)")
@@ -46,3 +51,130 @@ def parse_memory_size(text: str, *, total: int | None = None) -> int:
     if size <= 0:
         raise ValueError(f"a memory size must be positive, got {text!r}")
     return size
+
+
+# ---- the device's memory ------------------------------------------------------------------
+
+# Least served window `--context-length auto` accepts.
+MIN_AUTO_CONTEXT = 256
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def cgroup_limit_bytes() -> int | None:
+    """The container's memory limit (cgroup v2 or v1), None when there is none."""
+    for path in _CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # "max" or a huge number: no limit
+            return int(text)
+    return None
+
+
+def device_memory() -> tuple[int, str]:
+    """(bytes, where the number comes from) the model may use: on Metal the recommended
+    working set (`mx.metal.device_info()`), on CUDA the GPU's memory, on the CPU the
+    cgroup limit or else physical RAM."""
+    import mlx.core as mx
+
+    try:
+        if mx.metal.is_available():
+            info = mx.metal.device_info()
+            size = int(info.get("max_recommended_working_set_size", 0))
+            if size > 0:
+                return size, "Metal recommended working set"
+        cuda = getattr(mx, "cuda", None)
+        if cuda is not None and cuda.is_available():
+            size = int(mx.device_info().get("memory_size", 0))
+            if size > 0:
+                return size, "CUDA device memory"
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        pass
+    ram = physical_memory_bytes()
+    limit = cgroup_limit_bytes()
+    if limit is not None and limit < ram:
+        return limit, "cgroup memory limit"
+    return ram, "physical RAM"
+
+
+def auto_context_length(model_window: int, kv_capacity_tokens: int) -> int:
+    """`--context-length auto`: the model's window, or what one sequence's KV can hold in
+    the KV budget if that is less; at least `MIN_AUTO_CONTEXT` or a start-up error."""
+    window = min(model_window, kv_capacity_tokens)
+    if window < MIN_AUTO_CONTEXT:
+        raise ValueError(
+            f"--context-length auto: --kv-memory holds only {kv_capacity_tokens} tokens of "
+            f"this model's KV; give it room for at least {MIN_AUTO_CONTEXT} tokens (or use "
+            "--kv-bits 8 or 4), or pass --context-length as an integer"
+        )
+    return window
+
+
+def headroom_bytes(device: int) -> int:
+    """Memory left for activations, the allocator's slack and the process itself: a tenth
+    of the device, between 512 MiB and 4 GiB."""
+    return min(max(device // 10, 512 * 2**20), 4 * 2**30)
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """One budget for the device: weights + live KV + prefix cache + headroom must fit."""
+
+    device: int
+    source: str
+    weights: int
+    kv: int
+    cache: int
+    headroom: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.cache + self.headroom
+
+    def describe(self) -> str:
+        def gib(n: int) -> str:
+            return f"{n / 2**30:.2f} GiB"
+
+        return (
+            f"{gib(self.device)} ({self.source}): weights {gib(self.weights)} + live KV "
+            f"{gib(self.kv)} + prefix cache {gib(self.cache)} + headroom {gib(self.headroom)}"
+            f" = {gib(self.total)}"
+        )
+
+    def check(self) -> None:
+        if self.total > self.device:
+            raise ValueError(
+                f"memory budget does not fit the device: {self.describe()}; lower --kv-memory "
+                "or --cache-memory (or use --kv-bits 8 to hold the same tokens in less)"
+            )
+
+
+def plan_memory(
+    weights: int,
+    kv_bytes: int | None,
+    cache_bytes: int | None,
+    kv_share: float,
+    cache_share: float,
+    device: tuple[int, str] | None = None,
+) -> MemoryBudget:
+    """The budget: given sizes as they are, missing ones as shares of what the device has
+    left after the weights and the headroom."""
+    size, source = device or device_memory()
+    headroom = headroom_bytes(size)
+    spare = max(size - weights - headroom, 0)
+    kv = kv_bytes if kv_bytes is not None else int(spare * kv_share)
+    cache = cache_bytes if cache_bytes is not None else int(spare * cache_share)
+    return MemoryBudget(size, source, weights, kv, cache, headroom)
+
+
+def weights_nbytes(model: object) -> int:
+    """Bytes of a model's parameters as loaded."""
+    from mlx.utils import tree_flatten
+
+    parameters = getattr(model, "parameters", None)
+    if parameters is None:
+        return 0
+    flat: Any = tree_flatten(parameters())
+    return sum(int(getattr(array, "nbytes", 0)) for _, array in flat)

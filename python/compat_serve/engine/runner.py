@@ -10,6 +10,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from compat_serve.engine.batch import merge_caches
 from compat_serve.engine.kv_format import describe_kv_cache, parameter_bytes
+from compat_serve.engine.kv_quant import KVFormat, is_attention_layer, quantize_cache
 from compat_serve.engine.metrics import kv_bytes_per_token
 from compat_serve.engine.vision import FeatureCache, VisionInput, chunk_inputs
 from compat_serve.models.types import LoadedModel
@@ -18,13 +19,15 @@ from compat_serve.models.types import LoadedModel
 class ModelRunner:
     """Chunked prefill on one request's own cache; batched decode over the running batch."""
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(self, loaded: LoadedModel, kv_format: KVFormat | None = None) -> None:
         self._model = loaded.model
+        # How attention K/V is stored (engine/kv_quant.py); the model's dtype by default.
+        self.kv_format = kv_format or KVFormat()
         # Width of the model's logits (may exceed the tokenizer's vocabulary); measured by
         # `measure_kv_bytes_per_token`, which the engine runs at start.
         self.logits_width = loaded.tokenizer.vocab_size
-        # The KV cache's layer kinds and dtype, also measured there.
-        self.kv_format: dict[str, Any] = {}
+        # The KV cache's layer kinds and dtype, also measured there (the dashboard's).
+        self.kv_layout: dict[str, Any] = {}
         self.weights_bytes = parameter_bytes(self._model)
         # Vision-language models (models/vlm.py): image rows prefill from embeddings.
         self.features: FeatureCache | None = None
@@ -52,7 +55,17 @@ class ModelRunner:
         return out
 
     def new_cache(self) -> list[Any]:
-        return make_prompt_cache(self._model)
+        return quantize_cache(make_prompt_cache(self._model), self.kv_format)
+
+    def head_dims(self) -> list[int]:
+        """The K and V head dims of each attention layer, read from a 1-token forward."""
+        cache = make_prompt_cache(self._model)
+        self._model(mx.array([[0]], dtype=mx.uint32), cache=cache)
+        dims: list[int] = []
+        for layer in cache:
+            if type(layer) is KVCache and layer.keys is not None and layer.values is not None:
+                dims += [int(layer.keys.shape[-1]), int(layer.values.shape[-1])]
+        return dims
 
     def measure_kv_bytes_per_token(self) -> int:
         """K/V bytes one position takes across all layers, measured on a 1-token forward."""
@@ -60,7 +73,7 @@ class ModelRunner:
         logits = self._model(mx.array([[0]], dtype=mx.uint32), cache=cache)
         mx.eval(logits, [c.state for c in cache])
         self.logits_width = int(logits.shape[-1])
-        self.kv_format = describe_kv_cache(cache)
+        self.kv_layout = describe_kv_cache(cache)
         return kv_bytes_per_token(cache)
 
     def prefill(
@@ -161,6 +174,6 @@ class ModelRunner:
 
 
 def plain_kv(cache: list[Any]) -> bool:
-    """True when every layer of a request's cache is a plain `KVCache` (what
-    `last_logits_together` handles)."""
-    return all(type(layer) is KVCache for layer in cache)
+    """True when every layer of a request's cache is a plain `KVCache`, quantized or not
+    (what `last_logits_together` handles)."""
+    return all(is_attention_layer(layer) for layer in cache)

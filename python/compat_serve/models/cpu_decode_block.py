@@ -20,7 +20,9 @@ release that changes them falls back to MLX instead of computing something else)
 `nn.RoPE`, `nn.RMSNorm` norms, bias-free float32 projections already on the skinny
 kernel, and the fused SwiGLU feed-forward. Only steps with one new position per row, at
 most `MAX_KERNEL_ROWS` rows, an unquantized cache and a mask the attention kernel reads
-take this path; prefill chunks and everything else run the stock block.
+take this path; over a quantized cache (`--kv-bits`) such a step takes the first call
+only, then mlx-lm's quantized attention and the block's own modules; prefill chunks and
+everything else run the stock block.
 
 Rows are independent in every call (a request gets the same bits batched or alone).
 RoPE angles are computed in float64: MLX computes them in float32, which drifts by up to
@@ -42,6 +44,7 @@ from mlx.nn.layers.base import Module
 from mlx.nn.layers.normalization import RMSNorm
 from mlx.nn.layers.positional_encoding import RoPE
 from mlx_lm.models import llama
+from mlx_lm.models.base import scaled_dot_product_attention
 
 from compat_serve._native import DecodeBlock
 from compat_serve.models.cpu_decode_attention import kernel_mask
@@ -122,7 +125,9 @@ def _fused_call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> 
     rows = x.shape[0]
     positions = None
     one_position = x.ndim == 3 and x.shape[1] == 1 and x.dtype == mx.float32
-    plain_cache = cache is not None and not hasattr(cache, "bits")  # quantized KV: stock
+    plain_cache = cache is not None and not hasattr(cache, "bits")
+    if one_position and rows <= MAX_KERNEL_ROWS and cache is not None and not plain_cache:
+        return _quantized_step(self, x, mask, cache)
     if one_position and rows <= MAX_KERNEL_ROWS and plain_cache:
         positions = _positions(cache.offset, rows)
     usable, visible = kernel_mask(mask, rows) if positions is not None else (False, None)
@@ -143,6 +148,31 @@ def _fused_call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> 
     out = np.empty(x.shape, dtype=np.float32)
     block.finish(x, queries, cached_keys, cached_values, visible, float(attention.scale), out)
     return mx.array(out)
+
+
+def _quantized_step(self: Any, x: mx.array, mask: Any, cache: Any) -> mx.array:
+    """A decode step over quantized KV (engine/kv_quant.py): the first Rust call (norm,
+    q/k/v, RoPE), then mlx-lm's quantized attention over the cache's stored arrays, and
+    the block's own output product, norm and feed-forward."""
+    rows = x.shape[0]
+    positions = _positions(cache.offset, rows)
+    if positions is None:
+        stock: mx.array = llama.TransformerBlock.__call__(self, x, mask, cache)
+        return stock
+    block: DecodeBlock = self._compat_decode_block
+    attention = self.self_attn
+    mx.eval(x)
+    queries = np.empty((rows, attention.n_heads, 1, attention.head_dim), dtype=np.float32)
+    keys = np.empty((rows, attention.n_kv_heads, 1, attention.head_dim), dtype=np.float32)
+    values = np.empty_like(keys)
+    block.project(x, positions, (queries, keys, values))
+    cached_keys, cached_values = cache.update_and_fetch(mx.array(keys), mx.array(values))
+    attended = scaled_dot_product_attention(
+        mx.array(queries), cached_keys, cached_values, cache, attention.scale, mask
+    )
+    h = x + attention.o_proj(attended.transpose(0, 2, 1, 3).reshape(rows, 1, -1))
+    out: mx.array = h + self.mlp(self.post_attention_layernorm(h))
+    return out
 
 
 @functools.cache

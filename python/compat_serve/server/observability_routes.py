@@ -33,6 +33,8 @@ async def status(request: Request) -> dict[str, Any]:
         "decode_batch_size": int(engine.metrics.batch_size.value()),
         "kv_tokens_reserved": int(engine.metrics.kv_tokens_reserved.value()),
         "kv_tokens_capacity": engine.kv_capacity_tokens,
+        "kv_cache": engine.kv_format_status(),
+        "context_length": state.context_length,
         "speculation": engine.speculation_status(),
         "sampling_defaults": state.sampling_defaults.as_dict(),
         "requests": rows,

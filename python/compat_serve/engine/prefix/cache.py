@@ -32,10 +32,11 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import mlx.core as mx
+from mlx.utils import tree_map
 
 from compat_serve._native import NewBlock, PrefixCache
 from compat_serve.engine.kv_events import KVEventPublisher, StoredBlock
+from compat_serve.engine.kv_quant import KVFormat, concat_positions
 from compat_serve.engine.prefix.disk import DiskStore, parent_id, tail_key
 from compat_serve.engine.prefix.store import (
     AttentionKV,
@@ -78,8 +79,13 @@ class PrefixCaching:
         hash_kind: str = "xxh3",
         snapshot_budget_bytes: int,
         disk: DiskStore | None = None,
+        kv_format: KVFormat | None = None,
     ) -> None:
         self.block_size = block_size
+        # Quantized KV (--kv-bits): the format goes into every block's chained hash (as a
+        # salt prefix), so blocks of two formats can never match each other.
+        kv_format = kv_format or KVFormat()
+        self._format_salt = f"kv:{kv_format.tag}|".encode() if kv_format.quantized else None
         self.hybrid = hybrid
         self.cache = PrefixCache(block_size, num_blocks, hash_kind)
         self.store = PrefixStore(block_size, snapshot_budget_bytes)
@@ -103,7 +109,7 @@ class PrefixCaching:
     def admit(self, seq: Sequence) -> int:
         """Open the request's table; returns how many prompt tokens are cached."""
         prompt = list(seq.request.prompt_ids)
-        salt = seq.request.cache_salt
+        salt = self._seq_salt(seq)
         images = _images(seq)
         limit = len(prompt)
         if self.hybrid:
@@ -192,9 +198,7 @@ class PrefixCaching:
         start, usable = cached // bs, (len(prompt) - 1) // bs
         if start >= usable:
             return [], [], 0
-        hashes = self.cache.block_hashes(
-            prompt[: usable * bs], seq.request.cache_salt, _images(seq)
-        )
+        hashes = self.cache.block_hashes(prompt[: usable * bs], self._seq_salt(seq), _images(seq))
         found: list[BlockKV] = []
         from_disk = 0
         for i in range(start, usable):
@@ -223,7 +227,7 @@ class PrefixCaching:
                     hashes,
                     i,
                     prompt,
-                    seq.request.cache_salt,
+                    self._seq_salt(seq),
                     kv,
                     image=_starts_image(seq, i, bs),
                 )
@@ -270,12 +274,22 @@ class PrefixCaching:
     ) -> tuple[int, int]:
         """(read, creation) tokens a request would get now; safe from any thread."""
         tokens = list(prompt)
+        salt = self._salt(salt)
         if self.hybrid:
             read = self._last_snapshot_end(tokens, salt, images)
         else:
             read = self.cache.lookup(tokens, salt, images)
         full = len(tokens) // self.block_size * self.block_size
         return read, max(0, full - read)
+
+    def _salt(self, salt: bytes | None) -> bytes | None:
+        """The request's cache salt, prefixed with the KV format when it is quantized."""
+        if self._format_salt is None:
+            return salt
+        return self._format_salt + (salt or b"")
+
+    def _seq_salt(self, seq: Sequence) -> bytes | None:
+        return self._salt(seq.request.cache_salt)
 
     def _last_snapshot_end(
         self, prompt: list[int], salt: bytes | None, images: _Images = None
@@ -297,7 +311,7 @@ class PrefixCaching:
         seq.cache_tail = None
         if self.hybrid and seq.cached_tokens:
             prompt = list(seq.request.prompt_ids[: seq.cached_tokens])
-            last = self.cache.block_hashes(prompt, seq.request.cache_salt, _images(seq))[-1]
+            last = self.cache.block_hashes(prompt, self._seq_salt(seq), _images(seq))[-1]
             if not self.store.has_snapshot(last) and self.disk is not None:
                 entry = self.disk.load(_snapshot_key(last))
                 if entry is not None and entry.snapshot is not None:
@@ -329,7 +343,7 @@ class PrefixCaching:
         self._store_filled(seq, filled, request_kv(cache), 0, (start, end))
         if self.hybrid and end % self.block_size == 0 and end > 0 and filled:
             known = seq.known_tokens(0, end)
-            last = self.cache.block_hashes(known, seq.request.cache_salt, _images(seq))[-1]
+            last = self.cache.block_hashes(known, self._seq_salt(seq), _images(seq))[-1]
             if not self.store.has_snapshot(last):
                 self.store.store_snapshot(last, cache)
                 if self.disk is not None:
@@ -385,7 +399,7 @@ class PrefixCaching:
         if end == full:
             return
         tokens = seq.known_tokens(full, end)
-        parent = self._parent_key(seq.known_tokens(0, full), seq.request.cache_salt, _images(seq))
+        parent = self._parent_key(seq.known_tokens(0, full), self._seq_salt(seq), _images(seq))
         covered = self.tails.covered(parent, tokens)
         if covered >= len(tokens):
             return
@@ -398,7 +412,10 @@ class PrefixCaching:
         """Its cache is gone and it recomputes from 0: start a fresh table."""
         self.cache.release(seq.request_id)
         self.cache.admit(
-            seq.request_id, list(seq.request.prompt_ids[:1]), seq.request.cache_salt, _images(seq)
+            seq.request_id,
+            list(seq.request.prompt_ids[:1]),
+            self._seq_salt(seq),
+            _images(seq),
         )
         seq.cached_blocks = []
         seq.cached_tokens = 0
@@ -436,7 +453,7 @@ class PrefixCaching:
             if self.events is not None:
                 self.events.flush()
             return
-        salt = seq.request.cache_salt
+        salt = self._seq_salt(seq)
         last = max([b.start_token // bs for b in new] + spill)
         known = seq.known_tokens(0, (last + 1) * bs)
         hashes = self.cache.block_hashes(known, salt, _images(seq))
@@ -534,8 +551,9 @@ def _joined(pieces: list[tuple[BlockKV, int]]) -> tuple[BlockKV, int] | None:
         if any(part is None for part, _ in parts):
             joined.append(None)
             continue
-        keys = mx.concatenate([p[0][:, :, :n] for p, n in parts if p is not None], axis=2)
-        values = mx.concatenate([p[1][:, :, :n] for p, n in parts if p is not None], axis=2)
+        kept = [(p, n) for p, n in parts if p is not None]
+        keys = concat_positions([tree_map(lambda a, n=n: a[:, :, :n], p[0]) for p, n in kept])
+        values = concat_positions([tree_map(lambda a, n=n: a[:, :, :n], p[1]) for p, n in kept])
         joined.append((keys, values))
     return joined, sum(n for _, n in pieces)
 

@@ -49,6 +49,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from compat_serve.engine.kv_quant import components, nbytes
 from compat_serve.engine.prefix.store import BlockKV
 
 log = logging.getLogger("compat_serve.engine")
@@ -131,13 +132,22 @@ class DiskFault(RuntimeError):
 def encode(
     key: str, parent: str, tokens: Sequence[int], kv: BlockKV, snapshot: list[Any] | None = None
 ) -> list[bytes]:
-    layers: list[list[object] | None] = []
+    layers: list[list[object] | dict[str, object] | None] = []
     arrays: list[mx.array] = []
     for piece in kv:
         if piece is None:
             layers.append(None)
             continue
         k, v = piece
+        if isinstance(k, tuple):  # quantized (kv_quant.py): three arrays each
+            layers.append(
+                {
+                    "k": [[str(a.dtype), list(a.shape)] for a in k],
+                    "v": [[str(a.dtype), list(a.shape)] for a in v],
+                }
+            )
+            arrays += [*k, *v]
+            continue
         layers.append([str(k.dtype), list(k.shape), str(v.dtype), list(v.shape)])
         arrays += [k, v]
     fields: dict[str, object] = {"key": key, "parent": parent, "tokens": list(tokens)}
@@ -239,6 +249,13 @@ def decode(data: bytes | bytearray) -> DiskEntry:
         if layer is None:
             kv.append(None)
             continue
+        if isinstance(layer, dict):  # quantized K/V: (packed, scales, biases) each
+            k = tuple(payload.array(*spec) for spec in layer["k"])
+            v = tuple(payload.array(*spec) for spec in layer["v"])
+            if len(k) != 3 or len(v) != 3:
+                raise DiskFault("a quantized layer needs three arrays for K and for V")
+            kv.append((k, v))
+            continue
         kv.append((payload.array(layer[0], layer[1]), payload.array(layer[2], layer[3])))
     snapshot: list[Any] | None = None
     if "snapshot" in header:
@@ -250,7 +267,7 @@ def decode(data: bytes | bytearray) -> DiskEntry:
         ]
     if payload.pos != len(data) - 4:
         raise DiskFault("payload length does not match its header")
-    mx.eval([a for p in kv if p is not None for a in p])
+    mx.eval([a for p in kv if p is not None for part in p for a in components(part)])
     tokens: Any = header["tokens"]
     return DiskEntry(str(header["key"]), str(header["parent"]), tuple(tokens), kv, snapshot)
 
@@ -515,7 +532,7 @@ class DiskStore:
 
 
 def _nbytes(kv: BlockKV) -> int:
-    return sum(p[0].nbytes + p[1].nbytes for p in kv if p is not None)
+    return sum(nbytes(p[0]) + nbytes(p[1]) for p in kv if p is not None)
 
 
 def _unlink(path: Path) -> None:

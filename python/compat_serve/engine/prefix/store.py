@@ -4,7 +4,9 @@ The Rust `PrefixCache` decides which blocks exist (chained hashes, refcounts, LR
 eviction); this store holds their tensors under the same block ids:
 
 - **Attention layers** (`KVCache`): per block, a contiguous copy of its K and V slice,
-  `[1, kv_heads, block_size, head_dim]`. A hit concatenates them back into a fresh cache.
+  `[1, kv_heads, block_size, head_dim]`, or with quantized KV (`--kv-bits`,
+  engine/kv_quant.py) the three arrays of each, in the stored format (never dequantized).
+  A hit concatenates them back into a fresh cache.
 - **State layers** (anything else: convolution / SSM / gated delta-net state, rotating
   windows) cannot be rebuilt from per-token pieces: their whole state is snapshotted at
   block boundaries the prefill reaches (chunk ends, and the last full block of each
@@ -19,16 +21,28 @@ from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx.utils import tree_map
+
+from compat_serve.engine.kv_quant import (
+    components,
+    concat_positions,
+    is_attention_layer,
+    is_batch_attention_layer,
+    nbytes,
+    positions,
+    slice_positions,
+)
 
 LayerCaches = list[Any]
-BlockKV = list[tuple[mx.array, mx.array] | None]  # per layer; None for state layers
-# Per layer: (keys, values) shaped [batch, kv_heads, positions, head_dim], or None.
-AttentionKV = list[tuple[mx.array, mx.array] | None]
+# Per layer: (keys, values), each an array shaped [batch, kv_heads, positions, head_dim]
+# or, quantized, a tuple of three such arrays (packed, scales, biases); None for state
+# layers.
+BlockKV = list[tuple[Any, Any] | None]
+AttentionKV = list[tuple[Any, Any] | None]
 
 
 def is_attention_cache(layer: Any) -> bool:
-    return type(layer) is KVCache
+    return is_attention_layer(layer)
 
 
 def request_kv(cache: LayerCaches) -> AttentionKV:
@@ -40,14 +54,19 @@ def batch_row_kv(cache: LayerCaches, row: int) -> AttentionKV:
     """The decode batch's cache, shifted so that row `row`'s token 0 is position 0."""
     out: AttentionKV = []
     for layer in cache:
-        if type(layer) is not BatchKVCache:
+        if not is_batch_attention_layer(layer):
             out.append(None)
             continue
         batched: Any = layer
         padding: Any = batched.left_padding
         pad = padding[row].item()
         assert isinstance(pad, int)
-        out.append((batched.keys[..., pad:, :], batched.values[..., pad:, :]))
+        out.append(
+            (
+                tree_map(lambda a: a[..., pad:, :], batched.keys),  # noqa: B023
+                tree_map(lambda a: a[..., pad:, :], batched.values),  # noqa: B023
+            )
+        )
     return out
 
 
@@ -59,18 +78,18 @@ def copy_positions(kv: AttentionKV, row: int, start: int, end: int) -> BlockKV:
         if layer is None:
             pieces.append(None)
             continue
-        keys = mx.contiguous(layer[0][row : row + 1, :, start:end, :])
-        values = mx.contiguous(layer[1][row : row + 1, :, start:end, :])
-        if keys.shape[2] != end - start:
-            raise CacheFault(f"{keys.shape[2]} positions to copy, not {end - start}")
+        keys = slice_positions(layer[0], row, start, end)
+        values = slice_positions(layer[1], row, start, end)
+        if positions(keys) != end - start:
+            raise CacheFault(f"{positions(keys)} positions to copy, not {end - start}")
         pieces.append((keys, values))
-        arrays += [keys, values]
+        arrays += [*components(keys), *components(values)]
     mx.eval(arrays)
     return pieces
 
 
 def kv_nbytes(pieces: BlockKV) -> int:
-    return sum(p[0].nbytes + p[1].nbytes for p in pieces if p is not None)
+    return sum(nbytes(p[0]) + nbytes(p[1]) for p in pieces if p is not None)
 
 
 class CacheFault(RuntimeError):
@@ -132,14 +151,22 @@ class PrefixStore:
                 pieces, length = tail
                 piece = pieces[i]
                 parts.append(
-                    None if piece is None else (piece[0][:, :, :length], piece[1][:, :, :length])
+                    None
+                    if piece is None
+                    else (
+                        tree_map(lambda a: a[:, :, :length], piece[0]),  # noqa: B023
+                        tree_map(lambda a: a[:, :, :length], piece[1]),  # noqa: B023
+                    )
                 )
-            if any(p is None for p in parts):
+            kept = [p for p in parts if p is not None]
+            if len(kept) != len(parts):
                 raise CacheFault(f"layer {i} is not attention in every block")
-            layer.keys = mx.concatenate([p[0] for p in parts if p is not None], axis=2)
-            layer.values = mx.concatenate([p[1] for p in parts if p is not None], axis=2)
-            if layer.keys.shape[2] != tokens:
-                raise CacheFault(f"layer {i} assembled {layer.keys.shape[2]} of {tokens}")
+            if any(_quantized(p[0]) != _quantized_layer(layer) for p in kept):
+                raise CacheFault(f"layer {i}: cached K/V of another format")
+            layer.keys = concat_positions([p[0] for p in kept])
+            layer.values = concat_positions([p[1] for p in kept])
+            if positions(layer.keys) != tokens:
+                raise CacheFault(f"layer {i} assembled {positions(layer.keys)} of {tokens}")
             layer.offset = tokens
 
     # ---- snapshots of state layers ----------------------------------------------------
@@ -214,6 +241,14 @@ class PrefixStore:
     @property
     def num_snapshots(self) -> int:
         return len(self._snapshots)
+
+
+def _quantized(stored: Any) -> bool:
+    return isinstance(stored, tuple)
+
+
+def _quantized_layer(layer: Any) -> bool:
+    return hasattr(layer, "bits")
 
 
 def _copy_tree(value: Any) -> Any:

@@ -330,7 +330,13 @@ function renderMemory(snap) {
 function kvFormat(model) {
   const kv = model.kv_format || {};
   const layers = Object.entries(kv.layers || {}).map(([kind, n]) => `${n} ${kind}`);
-  const parts = [layers.join(", "), kv.dtype, kv.bits ? `${kv.bits.join("/")}-bit` : null];
+  const stored = model.kv_cache || {};
+  const quantized = stored.bits ? `${stored.bits}-bit, group ${stored.group_size}` : null;
+  const parts = [
+    layers.join(", "),
+    quantized || kv.dtype,
+    kv.bits ? `${kv.bits.join("/")}-bit` : null,
+  ];
   const text = parts.filter(Boolean).join(", ");
   return `${text || "–"} (${fmtBytes(model.kv_bytes_per_token)} per token)`;
 }

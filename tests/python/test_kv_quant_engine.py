@@ -1,0 +1,229 @@
+"""Quantized KV (`--kv-bits`) through the whole engine on the embedded model: greedy
+output matches unquantized, the prefix cache and its disk tier hold the stored format
+(twice the tokens under the same budget; another format's files are a miss), speculation
+rolls back quantized rows, and `--context-length auto` sizes the window to the budget."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from compat_serve.engine.engine import Engine
+from compat_serve.engine.kv_quant import KVFormat
+from compat_serve.engine.speculation import SpeculationConfig
+from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
+from tests.python.test_prefix_cache import TEXT, run, started
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
+
+Q8 = KVFormat(8, 64)
+SHORT_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "List three colors:",
+    "2 + 2 =",
+]
+_ids = iter(range(10**9))
+
+
+def together(
+    engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int = 12
+) -> list[tuple[list[int], Usage]]:
+    """The prompts submitted at once (they decode as one batch), greedy."""
+
+    async def one(prompt: tuple[int, ...]) -> tuple[list[int], Usage]:
+        request = EngineRequest(
+            f"kvq{next(_ids)}", prompt, SamplingParams(max_tokens=max_tokens, temperature=0)
+        )
+        events = [e async for e in engine.submit(request)]
+        assert events[-1].finish_reason is not FinishReason.ERROR, events[-1].error
+        assert events[-1].usage is not None
+        return [t for e in events for t in e.token_ids], events[-1].usage
+
+    async def go() -> list[tuple[list[int], Usage]]:
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+    return asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def native(embedded_model: LoadedModel) -> Iterator[Engine]:
+    engine = started(embedded_model)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def eight_bit(embedded_model: LoadedModel) -> Iterator[Engine]:
+    engine = started(embedded_model, kv_format=Q8)
+    yield engine
+    engine.shutdown()
+
+
+def encode(model: LoadedModel, text: str) -> tuple[int, ...]:
+    return tuple(model.tokenizer.encode(text))
+
+
+def test_eight_bit_greedy_matches_unquantized_and_repeats_from_cache(
+    native: Engine, eight_bit: Engine, embedded_model: LoadedModel
+) -> None:
+    prompts = [encode(embedded_model, p) for p in SHORT_PROMPTS]
+    reference = together(native, prompts)
+    first = together(eight_bit, prompts)
+    same = sum(a[0] == b[0] for a, b in zip(reference, first, strict=True))
+    assert same >= 4, (same, [r[0] for r in reference], [f[0] for f in first])
+    # The same prompts again: served from quantized cache blocks, same tokens, and the
+    # same cached reads as the unquantized engine.
+    again = together(eight_bit, prompts)
+    assert [a[0] for a in again] == [f[0] for f in first]
+    reference_again = together(native, prompts)
+    assert [u.cached_tokens for _, u in again] == [u.cached_tokens for _, u in reference_again]
+    assert eight_bit.kv_format_status()["format"] == "q8g64"
+    assert eight_bit._kv_bytes_per_token * 3.5 <= native._kv_bytes_per_token
+
+
+def test_a_budget_that_holds_part_of_a_prompt_holds_all_of_it_at_eight_bit(
+    embedded_model: LoadedModel,
+) -> None:
+    prompt = encode(embedded_model, TEXT)
+    assert 200 < len(prompt) < 300
+    budget = 8 * 16 * 46080  # 8 blocks of the model's float32 K/V: 128 tokens
+    reads = {}
+    for kv_format in (KVFormat(), Q8):
+        engine = started(embedded_model, cache_memory_bytes=budget, kv_format=kv_format)
+        try:
+            first = run(engine, prompt, max_tokens=2)
+            second = run(engine, prompt, max_tokens=2)
+        finally:
+            engine.shutdown()
+        assert second[0] == first[0]
+        reads[kv_format.tag] = second[1].cached_tokens
+    assert reads["native"] < len(prompt) - 1
+    assert reads["q8g64"] == len(prompt) - 1
+
+
+def test_disk_tier_keeps_the_format_and_another_format_misses(
+    embedded_model: LoadedModel, tmp_path: Path
+) -> None:
+    prompt = encode(embedded_model, TEXT)
+    writer = started(embedded_model, kv_format=Q8, cache_dir=str(tmp_path))
+    try:
+        expected = run(writer, prompt, max_tokens=3)[0]
+        assert writer.prefix is not None and writer.prefix.disk is not None
+        assert writer.prefix.disk.flush()
+    finally:
+        writer.shutdown()
+    restarted = started(embedded_model, kv_format=Q8, cache_dir=str(tmp_path))
+    try:
+        tokens, usage = run(restarted, prompt, max_tokens=3)
+        assert tokens == expected
+        assert usage.cached_tokens == len(prompt) - 1  # all of it from disk
+    finally:
+        restarted.shutdown()
+    unquantized = started(embedded_model, cache_dir=str(tmp_path))
+    try:
+        _, usage = run(unquantized, prompt, max_tokens=3)
+        assert usage.cached_tokens == 0  # 8-bit files are never read as model-dtype K/V
+    finally:
+        unquantized.shutdown()
+
+
+def test_speculation_rolls_back_quantized_rows(embedded_model: LoadedModel) -> None:
+    text = "one two three four five six seven eight one two three four five six seven"
+    prompts = [encode(embedded_model, text), encode(embedded_model, text + " eight")]
+    plain = started(embedded_model, kv_format=Q8, prefix_cache=False)
+    speculating = started(
+        embedded_model,
+        kv_format=Q8,
+        prefix_cache=False,
+        speculation=SpeculationConfig("ngram", 4, cost_aware=False),
+    )
+    try:
+        expected = together(plain, prompts, max_tokens=16)
+        got = together(speculating, prompts, max_tokens=16)
+        assert [g[0] for g in got] == [e[0] for e in expected]
+        assert speculating.speculation_status()["draft_tokens"] > 0
+    finally:
+        plain.shutdown()
+        speculating.shutdown()
+
+
+def auto_engine(model: LoadedModel, **config: Any) -> Engine:
+    return started(model, auto_context=True, **config)
+
+
+def test_auto_context_serves_what_the_kv_budget_holds(embedded_model: LoadedModel) -> None:
+    budget = 24 * 2**20
+    engine = auto_engine(embedded_model, kv_memory_bytes=budget, kv_format=Q8)
+    try:
+        window = engine.model.context_length
+        assert window == budget // engine._kv_bytes_per_token
+        assert 256 <= window < 2000
+    finally:
+        engine.shutdown()
+    with pytest.raises(ValueError, match=r"--context-length auto: --kv-memory holds only 91"):
+        auto_engine(embedded_model, kv_memory_bytes=4 * 2**20)
+    with pytest.raises(ValueError, match=r"--kv-group-size 128 does not divide .* head dim 64"):
+        started(embedded_model, kv_format=KVFormat(8, 128))
+
+
+def test_bad_kv_flags_fail_before_the_model_loads() -> None:
+    from compat_serve.bootstrap import ServeOptions, build_state
+
+    for options, message in [
+        (ServeOptions(kv_bits="3"), r"^--kv-bits must be 8 or 4, not 3$"),
+        (ServeOptions(kv_bits=8, kv_group_size="48"), r"--kv-group-size must be 32, 64 or 128"),
+        (ServeOptions(context_length="0"), r"--context-length must be auto or an integer >= 2"),
+        (ServeOptions(context_length="big"), r"--context-length must be auto or an integer"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            build_state(options, loaded=None)  # raises before load_model(None) runs
+
+
+def test_fused_decode_over_quantized_kv_matches_the_stock_block(
+    embedded_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decode steps over 8-bit KV take the Rust projection, then quantized attention
+    (models/cpu_decode_block.py); their logits agree with mlx-lm's stock block."""
+    import mlx.core as mx
+
+    from compat_serve.engine.batch import merge_caches
+    from compat_serve.engine.runner import ModelRunner
+    from compat_serve.models import cpu_decode_block
+
+    runner = ModelRunner(embedded_model, Q8)
+    calls = []
+    fused = cpu_decode_block._quantized_step
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return fused(*args)
+
+    def logits() -> mx.array:
+        caches = []
+        for i in range(3):
+            cache = runner.new_cache()
+            runner.prefill(cache, list(range(100 + i, 130 + 7 * i)))
+            caches.append(cache)
+        batch = merge_caches(caches)
+        out = runner.decode_logits(batch, [5, 6, 7])
+        mx.eval(out)
+        return out
+
+    monkeypatch.setattr(cpu_decode_block, "_quantized_step", counted)
+    ours = logits()
+    assert calls  # the quantized decode path ran
+    monkeypatch.setattr(
+        cpu_decode_block,
+        "_quantized_step",
+        cpu_decode_block.llama.TransformerBlock.__call__,
+    )
+    stock = logits()
+    assert mx.abs(ours - stock).max().item() < 1e-3
+    assert mx.array_equal(ours.argmax(axis=-1), stock.argmax(axis=-1)).item()
