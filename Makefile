@@ -84,6 +84,8 @@ bench-python: build
 	$(PY) benches/vision_session.py
 	$(PY) benches/sampling_defaults.py
 	$(PY) benches/echo_survival.py
+	$(PY) benches/example_copy.py
+	$(PY) benches/json_object_ends.py
 
 clean:
 	cargo clean
