@@ -179,20 +179,24 @@ _PLACES = [
     ("/home/lee/repos/dotfiles", "Wed Dec 2 2026"),
 ]
 QUESTION = "What is the capital of France?"
+# A request that needs a tool: the instructions must not talk the model out of calls.
+TASK = "List the files in the working directory."
 
 
-def opencode_body(index: int, max_tokens: int) -> dict[str, Any]:
+def opencode_body(
+    index: int, max_tokens: int, *, ask: str = QUESTION, tools: int = len(OPENCODE_TOOLS)
+) -> dict[str, Any]:
     """The `index`-th OpenCode-shaped chat request (0..9): same tools and question, its
     own working directory and date. Streamed with usage, as OpenCode asks; no temperature
-    (OpenCode sends none for models it does not know)."""
+    (OpenCode sends none for models it does not know). `tools`: the first few only."""
     cwd, date = _PLACES[index]
     return {
         "model": "m",
         "messages": [
             {"role": "system", "content": _SYSTEM.format(cwd=cwd, date=date)},
-            {"role": "user", "content": QUESTION},
+            {"role": "user", "content": ask},
         ],
-        "tools": OPENCODE_TOOLS,
+        "tools": OPENCODE_TOOLS[:tools],
         "tool_choice": "auto",
         "max_tokens": max_tokens,
         "stream": True,
