@@ -73,7 +73,8 @@ def main() -> int:
                 called += bool(answer.calls)
     finally:
         server.stop()
-    print(f"answered without copying the example: {clean} of {args.prompts}")
+    if not args.skip_answers:
+        print(f"answered without copying the example: {clean} of {args.prompts}")
     print(f"called a tool for {TASK!r}: {called} of {args.prompts}")
     return 0
 

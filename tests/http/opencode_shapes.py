@@ -209,11 +209,15 @@ def opencode_body(
 COPYABLE = ("your answer", "the answer", "answer the user", "tool_name", "tool result")
 
 
-def answers_without_copying(content: str) -> bool:
-    """Whether `content` is an answer: not empty, and not (the start of) text of the
-    instructions' examples."""
+def copies_example(content: str) -> bool:
+    """Whether `content` is (or starts as) text of the instructions' examples."""
     answer = content.strip().lower()
-    return bool(answer) and not any(answer.startswith(text) for text in COPYABLE)
+    return any(answer.startswith(text) for text in COPYABLE)
+
+
+def answers_without_copying(content: str) -> bool:
+    """Whether `content` is an answer: not empty (no tool call instead), not a copy."""
+    return bool(content.strip()) and not copies_example(content)
 
 
 @dataclass
