@@ -111,21 +111,51 @@ def test_openai_json_schema_outputs_validate(server: RunningServer) -> None:
         jsonschema.validate(json.loads(choice.message.content or ""), CITY)
 
 
-def test_openai_json_object_is_an_object(server: RunningServer) -> None:
-    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
-    completion = client.chat.completions.create(
-        model="m",
-        messages=[{"role": "user", "content": "Give me a JSON object about cats."}],
-        response_format={"type": "json_object"},
-        max_tokens=120,
-        temperature=0,
-    )
-    content = completion.choices[0].message.content or ""
-    if completion.choices[0].finish_reason == "stop":
-        assert isinstance(json.loads(content), dict)
-    else:  # ran out of tokens inside the object: a prefix of one, never prose
-        assert completion.choices[0].finish_reason == "length"
-        assert content.startswith("{")
+def _compact(text: str) -> bool:
+    """Whether the only whitespace outside strings is one space after `,` and `:`
+    (json.dumps' layout): the grammar gives the model no free whitespace to loop on."""
+    in_string = escaped = False
+    for i, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char.isspace() and (char != " " or i == 0 or text[i - 1] not in ",:"):
+            return False
+    return True
+
+
+def test_openai_json_object_ends_when_the_object_does(server: RunningServer) -> None:
+    """Default bodies (max_tokens 1,024, no temperature): the model closes the object and
+    the reply ends there, in the compact layout (benches/json_object_ends.py: 10 prompts)."""
+    asks = [
+        "Return JSON with the keys city and country for the capital of France.",
+        "Give the weather in Paris as JSON (temperature and sky).",
+    ]
+
+    async def one(client: openai.AsyncOpenAI, ask: str) -> Any:
+        return await client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": ask}],
+            response_format={"type": "json_object"},
+            max_tokens=1024,
+        )
+
+    async def run() -> list[Any]:
+        async with async_oai(server) as client:
+            return await asyncio.gather(*(one(client, ask) for ask in asks))
+
+    for completion in asyncio.run(run()):
+        choice = completion.choices[0]
+        content = choice.message.content or ""
+        assert choice.finish_reason == "stop", content
+        assert isinstance(json.loads(content), dict) and _compact(content), content
+        assert completion.usage.completion_tokens < 100, content
 
 
 def test_anthropic_forced_calls_are_one_valid_tool_use(server: RunningServer) -> None:

@@ -7,9 +7,10 @@ argument fragments concatenate to the JSON text of its arguments.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from compat_serve.parsers.partial_json import parse_partial_json
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,9 @@ class ToolCall:
     arguments: str = ""  # the JSON text, as streamed
 
     def parsed_arguments(self) -> dict[str, Any]:
-        """The arguments as an object; {} when the model wrote something that is not one."""
-        try:
-            value = json.loads(self.arguments) if self.arguments.strip() else {}
-        except json.JSONDecodeError:
-            return {}
+        """The arguments as an object, as far as they were written (a call cut by
+        max_tokens); {} when the model wrote something that is not one."""
+        value = parse_partial_json(self.arguments) if self.arguments.strip() else {}
         return value if isinstance(value, dict) else {}
 
 

@@ -17,7 +17,7 @@ class CallParser(Protocol):
     @property
     def calls(self) -> int: ...
     def feed(self, text: str) -> list[OutputEvent]: ...
-    def finish(self) -> list[OutputEvent]: ...
+    def finish(self, *, cut: bool = False) -> list[OutputEvent]: ...
 
 
 class OutputParser:
@@ -51,10 +51,12 @@ class OutputParser:
         )
         return self._filter.apply(self._route(split))
 
-    def finish(self) -> list[OutputEvent]:
+    def finish(self, *, cut: bool = False) -> list[OutputEvent]:
+        """`cut`: max_tokens (or the context) ended the output: a tool call still being
+        written is reported as cut (see ToolCallParser.finish), never as text."""
         events = self._route(self._reasoning.finish()) if self._reasoning else []
         if self._tools is not None:
-            events += self._tools.finish()
+            events += self._tools.finish(cut=cut)
         return self._filter.apply(events) + self._filter.finish()
 
     def _route(self, events: list[OutputEvent]) -> list[OutputEvent]:

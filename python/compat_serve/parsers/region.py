@@ -130,6 +130,9 @@ class Region:
         self.buf = marker
         self.pos = 0 if self.keeps_marker else len(marker)
         self.final = False
+        # The output ended because max_tokens (or the context) cut it: what is still
+        # undecided at the end is a cut call's markup, never text.
+        self.cut = False
         self._body = self.body()
         self._outcome: Outcome | None = None
 
@@ -144,8 +147,9 @@ class Region:
         self.buf += text
         return self._advance()
 
-    def finish(self) -> Outcome:
+    def finish(self, *, cut: bool = False) -> Outcome:
         self.final = True
+        self.cut = cut
         return self._advance()
 
     def _advance(self) -> Outcome:

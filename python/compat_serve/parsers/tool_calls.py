@@ -84,6 +84,7 @@ class ToolCallParser:
         self._open: tuple[int, str] | None = None  # (index, name) of the open call
         self._events: list[OutputEvent] = []
         self.satisfied = False  # max_calls reached: everything after is dropped
+        self._muted = False  # drop text: a cut region is finishing
 
     @property
     def calls(self) -> int:
@@ -93,14 +94,36 @@ class ToolCallParser:
         self._consume(text)
         return self._take()
 
-    def finish(self) -> list[OutputEvent]:
+    def finish(self, *, cut: bool = False) -> list[OutputEvent]:
+        """The rest of the events. `cut`: max_tokens (or the context) ended the output,
+        so a call still being parsed is cut: a call already opened closes with its
+        arguments as far as they were written, and markup that opened none (a marker, a
+        name not yet complete) is dropped, never shown as text."""
+        if cut:
+            self._finish_cut()
         while self._region is not None and not self.satisfied:
             region = self._region
             self._consume(self._settle(region, region.finish()))
         if not self.satisfied:
-            self._emit_text(self._pending.lstrip(WHITESPACE) if self._after_call else self._pending)
+            pending = self._pending
+            if cut:  # a marker's first characters are markup too
+                hold = partial_marker_length(pending, self._markers)
+                pending = pending[: len(pending) - hold].rstrip(WHITESPACE) if hold else pending
+            self._emit_text(pending.lstrip(WHITESPACE) if self._after_call else pending)
         self._pending = ""
         return self._take()
+
+    def _finish_cut(self) -> None:
+        region, self._region = self._region, None
+        if region is None or self.satisfied:
+            return
+        self._ws_before_region = ""
+        if not self._region_opened:
+            return  # only markup so far: dropped
+        self._muted = True  # the region's leftovers at the cut are markup
+        region.finish(cut=True)
+        self._muted = False
+        self.close_call()  # in case the region stopped before closing it
 
     # ---- driving ---------------------------------------------------------------------
 
@@ -214,5 +237,5 @@ class ToolCallParser:
             self.satisfied = True
 
     def text(self, text: str) -> None:
-        if not self.satisfied:
+        if not self.satisfied and not self._muted:
             self._emit_text(text)

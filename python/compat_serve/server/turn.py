@@ -19,6 +19,9 @@ from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError
 from compat_serve.server.lifecycle import shutdown_error
 
+# Finish reasons that cut the output wherever it was (a tool call included).
+_CUT = (FinishReason.LENGTH, FinishReason.CONTEXT)
+
 
 @dataclass(frozen=True)
 class TurnStep:
@@ -58,7 +61,7 @@ class TurnOutput:
             event = await self._final_event()
         if event.finished:
             self.finished = True
-            output += self.parser.finish()
+            output += self.parser.finish(cut=event.finish_reason in _CUT)
             self._add(output)
             if self._on_turn is not None:
                 self._on_turn(self.turn, event)

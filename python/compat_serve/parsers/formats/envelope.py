@@ -147,7 +147,9 @@ class EnvelopeRegion(Region):
                 if first:
                     return Outcome.REJECT
                 self.pos = start  # an unknown tool after known ones: its JSON stays text
-                yield from self.read_json_value()
+                raw = yield from self.read_json_value()
+                if raw is None and self.cut:
+                    return Outcome.DONE  # a further call, cut before its name was whole
                 self.sink.text(self.buf[start : self.pos])
             first = False
             yield from self.skip_ws()
@@ -182,7 +184,11 @@ def stream_string(region: Region) -> Generator[None, None, None]:
             region.pos = end + 1
             return None
         if end < len(buf):  # a backslash: one whole escape, or wait for it
-            escape = _escape_at(buf, end, final=region.final)
+            # Cut inside an escape (max_tokens): its first characters are not text.
+            escape = _escape_at(buf, end, final=region.final and not region.cut)
+            if escape is None and region.final:
+                region.pos = len(buf)
+                return None
             if escape is not None:
                 text, length = escape
                 region.sink.text(text)
@@ -282,9 +288,12 @@ class EnvelopeParser(CallEventSink):
             self._trailing(text)
         return self._take()
 
-    def finish(self) -> list[OutputEvent]:
+    def finish(self, *, cut: bool = False) -> list[OutputEvent]:
+        """The rest of the events. `cut`: max_tokens (or the context) ended the output:
+        an envelope cut before its first call opened is dropped instead of shown as text,
+        a call cut in its arguments closes with them as far as they were written."""
         if self._region is not None:
-            self._settle(self._region.finish())
+            self._settle(self._region.finish(cut=cut))
         if self._after.strip(WHITESPACE) and not self.satisfied:
             self.text(self._after.strip(WHITESPACE))
         self._after = ""
@@ -295,6 +304,8 @@ class EnvelopeParser(CallEventSink):
         if region is None or outcome is Outcome.MORE:
             return
         self._region = None
+        if outcome is Outcome.REJECT and region.cut:
+            return  # an envelope's start, cut: markup, not text
         if outcome is Outcome.REJECT:
             self._passthrough = True
             self.text(region.buf)

@@ -176,9 +176,9 @@ class HarmonyParser(CallEventSink):
             self._body.feed(text)
         return self._take()
 
-    def finish(self) -> list[OutputEvent]:
+    def finish(self, *, cut: bool = False) -> list[OutputEvent]:
         if not self.satisfied:
-            self._body.finish()
+            self._body.finish(cut=cut)
         return self._take()
 
     def reasoning(self, text: str) -> None:  # beside the CallSink: `analysis` messages

@@ -53,6 +53,7 @@ from compat_serve.server.anthropic.protocol import (
 )
 from compat_serve.server.errors import ApiError
 from compat_serve.server.output_format import bad, json_schema_grammar
+from compat_serve.server.tool_schemas import prompt_schema
 
 __all__ = [
     "STOP_REASONS",
@@ -320,7 +321,7 @@ def _tools(tools: list[ToolDef] | None, choice: ToolChoice | None) -> list[dict[
         function: dict[str, Any] = {"name": tool.name}
         if tool.description is not None:
             function["description"] = tool.description
-        function["parameters"] = _schema(tool.input_schema)
+        function["parameters"] = prompt_schema(tool.input_schema)
         defs.append({"type": "function", "function": function})
     if choice is not None and choice.type == "tool":
         names = {d["function"]["name"] for d in defs}
@@ -389,11 +390,7 @@ def _json_schema_format(spec: object, where: str) -> Grammar:
     schema = spec["schema"]
     if not isinstance(schema, dict):
         raise bad(f"{where}.schema", "must be a JSON schema object")
-    return json_schema_grammar(_schema(schema), f"{where}.schema")
-
-
-def _schema(schema: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in schema.items() if key != "$schema"}
+    return json_schema_grammar(prompt_schema(schema), f"{where}.schema")
 
 
 def _sampling(

@@ -27,6 +27,7 @@ from compat_serve.server.openai.protocol import (
     _SamplingFields,
 )
 from compat_serve.server.openai.response_format import output_grammar
+from compat_serve.server.tool_schemas import prompt_schema
 
 FINISH_REASONS = {
     FinishReason.STOP_TOKEN: "stop",
@@ -155,7 +156,7 @@ def chat_request(
         max_tokens = body.max_tokens
     if max_tokens == -1:
         max_tokens = None  # no limit: up to the context window
-    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    tools = [_tool(t.model_dump(exclude_none=True)) for t in body.tools] if body.tools else None
     choice = _tool_choice(body.tool_choice, tools)
     if choice == "none":
         tools = None
@@ -187,6 +188,13 @@ def chat_logprobs_setting(body: ChatCompletionRequest) -> int | None:
             raise ApiError(400, "top_logprobs: requires logprobs to be true", param="top_logprobs")
         return None
     return body.top_logprobs or 0
+
+
+def _tool(tool: dict[str, Any]) -> dict[str, Any]:
+    function = tool.get("function")
+    if isinstance(function, dict) and isinstance(function.get("parameters"), dict):
+        function["parameters"] = prompt_schema(function["parameters"])
+    return tool
 
 
 def _tool_choice(choice: str | dict[str, Any] | None, tools: list[dict[str, Any]] | None) -> str:

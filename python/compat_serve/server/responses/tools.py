@@ -18,6 +18,7 @@ from typing import Any
 from compat_serve.engine.types import Grammar
 from compat_serve.server.output_format import bad, lark_grammar, regex_grammar
 from compat_serve.server.responses.lark_regex import lark_to_regex
+from compat_serve.server.tool_schemas import prompt_schema
 
 CUSTOM_INPUT = "input"
 
@@ -104,7 +105,7 @@ def _function(tool: dict[str, Any], where: str, namespace: str | None) -> dict[s
     description = _text(tool.get("description"), f"{where}.description")
     if description:
         function["description"] = description
-    function["parameters"] = parameters or {"type": "object", "properties": {}}
+    function["parameters"] = prompt_schema(parameters or {"type": "object", "properties": {}})
     return function
 
 
