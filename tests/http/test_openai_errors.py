@@ -159,6 +159,22 @@ def test_unknown_fields_are_ignored(server: RunningServer) -> None:
     assert response.status_code == 200, response.text
 
 
+def test_a_constraint_the_vocabulary_cannot_continue_is_the_request_error(
+    server: RunningServer,
+) -> None:
+    """`guided_regex` needing a character the tokenizer cannot write (it drops \x14): the
+    grammar dead-ends after the first character. A 400 in the API's shape, streamed as an
+    error event; never a 500 (found by schemathesis)."""
+    body = {"model": "m", "messages": OK_MESSAGES, "guided_regex": "\u00e3\u0014"}
+    error = assert_openai_error(post(server, "/v1/chat/completions", json=body), 400, "vocabulary")
+    assert error["code"] == "invalid_grammar"
+    streamed = post(server, "/v1/chat/completions", json={**body, "stream": True})
+    assert streamed.status_code == 200
+    assert (
+        '"code": "invalid_grammar"' in streamed.text or '"code":"invalid_grammar"' in streamed.text
+    )
+
+
 def test_server_still_serves_after_errors(server: RunningServer) -> None:
     for _ in range(3):
         post(server, "/v1/chat/completions", content=b"nonsense")

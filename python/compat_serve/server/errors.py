@@ -57,6 +57,22 @@ class ApiError(Exception):
         self.anthropic_message = anthropic_message
 
 
+def generation_error(error: str | None) -> ApiError:
+    """The error of a generation that failed. A grammar that reaches a state no token of
+    the model's vocabulary can continue (a `guided_regex` needing a character the
+    tokenizer cannot write) is the request's: 400, not a server error."""
+    detail = error or "unknown error"
+    if detail.startswith("GrammarError"):
+        first = detail.splitlines()[0].removeprefix("GrammarError: ")
+        return ApiError(
+            400,
+            "the request's output constraint cannot be continued with this model's "
+            f"vocabulary ({first})",
+            code="invalid_grammar",
+        )
+    return ApiError(500, f"generation failed: {detail}")
+
+
 def openai_error_body(error: ApiError) -> dict[str, Any]:
     return {
         "error": {

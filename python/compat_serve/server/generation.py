@@ -30,7 +30,7 @@ from compat_serve.parsers import OutputParser, ParsedTurn, RequestTools
 from compat_serve.parsers.setup import RequestParsing
 from compat_serve.server.clients import client_label
 from compat_serve.server.disconnect import aborting_on_disconnect
-from compat_serve.server.errors import ApiError
+from compat_serve.server.errors import ApiError, generation_error
 from compat_serve.server.keys import cache_salt
 from compat_serve.server.lifecycle import check_admitting, shutdown_error
 from compat_serve.server.state import ServerState
@@ -224,7 +224,7 @@ async def collect(stream: RequestStream, request: Request) -> Collected:
             logprobs.extend(event.logprobs)
             if event.finished:
                 if event.finish_reason is FinishReason.ERROR:
-                    raise ApiError(500, f"generation failed: {event.error}")
+                    raise generation_error(event.error)
                 if event.finish_reason is FinishReason.SHUTDOWN:
                     raise shutdown_error()
                 return Collected("".join(parts), event, logprobs)

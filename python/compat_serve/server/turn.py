@@ -16,7 +16,7 @@ from compat_serve.engine.stream import RequestStream
 from compat_serve.engine.types import EngineEvent, FinishReason, TokenLogprob
 from compat_serve.parsers import OutputEvent, OutputParser, ParsedTurn
 from compat_serve.server.disconnect import aborting_on_disconnect
-from compat_serve.server.errors import ApiError
+from compat_serve.server.errors import ApiError, generation_error
 from compat_serve.server.lifecycle import shutdown_error
 
 # Finish reasons that cut the output wherever it was (a tool call included).
@@ -110,7 +110,7 @@ async def collect_turn(output: TurnOutput, request: Request) -> CollectedTurn:
                 break  # aborted: the client went away
             if step.finished:
                 if step.engine.finish_reason is FinishReason.ERROR:
-                    raise ApiError(500, f"generation failed: {step.engine.error}")
+                    raise generation_error(step.engine.error)
                 if step.engine.finish_reason is FinishReason.SHUTDOWN:
                     raise shutdown_error()
                 return CollectedTurn(turn, step.engine, step.ended_in_tool_calls, logprobs)

@@ -24,6 +24,7 @@ from compat_serve.parsers import (
 from compat_serve.parsers.events import ReasoningPart, TextPart
 from compat_serve.server.anthropic.errors import error_payload
 from compat_serve.server.anthropic.protocol import AnthropicUsage
+from compat_serve.server.errors import generation_error
 from compat_serve.server.lifecycle import SHUTTING_DOWN
 from compat_serve.server.sse import event
 
@@ -140,8 +141,11 @@ class MessageStreamEncoder:
             return self.error("overloaded_error", SHUTTING_DOWN)
         if reason in (FinishReason.ERROR, FinishReason.ABORTED) and not tool_use:
             aborted = reason is FinishReason.ABORTED
-            detail = engine_event.error or ("request aborted" if aborted else "unknown error")
-            return self.error("api_error", f"generation failed: {detail}")
+            if aborted:
+                return self.error("api_error", "generation failed: request aborted")
+            error = generation_error(engine_event.error)
+            kind = "api_error" if error.status >= 500 else "invalid_request_error"
+            return self.error(kind, error.message)
         if output is None:
             output = [TextDelta(engine_event.text)] if engine_event.text else []
         frames = "".join(self._output(e) for e in output)

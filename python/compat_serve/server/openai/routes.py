@@ -15,7 +15,7 @@ from compat_serve.engine.stream import RequestStream
 from compat_serve.engine.types import FinishReason, TokenLogprob
 from compat_serve.server import sse
 from compat_serve.server.clients import client_label
-from compat_serve.server.errors import ApiError, openai_error_body
+from compat_serve.server.errors import ApiError, generation_error, openai_error_body
 from compat_serve.server.generation import (
     admit_chat,
     check_model_name,
@@ -132,7 +132,7 @@ def _final_chunks(
     event = step.engine
     assert event.finish_reason is not None and event.usage is not None
     if event.finish_reason is FinishReason.ERROR:
-        return sse.data_line(openai_error_body(ApiError(500, f"generation failed: {event.error}")))
+        return sse.data_line(openai_error_body(generation_error(event.error)))
     if event.finish_reason is FinishReason.SHUTDOWN:
         return sse.data_line(openai_error_body(shutdown_error()))
     chunk = adapter.chat_chunk(
@@ -238,9 +238,7 @@ async def _completion_sse(
         if event.finished:
             assert event.usage is not None
             if event.finish_reason is FinishReason.ERROR:
-                yield sse.data_line(
-                    openai_error_body(ApiError(500, f"generation failed: {event.error}"))
-                )
+                yield sse.data_line(openai_error_body(generation_error(event.error)))
                 break
             if event.finish_reason is FinishReason.SHUTDOWN:
                 yield sse.data_line(openai_error_body(shutdown_error()))

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from compat_serve.engine.types import FinishReason
 from compat_serve.server import sse
 from compat_serve.server.disconnect import aborting_on_disconnect
-from compat_serve.server.errors import ApiError
+from compat_serve.server.errors import ApiError, generation_error
 from compat_serve.server.generation import admit_chat, server_state
 from compat_serve.server.images import reads_images
 from compat_serve.server.lifecycle import shutdown_error
@@ -109,7 +109,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
     if final["status"] == "failed":
         if builder.finish_reason is FinishReason.SHUTDOWN:
             raise shutdown_error()
-        raise ApiError(500, f"generation failed: {final['error']['message']}")
+        raise generation_error(final["error"]["message"])
     cut = builder.finish_reason is FinishReason.ABORTED and not builder.ended_in_tool_calls
     if builder.finish_reason is None or cut:
         raise ApiError(499, "client closed the request")
