@@ -45,11 +45,14 @@ _TEMPLATE = (
     r"messages: cannot render the request: .*",  # beyond what the template engine takes
     r"chat template error: .*",
 )
+# A constraint that needs a character the model's tokenizer cannot write dead-ends mid-way.
+_VOCABULARY = r"the request's output constraint cannot be continued with this model's vocabulary .*"
 _CHAT_GRAMMAR = r"(response_format\.json_schema\.schema|structured_outputs\.\w+|guided_\w+)"
 _ANTHROPIC_GRAMMAR = r"(output_config\.format|output_format)\.schema"
 STATED_RULES: dict[str, tuple[str, ...]] = {
     "/v1/chat/completions": (
         *_TEMPLATE,
+        _VOCABULARY,
         r"tool_choice: function '.*' is not defined in tools",
         r"messages\[\d+\]\.tool_calls\[\d+\]\.function\.arguments: arguments (are not valid "
         r"JSON \(.*\)|must be a JSON object)",
@@ -61,6 +64,7 @@ STATED_RULES: dict[str, tuple[str, ...]] = {
     "/v1/completions": (r"This model's maximum context length is .*",),
     "/v1/messages": (
         *_TEMPLATE,
+        _VOCABULARY,
         r"messages: all messages are empty",
         r"messages: the final assistant message cannot contain tool_use blocks",
         r"messages: final assistant content cannot end with trailing whitespace",
@@ -74,6 +78,7 @@ STATED_RULES: dict[str, tuple[str, ...]] = {
     ),
     "/v1/responses": (
         *_TEMPLATE,
+        _VOCABULARY,
         r"(input|previous_response_id)\[\d+\]\.arguments: (not valid JSON \(.*\)|must be a "
         r"JSON object)",
         r"tool_choice(\.tools\[\d+\])?\.name: tool .* is not defined in tools",

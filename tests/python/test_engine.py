@@ -176,3 +176,18 @@ def test_engine_survives_a_failing_request(
     assert "injected fault" in (failed[-1].error or "")
     ok = asyncio.run(run(engine, EngineRequest("good", ids, SamplingParams(max_tokens=3))))
     assert ok[-1].finish_reason in (FinishReason.LENGTH, FinishReason.STOP_TOKEN)
+
+
+def test_a_top_p_that_rounds_to_zero_keeps_the_most_likely_token() -> None:
+    """top_p 5e-324 is 0 in float32: every token used to be dropped and the threshold read
+    past the end, so a grammar-masked (-inf) token could be drawn (found by schemathesis)."""
+    import mlx.core as mx
+
+    from compat_serve.engine.sampling import RequestSampler
+    from compat_serve.engine.types import SamplingParams
+
+    logits = mx.full((1, 64), -float("inf"))
+    logits[0, 7] = 0.5
+    logits[0, 9] = 0.25
+    sampler = RequestSampler(SamplingParams(max_tokens=1, temperature=1.0, top_p=5e-324, seed=1))
+    assert {int(sampler(logits).item()) for _ in range(20)} == {7}

@@ -676,6 +676,7 @@ def test_a_tool_name_with_the_del_character_compiles(plain: Vocab) -> None:
 
     name = "a\x7fb"
     assert quote(name) == '"a\\u007fb"'
+    assert quote("日本") == '"\\u65e5\\u672c"'
     matcher = plain.grammars.table.compile("lark", "start: " + quote(name))
     for token in plain.tokenizer.encode(name):
         matcher.consume(token)

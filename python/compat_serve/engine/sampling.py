@@ -32,6 +32,9 @@ def _mask_top_p(logprobs: mx.array, top_p: float) -> mx.array:
     mass_above = mx.cumsum(probs, axis=-1, reverse=True, inclusive=False)
     total = mass_above[..., :1] + probs[..., :1]
     n_dropped = (mass_above >= top_p * total).sum(axis=-1, keepdims=True)
+    # The most likely token always stays: a top_p that rounds to 0 in float32 (5e-324)
+    # would drop every token and gather past the end (a grammar-masked token came out).
+    n_dropped = mx.minimum(n_dropped, logprobs.shape[-1] - 1)
     threshold = mx.take_along_axis(ordered, n_dropped, axis=-1)
     return mx.where(logprobs < threshold, -float("inf"), logprobs)
 

@@ -51,9 +51,10 @@ def arguments_schema(schema: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 
 def quote(text: str) -> str:
-    """A Lark string literal. DEL is escaped too: json.dumps leaves it raw, and the grammar
-    engine's lexer refuses it (a client tool named with it made every forced call a 400)."""
-    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+    """A Lark string literal, every non-ASCII character escaped: the grammar engine reads
+    JSON escapes, and its lexer refuses some raw characters (DEL, found by schemathesis:
+    a client tool named with one made every forced call a 400)."""
+    return json.dumps(text)
 
 
 def regex_escape(text: str) -> str:

@@ -62,7 +62,7 @@ def generation_error(error: str | None) -> ApiError:
     the model's vocabulary can continue (a `guided_regex` needing a character the
     tokenizer cannot write) is the request's: 400, not a server error."""
     detail = error or "unknown error"
-    if detail.startswith("GrammarError"):
+    if detail.startswith("GrammarError") and "NoExtensionBias" in detail.split("\n", 1)[0]:
         first = detail.splitlines()[0].removeprefix("GrammarError: ")
         return ApiError(
             400,
