@@ -106,9 +106,16 @@ class GrammarBuilder:
 
     def rule(self, hint: str, body: str, *, lazy: bool = False) -> str:
         """A named rule (its name is returned, to use in other expressions)."""
-        name = self._name(hint, terminal=False)
-        self._lines.append(f"{name}{'[lazy]' if lazy else ''}: {body}")
+        name = self.reserve(hint)
+        self.define(name, body, lazy=lazy)
         return name
+
+    def reserve(self, hint: str) -> str:
+        """A rule name to use before its body is written (`define`): recursive rules."""
+        return self._name(hint, terminal=False)
+
+    def define(self, name: str, body: str, *, lazy: bool = False) -> None:
+        self._lines.append(f"{name}{'[lazy]' if lazy else ''}: {body}")
 
     def terminal(self, hint: str, body: str) -> str:
         name = self._name(hint, terminal=True)
