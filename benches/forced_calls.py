@@ -67,7 +67,14 @@ SCHEMAS = {"Bash": BASH, "Read": READ}
 DESCRIPTIONS = {"Bash": "Run a shell command", "Read": "Read a file"}
 ASK = "List the files in /tmp."
 MAX_TOKENS = 1024
-SHAPES = ("anthropic tool", "anthropic any", "chat function", "chat required", "resp function", "resp required")
+SHAPES = (
+    "anthropic tool",
+    "anthropic any",
+    "chat function",
+    "chat required",
+    "resp function",
+    "resp required",
+)
 
 
 def _request(shape: str) -> tuple[str, dict[str, Any]]:
@@ -206,13 +213,18 @@ def main() -> None:
             totals[shape][0] += ended
             totals[shape][1] += valid
             cells.append(f"{ended:>2}/{n} ok {valid:>2}/{n} v")
-        print(f"{fmt:<18} {(file or 'embedded (envelope)'):<44} " + " ".join(f"{c:>15}" for c in cells))
+        print(
+            f"{fmt:<18} {(file or 'embedded (envelope)'):<44} "
+            + " ".join(f"{c:>15}" for c in cells)
+        )
         for shape in SHAPES:
             for failure in results[shape][2][:2]:
                 print(f"    {shape}: {failure}", file=sys.stderr)
         print(f"    ({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
-    print("ok: ended with 1 call (named) / >= 1 call (any, required), none repeated; "
-          "v: every call valid against its schema (required included)")
+    print(
+        "ok: ended with 1 call (named) / >= 1 call (any, required), none repeated; "
+        "v: every call valid against its schema (required included)"
+    )
 
 
 if __name__ == "__main__":

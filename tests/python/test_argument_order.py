@@ -64,26 +64,39 @@ CALLS = {
     "hermes": lambda a: f'<tool_call>\n{{"name": "write", "arguments": {_json(a)}}}\n</tool_call>',
     "llama3": lambda a: f'{{"name": "write", "parameters": {_json(a)}}}',
     "mistral_args": lambda a: f"[TOOL_CALLS]write[ARGS]{_json(a)}",
-    "kimi_k2": lambda a: "<|tool_calls_section_begin|><|tool_call_begin|>functions.write:0"
-    f"<|tool_call_argument_begin|>{_json(a)}<|tool_call_end|><|tool_calls_section_end|>",
-    "harmony": lambda a: f" to=functions.write<|channel|>commentary json<|message|>{_json(a)}"
-    "<|call|>",
+    "kimi_k2": lambda a: (
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.write:0"
+        f"<|tool_call_argument_begin|>{_json(a)}<|tool_call_end|><|tool_calls_section_end|>"
+    ),
+    "harmony": lambda a: (
+        f" to=functions.write<|channel|>commentary json<|message|>{_json(a)}<|call|>"
+    ),
     "qwen3_coder": lambda a: f"<tool_call>\n<function=write>\n{_xml(a)}</function>\n</tool_call>",
-    "glm45": lambda a: "\n<tool_call>write\n"
-    + "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{_text(v)}</arg_value>\n" for k, v in a.items())
-    + "</tool_call>",
-    "minimax_m2": lambda a: '<minimax:tool_call>\n<invoke name="write">\n'
-    + "".join(f'<parameter name="{k}">{_text(v)}</parameter>\n' for k, v in a.items())
-    + "</invoke>\n</minimax:tool_call>",
-    "lfm2": lambda a: "<|tool_call_start|>[write("
-    + ", ".join(f"{k}={_python(v)}" for k, v in a.items())
-    + ")]<|tool_call_end|>",
-    "gemma4": lambda a: "<|tool_call>call:write{"
-    + ",".join(
-        f'{k}:<|"|>{v}<|"|>' if isinstance(v, str) else f"{k}:{json.dumps(v)}"
-        for k, v in a.items()
-    )
-    + "}<tool_call|>",
+    "glm45": lambda a: (
+        "\n<tool_call>write\n"
+        + "".join(
+            f"<arg_key>{k}</arg_key>\n<arg_value>{_text(v)}</arg_value>\n" for k, v in a.items()
+        )
+        + "</tool_call>"
+    ),
+    "minimax_m2": lambda a: (
+        '<minimax:tool_call>\n<invoke name="write">\n'
+        + "".join(f'<parameter name="{k}">{_text(v)}</parameter>\n' for k, v in a.items())
+        + "</invoke>\n</minimax:tool_call>"
+    ),
+    "lfm2": lambda a: (
+        "<|tool_call_start|>[write("
+        + ", ".join(f"{k}={_python(v)}" for k, v in a.items())
+        + ")]<|tool_call_end|>"
+    ),
+    "gemma4": lambda a: (
+        "<|tool_call>call:write{"
+        + ",".join(
+            f'{k}:<|"|>{v}<|"|>' if isinstance(v, str) else f"{k}:{json.dumps(v)}"
+            for k, v in a.items()
+        )
+        + "}<tool_call|>"
+    ),
 }
 
 

@@ -64,9 +64,7 @@ BLOCK_SEPARATORS = {
     "gemma4": "",
 }
 _DS = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>run_command\n```json\n{}\n```<｜tool▁call▁end｜>"  # noqa: RUF001
-_KIMI = (
-    "<|tool_call_begin|>functions.run_command:{}<|tool_call_argument_begin|>{}<|tool_call_end|>"
-)
+_KIMI = "<|tool_call_begin|>functions.run_command:{}<|tool_call_argument_begin|>{}<|tool_call_end|>"
 
 
 def _keeps_calling(name: str) -> str:

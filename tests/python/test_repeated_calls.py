@@ -23,7 +23,7 @@ TOOLS = {"Bash": {"type": "object", "properties": {"command": {"type": "string"}
 
 
 def _hermes(name: str, args: dict[str, object]) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>\n'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>\n"
 
 
 def _parser() -> OutputParser:

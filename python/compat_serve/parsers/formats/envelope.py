@@ -68,19 +68,25 @@ def envelope_grammar(tools: RequestTools, mode: str) -> str:
     `mode`: "auto" (calls or a response), "required" (only calls: 1..max_calls, exactly
     one when `tools.max_calls == 1`) or "none" (only a response).
     """
+    g = GrammarBuilder()
+    return g.source(envelope_rules(g, tools, mode))
+
+
+def envelope_rules(g: GrammarBuilder, tools: RequestTools, mode: str) -> str:
+    """The envelope's rules in `g`; returns the expression of one envelope (its
+    alternatives: parenthesize it to put something before it)."""
     if mode not in MODES:
         raise ValueError(f"envelope mode must be one of {', '.join(MODES)}, not {mode!r}")
     names = list(tools.schemas)
     if mode == "required" and not names:
         raise ValueError("a required tool call needs at least one tool")
-    g = GrammarBuilder()
     shapes = []
     if mode != "none" and names:
         shapes.append(_calls_rule(g, tools, names))
     if mode != "required":
         string = g.terminal("string", _STRING)
         shapes.append(g.rule("response", f'{_literal(RESPONSE_OPEN)} {string} "}}"'))
-    return g.source(" | ".join(shapes))
+    return " | ".join(shapes)
 
 
 def _calls_rule(g: GrammarBuilder, tools: RequestTools, names: list[str]) -> str:
