@@ -36,12 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 import jsonschema  # noqa: E402
-
-from compat_serve.models.loader import load_model  # noqa: E402
-from compat_serve.parsers.registry import detect_tool_format  # noqa: E402
 from tests.conftest import start_server  # noqa: E402
 from tests.python.echo_turns import tool_templates  # noqa: E402
 from tests.shared_data import templates_dir  # noqa: E402
+
+from compat_serve.models.loader import load_model  # noqa: E402
+from compat_serve.parsers.registry import detect_tool_format  # noqa: E402
 
 BASH = {
     "type": "object",

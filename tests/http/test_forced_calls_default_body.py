@@ -39,7 +39,9 @@ SHAPES = (
 )
 
 
-def default_body(shape: str, tools: list[dict[str, Any]] = WEATHER_TOOLS) -> tuple[str, dict[str, Any]]:
+def default_body(
+    shape: str, tools: list[dict[str, Any]] = WEATHER_TOOLS
+) -> tuple[str, dict[str, Any]]:
     """The path and body a client sends for a forced call of `get_weather` (named) or
     any tool, with nothing but the forcing set."""
     named = shape.endswith(("tool", "function"))

@@ -12,6 +12,7 @@ its events go out as they were.
 from __future__ import annotations
 
 import json
+
 from compat_serve.parsers.events import (
     OutputEvent,
     ToolCallArgsDelta,

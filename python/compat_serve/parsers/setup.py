@@ -156,10 +156,10 @@ def request_grammar(
         mode = "required" if tool_choice == "required" else "auto"
         if mode == "required":
             reasoning = _closed(reasoning)
-        source = envelope_turn_grammar(
+        envelope = envelope_turn_grammar(
             tools, mode=mode, reasoning=reasoning, special_tokens=special_tokens, tags=tags
         )
-        return Grammar("lark", source, "tools")
+        return Grammar("lark", envelope, "tools")
     if tool_choice == "required" and tools.schemas:
         # A forced call disables thinking: a tiny or distracted model may never end it.
         closed = _closed(reasoning)
