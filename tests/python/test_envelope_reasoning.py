@@ -10,6 +10,7 @@ import json
 from typing import TYPE_CHECKING
 
 from compat_serve.engine.constraints import Grammars
+from compat_serve.engine.types import Grammar
 from compat_serve.parsers.events import ParsedTurn, assemble
 from compat_serve.parsers.formats.envelope import ENVELOPE_FORMAT
 from compat_serve.parsers.reasoning import THINK
@@ -65,3 +66,18 @@ def test_auto_thinks_then_answers_in_the_envelope(gguf_tokenizer: Tokenizer) -> 
     assert taken
     assert turn.reasoning == "The user wants ls."
     assert [c.name for c in turn.tool_calls] == ["Bash"]
+
+
+def test_a_client_output_format_starts_after_the_reasoning(gguf_tokenizer: Tokenizer) -> None:
+    schema = Grammar("json_schema", json.dumps({"type": "object"}), "response_format")
+    parsing = OutputParsing(ENVELOPE_FORMAT, THINK, gguf_tokenizer).for_request(
+        RequestTools(), PROMPT, call_id_prefix="call_", output_grammar=schema
+    )
+    assert parsing.grammar is not None
+    grammars = Grammars(gguf_tokenizer, gguf_tokenizer.backend.get_vocab_size())
+    # Inside the reasoning the JSON is only thought: the answer comes after `</think>`.
+    for text, answered in (('{"a": 1}', False), ('Thinking.</think>\n\n{"a": 1}', True)):
+        matcher = grammars.compile(parsing.grammar)
+        for token in gguf_tokenizer.encode(text):
+            matcher.consume(token)
+        assert bool(matcher.is_accepting()) is answered, text

@@ -152,7 +152,9 @@ def request_grammar(
         return after_reasoning(output_grammar, reasoning, tags=tags) if output_grammar else None
     if fmt is ENVELOPE_FORMAT:  # the template ignores tools: every answer is an envelope
         if not tools.schemas or (output_grammar is not None and tool_choice != "required"):
-            return output_grammar
+            if output_grammar is None:
+                return None
+            return after_reasoning(output_grammar, reasoning, special_tokens, tags)
         mode = "required" if tool_choice == "required" else "auto"
         if mode == "required":
             reasoning = _closed(reasoning)
