@@ -233,3 +233,22 @@ def test_undeclared_keys_only_where_the_schema_allows_them(
     open_schema = {**base, "additionalProperties": True}
     assert writes(open_schema, {"a": 1, "b": 2, "c": 3})
     assert not writes(open_schema, {"b": 2, "a": 1})
+
+
+@pytest.mark.parametrize("name", ["hermes", "qwen3_coder", "lfm2", "gemma4"])
+def test_keys_of_any_spelling_make_valid_rule_names(
+    gguf_tokenizer: Tokenizer, grammars: Grammars, name: str
+) -> None:
+    """Rule names come from tool and key names; Lark's must be ASCII."""
+    schema = {
+        "type": "object",
+        "properties": {"città": {"type": "string"}, "日本": {"type": "integer"}, "1-a b": {}},
+        "required": ["città"],
+    }
+    tools = RequestTools({"tool_é": schema}, max_calls=1)
+    _forced(grammars, name, tools)  # compiles
+    if name == "hermes":
+        args = {"日本": 3, "città": "Roma"}
+        arguments = json.dumps(args, ensure_ascii=False)
+        text = f'<tool_call>\n{{"name": "tool_é", "arguments": {arguments}}}\n</tool_call>'
+        assert _writes(gguf_tokenizer, _forced(grammars, name, tools), text)

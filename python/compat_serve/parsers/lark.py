@@ -95,7 +95,10 @@ class GrammarBuilder:
     # ---- naming ---------------------------------------------------------------------
 
     def _name(self, hint: str, *, terminal: bool) -> str:
-        base = "".join(c if c.isalnum() else "_" for c in hint.lower()).strip("_") or "r"
+        # Lark names are ASCII: a tool or key named `città` gets `citt_`.
+        base = "".join(c if c.isascii() and c.isalnum() else "_" for c in hint.lower())
+        base = base.strip("_") or "r"
+        base = "r" + base if base[0].isdigit() else base
         base = base.upper() if terminal else base
         name, n = base, 1
         while name in self._used:
