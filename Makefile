@@ -92,6 +92,7 @@ bench-python: build
 	$(PY) benches/throughput.py
 	$(PY) benches/agent_session.py
 	$(PY) benches/constrained.py
+	$(PY) benches/forced_calls.py
 	$(PY) benches/load.py
 	$(PY) benches/speculative.py
 	$(PY) benches/soak.py

@@ -229,10 +229,12 @@ _VALUES = st.recursive(
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_KEYS, inner, max_size=3)),
     max_leaves=6,
 )
+# Distinct calls: a turn ends at a call identical to an earlier one (parsers/repeats.py).
 _CALLS = st.lists(
     st.tuples(st.sampled_from(sorted(TOOLS)), st.dictionaries(_KEYS, _VALUES, max_size=3)),
     min_size=1,
     max_size=3,
+    unique_by=lambda call: (call[0], json.dumps(call[1], sort_keys=True)),
 )
 
 

@@ -1,5 +1,9 @@
 """Grammar pieces shared by the formats: a choice of tools, JSON call objects, and
-arguments written as tagged key/value pairs (the grammar side of `arguments.py`)."""
+arguments written as tagged key/value pairs (the grammar side of `arguments.py`).
+
+A tool's declared arguments may come in any order (`property_order.py`), as JSON
+(`json_arguments`) and as tagged pairs (`tagged_arguments`) alike.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compat_serve.parsers.lark import GrammarBuilder, arguments_schema
+from compat_serve.parsers.property_order import any_order, declared_properties
 
 Schema = Mapping[str, Any]
 
@@ -16,6 +21,25 @@ Schema = Mapping[str, Any]
 _ANY_KEY = "/[A-Za-z_][A-Za-z0-9_]{0,63}/"
 # Schema keywords carried into each parameter's own schema so `$ref`s still resolve.
 _SHARED_KEYWORDS = ("$defs", "definitions")
+# What an arguments schema may say besides its properties for `json_arguments` to write
+# them in any order; any other keyword (patternProperties, minProperties, allOf, ...) is
+# left to the grammar engine's own JSON, in schema order.
+_PLAIN_OBJECT_KEYWORDS = frozenset(
+    {
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "description",
+        "title",
+        "$schema",
+        "$id",
+        "$comment",
+        "default",
+        "examples",
+        *_SHARED_KEYWORDS,
+    }
+)
 
 
 def one_of_tools(
@@ -33,7 +57,53 @@ def json_call(
     """`{"name": NAME, "arguments": {...}}` laid out as the templates render it; `extra`
     (a Lark expression) goes before the closing brace."""
     head = '{"name": ' + json.dumps(name, ensure_ascii=False) + f', "{args_key}": '
-    return f"{g.lit(head)} {g.json(arguments_schema(schema))} {extra} {g.lit('}')}"
+    arguments = json_arguments(g, f"args_{name}", schema)
+    return f"{g.lit(head)} {arguments} {extra} {g.lit('}')}"
+
+
+def json_arguments(g: GrammarBuilder, hint: str, schema: Schema | None) -> str:
+    """A tool's arguments as one compact JSON object valid against `schema`, its declared
+    properties in any order.
+
+    An object schema that says more than its properties (pattern properties, bounds on
+    their number, combinators) or allows undeclared ones goes to the grammar engine
+    whole, which writes the properties in schema order. Where `additionalProperties` is
+    left out, only the declared properties are written (a model is better off naming
+    the tool's own arguments).
+    """
+    schema = arguments_schema(schema)
+    if not _plain_object(schema):
+        return g.json(schema)
+    properties, required = declared_properties(schema)
+    shared = _shared(schema)
+
+    def item(key: str) -> str:
+        prop = _with_shared(properties[key], shared)
+        return f"{g.lit(json.dumps(key, ensure_ascii=False) + ': ')} {g.json(prop)}"
+
+    body = any_order(g, hint, list(properties), required, item, separator=g.lit(", "))
+    return f'"{{" {body} "}}"'
+
+
+def _plain_object(schema: Schema) -> bool:
+    properties = schema.get("properties")
+    return (
+        schema.get("type") == "object"
+        and set(schema) <= _PLAIN_OBJECT_KEYWORDS
+        and schema.get("additionalProperties", False) is False
+        and isinstance(properties, Mapping)
+        and bool(properties)
+        and all(isinstance(p, Mapping | bool) for p in properties.values())
+    )
+
+
+def _shared(schema: Schema) -> dict[str, Any]:
+    return {k: schema[k] for k in _SHARED_KEYWORDS if k in schema}
+
+
+def _with_shared(prop: Any, shared: Mapping[str, Any]) -> Any:
+    """A property's schema with the definitions its `$ref`s may point to."""
+    return {**prop, **shared} if isinstance(prop, Mapping) and shared else prop
 
 
 @dataclass(frozen=True)
@@ -55,27 +125,22 @@ class TagStyle:
 def tagged_arguments(g: GrammarBuilder, hint: str, schema: Schema, style: TagStyle) -> str:
     """The arguments of one call as tagged pairs, valid against `schema`.
 
-    Declared properties come in schema order, optional ones may be left out. A value is
-    raw text when the parser reads it as a string (the schema says `string`, or says
-    nothing), JSON otherwise.
+    Declared properties come in any order (`property_order.any_order`), each at most
+    once, optional ones may be left out. A value is raw text when the parser reads it as
+    a string (the schema says `string`, or says nothing), JSON otherwise.
     """
     schema = arguments_schema(schema)
-    properties = schema.get("properties")
-    properties = properties if isinstance(properties, Mapping) else {}
-    required = [r for r in schema.get("required") or () if isinstance(r, str)]
-    params: dict[str, Any] = dict(properties)
-    params.update({r: {} for r in required if r not in params})
+    params, required = declared_properties(schema)
     if not params:
         pair = g.rule(f"{hint}_any", style.key(g, _ANY_KEY) + " " + _value(g, hint, True, style))
         return f"{pair}*"
-    shared = {k: schema[k] for k in _SHARED_KEYWORDS if k in schema}
-    parts = []
-    for key, prop in params.items():
-        sub = {**prop, **shared} if isinstance(prop, Mapping) and shared else prop
-        body = style.key(g, g.lit(key)) + " " + _value(g, f"{hint}_{key}_value", sub, style)
-        pair = g.rule(f"{hint}_{key}", body)
-        parts.append(pair if key in required else f"{pair}?")
-    return " ".join(parts)
+    shared = _shared(schema)
+
+    def item(key: str) -> str:
+        sub = _with_shared(params[key], shared)
+        return style.key(g, g.lit(key)) + " " + _value(g, f"{hint}_{key}_value", sub, style)
+
+    return any_order(g, hint, list(params), required, item)
 
 
 def _value(g: GrammarBuilder, hint: str, schema: Mapping[str, Any] | bool, style: TagStyle) -> str:

@@ -97,7 +97,10 @@ class GrammarBuilder:
     # ---- naming ---------------------------------------------------------------------
 
     def _name(self, hint: str, *, terminal: bool) -> str:
-        base = "".join(c if c.isalnum() else "_" for c in hint.lower()).strip("_") or "r"
+        # Lark names are ASCII: a tool or key named `città` gets `citt_`.
+        base = "".join(c if c.isascii() and c.isalnum() else "_" for c in hint.lower())
+        base = base.strip("_") or "r"
+        base = "r" + base if base[0].isdigit() else base
         base = base.upper() if terminal else base
         name, n = base, 1
         while name in self._used:
@@ -108,9 +111,16 @@ class GrammarBuilder:
 
     def rule(self, hint: str, body: str, *, lazy: bool = False) -> str:
         """A named rule (its name is returned, to use in other expressions)."""
-        name = self._name(hint, terminal=False)
-        self._lines.append(f"{name}{'[lazy]' if lazy else ''}: {body}")
+        name = self.reserve(hint)
+        self.define(name, body, lazy=lazy)
         return name
+
+    def reserve(self, hint: str) -> str:
+        """A rule name to use before its body is written (`define`): recursive rules."""
+        return self._name(hint, terminal=False)
+
+    def define(self, name: str, body: str, *, lazy: bool = False) -> None:
+        self._lines.append(f"{name}{'[lazy]' if lazy else ''}: {body}")
 
     def terminal(self, hint: str, body: str) -> str:
         name = self._name(hint, terminal=True)

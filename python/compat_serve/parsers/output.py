@@ -1,4 +1,5 @@
-"""One assistant turn's output parser: reasoning splitter → tool-call parser → filter."""
+"""One assistant turn's output parser: reasoning splitter → tool-call parser → filters
+(a repeated call ends the turn, hidden markup stays out of the text)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Protocol
 from compat_serve.parsers.events import OutputEvent, TextDelta
 from compat_serve.parsers.hidden import HiddenTextFilter
 from compat_serve.parsers.reasoning import ReasoningSplitter
+from compat_serve.parsers.repeats import RepeatedCallFilter
 
 
 class CallParser(Protocol):
@@ -33,11 +35,19 @@ class OutputParser:
         self._reasoning = reasoning
         self._tools = tools
         self._filter = HiddenTextFilter(hidden)
+        self._repeats = RepeatedCallFilter()
 
     @property
     def satisfied(self) -> bool:
-        """The most tool calls allowed were made: the rest of the output is not wanted."""
-        return self._tools is not None and self._tools.satisfied
+        """The most tool calls allowed were made, or a call repeated an earlier one of the
+        turn: the rest of the output is not wanted."""
+        return self._tools is not None and (self._tools.satisfied or self._repeats.ended)
+
+    @property
+    def repeated_call(self) -> bool:
+        """The turn ended at a call identical to an earlier one (dropped from the output,
+        but generated: the reply's tokens hold it)."""
+        return self._repeats.ended
 
     @property
     def tool_calls(self) -> int:
@@ -49,7 +59,7 @@ class OutputParser:
         split: list[OutputEvent] = (
             self._reasoning.feed(text) if self._reasoning else [TextDelta(text)]
         )
-        return self._filter.apply(self._route(split))
+        return self._filter.apply(self._repeats.apply(self._route(split)))
 
     def finish(self, *, cut: bool = False) -> list[OutputEvent]:
         """`cut`: max_tokens (or the context) ended the output: a tool call still being
@@ -57,6 +67,7 @@ class OutputParser:
         events = self._route(self._reasoning.finish()) if self._reasoning else []
         if self._tools is not None:
             events += self._tools.finish(cut=cut)
+        events = self._repeats.apply(events) + self._repeats.finish()
         return self._filter.apply(events) + self._filter.finish()
 
     def _route(self, events: list[OutputEvent]) -> list[OutputEvent]:

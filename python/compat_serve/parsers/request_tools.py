@@ -21,7 +21,8 @@ class RequestTools:
     """
 
     schemas: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    max_calls: int | None = None  # 1 when parallel tool use is disabled
+    # 1 when parallel tool use is disabled, or one named tool is forced
+    max_calls: int | None = None
 
     @classmethod
     def from_chat_tools(
@@ -31,7 +32,11 @@ class RequestTools:
         only: str | None = None,
         parallel: bool = True,
     ) -> RequestTools:
-        """From template-shaped tools (`{"type": "function", "function": {...}}`)."""
+        """From template-shaped tools (`{"type": "function", "function": {...}}`).
+
+        `only`: the tool a client forces by name (Anthropic `{"type": "tool"}`, OpenAI
+        `{"type": "function"}`): exactly one call to it, whatever `parallel` says (a model
+        that goes on writing calls would otherwise repeat it until `max_tokens`)."""
         schemas: dict[str, Mapping[str, Any]] = {}
         for tool in tools or ():
             function = tool.get("function") or {}
@@ -39,4 +44,4 @@ class RequestTools:
             if isinstance(name, str) and (only is None or name == only):
                 parameters = function.get("parameters")
                 schemas[name] = parameters if isinstance(parameters, Mapping) else {}
-        return cls(schemas, None if parallel else 1)
+        return cls(schemas, None if parallel and only is None else 1)

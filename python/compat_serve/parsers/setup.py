@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from compat_serve.engine.types import Grammar
-from compat_serve.parsers.formats.envelope import ENVELOPE_FORMAT, EnvelopeParser, envelope_grammar
+from compat_serve.parsers.formats.envelope import ENVELOPE_FORMAT, EnvelopeParser
 from compat_serve.parsers.output import CallParser, OutputParser
 from compat_serve.parsers.reasoning import (
     THINK,
@@ -17,7 +17,12 @@ from compat_serve.parsers.reasoning import (
 )
 from compat_serve.parsers.request_tools import RequestTools, Vocabulary
 from compat_serve.parsers.tool_calls import ToolCallParser, ToolFormat
-from compat_serve.parsers.tool_grammar import after_reasoning, special_markup, tool_call_grammar
+from compat_serve.parsers.tool_grammar import (
+    after_reasoning,
+    envelope_turn_grammar,
+    special_markup,
+    tool_call_grammar,
+)
 
 
 def new_call_id(prefix: str) -> Callable[[], str]:
@@ -147,12 +152,19 @@ def request_grammar(
         return after_reasoning(output_grammar, reasoning, tags=tags) if output_grammar else None
     if fmt is ENVELOPE_FORMAT:  # the template ignores tools: every answer is an envelope
         if not tools.schemas or (output_grammar is not None and tool_choice != "required"):
-            return output_grammar
+            if output_grammar is None:
+                return None
+            return after_reasoning(output_grammar, reasoning, special_tokens, tags)
         mode = "required" if tool_choice == "required" else "auto"
-        return Grammar("lark", envelope_grammar(tools, mode), "tools")
+        if mode == "required":
+            reasoning = _closed(reasoning)
+        envelope = envelope_turn_grammar(
+            tools, mode=mode, reasoning=reasoning, special_tokens=special_tokens, tags=tags
+        )
+        return Grammar("lark", envelope, "tools")
     if tool_choice == "required" and tools.schemas:
         # A forced call disables thinking: a tiny or distracted model may never end it.
-        closed = {"optional": "none", "open": "close"}.get(reasoning, reasoning)
+        closed = _closed(reasoning)
         forced = _lark(fmt, tools, "required", closed, special_tokens, tags)
         return Grammar("lark", forced, "tools")
     if output_grammar is not None:
@@ -172,6 +184,11 @@ def request_grammar(
     if not fmt.free_text_grammar and fmt.turn_grammar is None:
         return None
     return Grammar("lark", _lark(fmt, tools, "auto", reasoning, special_tokens, tags), "tools")
+
+
+def _closed(reasoning: str) -> str:
+    """The reasoning of a forced call: none (a prompt that opened it closes it at once)."""
+    return {"optional": "none", "open": "close"}.get(reasoning, reasoning)
 
 
 def _lark(

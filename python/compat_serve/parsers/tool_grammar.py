@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterable, Mapping
 
 from compat_serve.engine.types import Grammar
+from compat_serve.parsers.formats.envelope import envelope_rules
 from compat_serve.parsers.lark import STRICT_JSON_LAYOUT, CallSyntax, GrammarBuilder
 from compat_serve.parsers.reasoning import THINK, ReasoningTags
 from compat_serve.parsers.request_tools import RequestTools, Vocabulary
@@ -82,6 +83,23 @@ def tool_call_grammar(
     else:
         body = _text_and_calls(g, syntax, markup, single=single)
     return g.source(_reasoning(g, reasoning, tags) + body)
+
+
+def envelope_turn_grammar(
+    tools: RequestTools,
+    *,
+    mode: str,
+    reasoning: str = "none",
+    special_tokens: Mapping[str, int] | None = None,
+    tags: ReasoningTags = THINK,
+) -> str:
+    """The JSON envelope (templates that ignore tools) after the reasoning the prompt
+    allows: a template whose prompt opens `<think>` (DeepSeek-R1's) gets the envelope
+    after `</think>`, not inside the reasoning."""
+    if reasoning not in REASONING:
+        raise ValueError(f"reasoning must be one of {', '.join(REASONING)}, not {reasoning!r}")
+    g = GrammarBuilder(special_tokens)
+    return g.source(f"{_reasoning(g, reasoning, tags)}({envelope_rules(g, tools, mode)})")
 
 
 def _calls(g: GrammarBuilder, syntax: CallSyntax, *, single: bool) -> str:

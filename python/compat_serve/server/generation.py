@@ -164,6 +164,8 @@ class Admitted:
         ids = self.stream.reply_ids
         if ids is None or final.finish_reason in (FinishReason.ERROR, FinishReason.SHUTDOWN):
             return
+        if self.parser.repeated_call:
+            return  # its tokens hold a call the client never sees: not this turn's reply
         calls = [(call.id, call.name, call.arguments) for call in turn.tool_calls]
         self.state.prompt_builder.remember_generated(
             self.prompt, turn.text, calls, ids, self.stream.reply_stop_id, turn.reasoning

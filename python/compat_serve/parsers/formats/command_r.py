@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from collections.abc import Generator, Mapping
 
-from compat_serve.parsers.argument_grammar import Schema, one_of_tools
+from compat_serve.parsers.argument_grammar import Schema, json_arguments, one_of_tools
 from compat_serve.parsers.formats.json_array import ArrayLayout, JsonArrayRegion, array_grammar
-from compat_serve.parsers.lark import CallSyntax, GrammarBuilder, arguments_schema
+from compat_serve.parsers.lark import CallSyntax, GrammarBuilder
 from compat_serve.parsers.region import Outcome, Region
 
 START_ACTION = "<|START_ACTION|>"
@@ -68,7 +68,8 @@ def command_r_plus_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> Ca
     def call(name: str, schema: Schema) -> str:
         head = '{\n        "tool_name": ' + json.dumps(name, ensure_ascii=False)
         head += ',\n        "parameters": '
-        return f"{g.lit(head)} {g.json(arguments_schema(schema))} {g.lit(chr(10) + '    }')}"
+        arguments = json_arguments(g, f"args_{name}", schema)
+        return f"{g.lit(head)} {arguments} {g.lit(chr(10) + '    }')}"
 
     one_call = one_of_tools(g, tools, call)
     opening, between, end = g.lit("\n[\n    "), g.lit(",\n    "), g.lit("\n]", FENCE)

@@ -20,8 +20,9 @@ import json
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
+from compat_serve.parsers.argument_grammar import json_arguments
 from compat_serve.parsers.events import OutputEvent
-from compat_serve.parsers.number_bounds import bound_numbers
+from compat_serve.parsers.lark import GrammarBuilder
 from compat_serve.parsers.region import CallEventSink, Outcome, Region, json_string
 from compat_serve.parsers.request_tools import RequestTools
 from compat_serve.parsers.scan import WHITESPACE
@@ -33,8 +34,6 @@ CALLS_OPEN = '{"tool_calls": ['
 RESPONSE_OPEN = '{"response": '
 MODES = ("auto", "required", "none")
 
-# The layout json.dumps writes by default, without free whitespace.
-_COMPACT = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 # One JSON string written the way json.dumps(ensure_ascii=False) writes it (short escapes,
 # `\u00xx` only for the other control characters, everything else raw), so the text a
 # later turn echoes back is byte for byte what was generated.
@@ -52,15 +51,14 @@ def call_head(name: str) -> str:
 
 
 def arguments_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """A tool's parameters schema as the grammar uses it: an object, compact layout.
+    """A tool's parameters schema as the grammar uses it: an object (the grammar writes
+    it compact, its declared properties in any order: `argument_grammar.json_arguments`).
 
     Lenient: a keyword the grammar engine does not support is ignored instead of failing
     the whole request (agents send dozens of tools with schemas from everywhere).
-    Numbers are bounded (`number_bounds`).
     """
-    out = {k: v for k, v in bound_numbers(schema).items() if k not in ("$schema", "x-guidance")}
+    out = {k: v for k, v in schema.items() if k not in ("$schema", "x-guidance")}
     out.setdefault("type", "object")
-    out["x-guidance"] = {**_COMPACT, "lenient": True}
     return out
 
 
@@ -70,6 +68,13 @@ def envelope_grammar(tools: RequestTools, mode: str) -> str:
     `mode`: "auto" (calls or a response), "required" (only calls: 1..max_calls, exactly
     one when `tools.max_calls == 1`) or "none" (only a response).
     """
+    g = GrammarBuilder()
+    return g.source(envelope_rules(g, tools, mode))
+
+
+def envelope_rules(g: GrammarBuilder, tools: RequestTools, mode: str) -> str:
+    """The envelope's rules in `g`; returns the expression of one envelope (its
+    alternatives: parenthesize it to put something before it)."""
     if mode not in MODES:
         raise ValueError(f"envelope mode must be one of {', '.join(MODES)}, not {mode!r}")
     names = list(tools.schemas)
@@ -77,35 +82,27 @@ def envelope_grammar(tools: RequestTools, mode: str) -> str:
         raise ValueError("a required tool call needs at least one tool")
     shapes = []
     if mode != "none" and names:
-        shapes.append("calls")
+        shapes.append(_calls_rule(g, tools, names))
     if mode != "required":
-        shapes.append("response")
-    lines = ["start: " + " | ".join(shapes)]
-    if "calls" in shapes:
-        lines += _calls_rules(tools, names)
-    if "response" in shapes:
-        lines.append(f'response: {_literal(RESPONSE_OPEN)} STRING "}}"')
-        lines.append(f"STRING: {_STRING}")
-    return "\n".join(lines) + "\n"
+        string = g.terminal("string", _STRING)
+        shapes.append(g.rule("response", f'{_literal(RESPONSE_OPEN)} {string} "}}"'))
+    return " | ".join(shapes)
 
 
-def _calls_rules(tools: RequestTools, names: list[str]) -> list[str]:
+def _calls_rule(g: GrammarBuilder, tools: RequestTools, names: list[str]) -> str:
     limit = tools.max_calls
+    calls = []
+    for i, name in enumerate(names):
+        arguments = json_arguments(g, f"args_{i}", arguments_schema(tools.schemas[name]))
+        calls.append(g.rule(f"call_{i}", f'{_literal(call_head(name))} {arguments} "}}"'))
+    call = g.choice("call", calls)
     if limit == 1:
         more = ""
     elif limit is None:
-        more = ' (", " call)*'
+        more = f' (", " {call})*'
     else:
-        more = f' (", " call){{0,{limit - 1}}}'
-    lines = [
-        f'calls: {_literal(CALLS_OPEN)} call{more} "]}}"',
-        "call: " + " | ".join(f"call_{i}" for i in range(len(names))),
-    ]
-    for i, name in enumerate(names):
-        schema = json.dumps(arguments_schema(tools.schemas[name]), ensure_ascii=False)
-        lines.append(f'call_{i}: {_literal(call_head(name))} args_{i} "}}"')
-        lines.append(f"args_{i}: %json {schema}")
-    return lines
+        more = f' (", " {call}){{0,{limit - 1}}}'
+    return g.rule("calls", f'{_literal(CALLS_OPEN)} {call}{more} "]}}"')
 
 
 class EnvelopeRegion(Region):

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping
 
-from compat_serve.parsers.argument_grammar import Schema, one_of_tools
+from compat_serve.parsers.argument_grammar import Schema, json_arguments, one_of_tools
 from compat_serve.parsers.formats.xml_function import FUNCTION_CLOSE, FUNCTION_OPEN
-from compat_serve.parsers.lark import CallSyntax, GrammarBuilder, arguments_schema
+from compat_serve.parsers.lark import CallSyntax, GrammarBuilder
 from compat_serve.parsers.region import Outcome, Region
 
 RECIPIENT = ">>>"
@@ -48,7 +48,8 @@ class RecipientRegion(Region):
 
 def functionary_v3_1_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:
     def call(name: str, schema: Schema) -> str:
-        return f"{g.lit(name + '>')} {g.json(arguments_schema(schema))} {g.lit(FUNCTION_CLOSE)}"
+        arguments = json_arguments(g, f"args_{name}", schema)
+        return f"{g.lit(name + '>')} {arguments} {g.lit(FUNCTION_CLOSE)}"
 
     one = one_of_tools(g, tools, call)
     return CallSyntax(FUNCTION_OPEN, one, one, g.lit(""))
@@ -56,7 +57,8 @@ def functionary_v3_1_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> 
 
 def functionary_v3_2_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax:
     def call(name: str, schema: Schema) -> str:
-        return f"{g.lit(name, chr(10))} {g.json(arguments_schema(schema))}"
+        arguments = json_arguments(g, f"args_{name}", schema)
+        return f"{g.lit(name, chr(10))} {arguments}"
 
     one = one_of_tools(g, tools, call)
     return CallSyntax(RECIPIENT, one, one, g.lit(""))

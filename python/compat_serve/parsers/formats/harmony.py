@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
-from compat_serve.parsers.argument_grammar import Schema, one_of_tools
+from compat_serve.parsers.argument_grammar import Schema, json_arguments, one_of_tools
 from compat_serve.parsers.events import OutputEvent, ReasoningDelta
-from compat_serve.parsers.lark import CallSyntax, GrammarBuilder, arguments_schema
+from compat_serve.parsers.lark import CallSyntax, GrammarBuilder
 from compat_serve.parsers.region import CallEventSink, Outcome, Region
 from compat_serve.parsers.scan import WHITESPACE, partial_marker_length
 
@@ -199,7 +199,8 @@ def harmony_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSynta
 
     def call(name: str, schema: Schema) -> str:
         head = g.lit(f"{name}", CHANNEL, "commentary json", MESSAGE)
-        return f"{head} {g.json(arguments_schema(schema))} {g.lit(CALL)}"
+        arguments = json_arguments(g, f"args_{name}", schema)
+        return f"{head} {arguments} {g.lit(CALL)}"
 
     one = one_of_tools(g, tools, call)
     return CallSyntax(f" {TO}{FUNCTIONS}", one, one, g.lit(START, "assistant"))
@@ -230,7 +231,8 @@ def harmony_turn_grammar(
 
     def after(name: str, schema: Schema) -> str:  # NAME ... <|message|>{...}<|call|>
         lead = f"{g.lit(name)} ({g.lit(CHANNEL, 'commentary')})? {ctype}"
-        return f"{lead} {g.lit(MESSAGE)} {g.json(arguments_schema(schema))} {g.lit(CALL)}"
+        arguments = json_arguments(g, f"args_{name}", schema)
+        return f"{lead} {g.lit(MESSAGE)} {arguments} {g.lit(CALL)}"
 
     named = one_of_tools(g, tools, after)
     call = g.rule(

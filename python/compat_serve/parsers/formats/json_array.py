@@ -10,8 +10,8 @@ import json
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 
-from compat_serve.parsers.argument_grammar import Schema, one_of_tools
-from compat_serve.parsers.lark import CallSyntax, GrammarBuilder, arguments_schema
+from compat_serve.parsers.argument_grammar import Schema, json_arguments, one_of_tools
+from compat_serve.parsers.lark import CallSyntax, GrammarBuilder
 from compat_serve.parsers.region import Outcome, Region
 
 
@@ -74,7 +74,8 @@ def array_grammar(
         name_part = f'"{layout.name_key}": {json.dumps(name, ensure_ascii=False)}, '
         keys = f'{name_part}"{layout.args_key}": '
         head = f"{g.lit('{')} {layout.head} {g.lit(keys)}"
-        return f"{head} {g.json(arguments_schema(schema))} {g.lit('}')}"
+        arguments = json_arguments(g, f"args_{name}", schema)
+        return f"{head} {arguments} {g.lit('}')}"
 
     one_call = one_of_tools(g, tools, call)
     opening, between, end = g.lit(*layout.open), g.lit(*layout.between), g.lit(*layout.end)

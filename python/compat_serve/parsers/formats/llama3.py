@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from collections.abc import Generator, Mapping
 
-from compat_serve.parsers.argument_grammar import Schema, one_of_tools
-from compat_serve.parsers.lark import CallSyntax, GrammarBuilder, arguments_schema
+from compat_serve.parsers.argument_grammar import Schema, json_arguments, one_of_tools
+from compat_serve.parsers.lark import CallSyntax, GrammarBuilder
 from compat_serve.parsers.region import Outcome, Region
 
 PYTHON_TAG = "<|python_tag|>"
@@ -47,7 +47,8 @@ def llama3_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSyntax
 
     def call(name: str, schema: Schema) -> str:
         head = ": " + json.dumps(name, ensure_ascii=False) + ', "parameters": '
-        return f"{g.lit(head)} {g.json(arguments_schema(schema))} {g.lit('}')}"
+        arguments = json_arguments(g, f"args_{name}", schema)
+        return f"{g.lit(head)} {arguments} {g.lit('}')}"
 
     one = one_of_tools(g, tools, call)
     return CallSyntax(BARE_JSON, one, one, g.lit("; "))

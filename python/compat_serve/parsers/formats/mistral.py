@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping
 
-from compat_serve.parsers.argument_grammar import Schema, json_call, one_of_tools
-from compat_serve.parsers.lark import CallSyntax, GrammarBuilder, arguments_schema
+from compat_serve.parsers.argument_grammar import Schema, json_arguments, json_call, one_of_tools
+from compat_serve.parsers.lark import CallSyntax, GrammarBuilder
 from compat_serve.parsers.region import Outcome, Region
 
 TOOL_CALLS = "[TOOL_CALLS]"
@@ -68,7 +68,8 @@ def mistral_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSynta
 
     def named(name: str, schema: Schema) -> str:
         id_part = f"({g.lit(CALL_ID)} {call_id})?"
-        return f"{g.lit(name)} {id_part} {g.lit(ARGS)} {g.json(arguments_schema(schema))}"
+        arguments = json_arguments(g, f"args_{name}", schema)
+        return f"{g.lit(name)} {id_part} {g.lit(ARGS)} {arguments}"
 
     def in_array(name: str, schema: Schema) -> str:  # Nemo's template adds the id
         id_field = f"({g.lit(ID_OPEN)} {call_id} {g.lit(QUOTE)})?"
@@ -87,7 +88,8 @@ def _v11_grammar(g: GrammarBuilder, tools: Mapping[str, Schema], with_id: bool) 
 
     def named(name: str, schema: Schema) -> str:
         id_part = f"{g.lit(CALL_ID)} {call_id}" if with_id else ""
-        return f"{g.lit(name)} {id_part} {g.lit(ARGS)} {g.json(arguments_schema(schema))}"
+        arguments = json_arguments(g, f"args_{name}", schema)
+        return f"{g.lit(name)} {id_part} {g.lit(ARGS)} {arguments}"
 
     v11 = one_of_tools(g, tools, named)
     return CallSyntax(TOOL_CALLS, v11, v11, "")

@@ -19,6 +19,7 @@ from typing import Any
 
 from compat_serve.parsers.argument_grammar import Schema, one_of_tools
 from compat_serve.parsers.lark import CallSyntax, GrammarBuilder, arguments_schema
+from compat_serve.parsers.property_order import any_order, declared_properties
 from compat_serve.parsers.region import Outcome, Region
 
 CALL_START = "<|tool_call_start|>"
@@ -250,32 +251,13 @@ def separated_properties(
     sort: bool = False,
 ) -> str:
     """The declared properties of `schema` as `item(key, property schema)` expressions
-    joined by `separator`, in schema order (or sorted), optional ones skippable."""
-    schema = arguments_schema(schema)
-    properties = schema.get("properties")
-    properties = properties if isinstance(properties, Mapping) else {}
-    required = {r for r in schema.get("required") or () if isinstance(r, str)}
-    keys = list(properties) + [r for r in sorted(required) if r not in properties]
-    if sort:
-        keys.sort()
-    if not keys:
-        return '""'
-    items = [g.rule(f"{hint}_{key}", item(key, properties.get(key, {}))) for key in keys]
-    needed = [key in required for key in keys]
-    sep = g.lit(separator)
-
-    def tail(after: int) -> str:
-        rest = range(after + 1, len(items))
-        return " ".join(f"({sep} {items[i]})" + ("" if needed[i] else "?") for i in rest)
-
-    starts = []
-    for i, first in enumerate(items):
-        starts.append(f"{first} {tail(i)}".strip())
-        if needed[i]:
-            break
-    else:
-        starts.append('""')
-    return g.choice(f"{hint}_props", (f"({s})" for s in starts))
+    joined by `separator`, in any order (`property_order.any_order`; above its bound, in
+    schema order, or sorted), each at most once, optional ones skippable."""
+    properties, required = declared_properties(arguments_schema(schema))
+    keys = sorted(properties) if sort else list(properties)
+    return any_order(
+        g, hint, keys, required, lambda key: item(key, properties[key]), separator=g.lit(separator)
+    )
 
 
 def _keywords(g: GrammarBuilder, hint: str, schema: Schema) -> str:

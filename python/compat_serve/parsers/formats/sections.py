@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping
 
-from compat_serve.parsers.argument_grammar import Schema, one_of_tools
-from compat_serve.parsers.lark import CallSyntax, GrammarBuilder, arguments_schema
+from compat_serve.parsers.argument_grammar import Schema, json_arguments, one_of_tools
+from compat_serve.parsers.lark import CallSyntax, GrammarBuilder
 from compat_serve.parsers.region import Outcome, Region
 
 DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
@@ -145,7 +145,8 @@ def deepseek_v3_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallS
 
     def call(name: str, schema: Schema) -> str:
         head = g.lit(DS_CALL_BEGIN, "function", DS_SEP, f"{name}\n```json\n")
-        return f"{head} {g.json(arguments_schema(schema))} {g.lit(FENCE_END, DS_CALL_END)}"
+        arguments = json_arguments(g, f"args_{name}", schema)
+        return f"{head} {arguments} {g.lit(FENCE_END, DS_CALL_END)}"
 
     return _section(g, one_of_tools(g, tools, call), DS_CALLS_BEGIN, DS_CALLS_END, "\n")
 
@@ -157,7 +158,7 @@ def kimi_k2_grammar(g: GrammarBuilder, tools: Mapping[str, Schema]) -> CallSynta
     generated; past the first `_KIMI_POSITIONS` calls, any index."""
     any_index = g.terminal("call_index", "/0|[1-9][0-9]{0,2}/")
     arguments = {
-        name: g.rule(f"args_{name}", g.json(arguments_schema(schema)))
+        name: g.rule(f"args_{name}", json_arguments(g, f"args_{name}", schema))
         for name, schema in tools.items()
     }
 
