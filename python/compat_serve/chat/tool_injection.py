@@ -33,14 +33,17 @@ _HEADER = (
     "You can call these tools. One tool per line: its name, what it does and the JSON "
     "schema of its arguments.\n\n"
 )
-# No example of a response: a small model copies whatever follows `{"response": "` in
-# its prompt as its answer (#25: SmolLM2-135M answered "your answer" to 3 of 8 prompts).
+# The answer's example holds no text to copy: a small model copies whatever follows
+# `{"response": "` in its prompt as its answer (#25: SmolLM2-135M answered "your answer"
+# to 3 of 8 prompts), and without any answer example it calls tools for a greeting.
 _FORMAT = (
     "\n\n# Reply format\n\n"
-    "Reply with exactly one JSON object. To call tools, when the task needs them:\n"
+    "Reply with exactly one JSON object and nothing else. To call tools:\n"
     '{"tool_calls": [{"name": "TOOL_NAME", "arguments": {...}}]}\n'
-    "Give only the arguments the call needs. Tool results come back in the next message.\n"
-    'To talk to the user, the object has one key, "response", whose string is the message.'
+    "Give only the arguments the call needs: leave optional ones out.\n"
+    "To answer the user:\n"
+    '{"response": MESSAGE}\n'
+    "with MESSAGE your message as a JSON string. Tool results come back in the next message."
 )
 
 
