@@ -61,6 +61,18 @@ server=$!
 done
 kill $server
 wait $server || true
+# The same through `compat-serve launch claude`: the launcher starts its own server (a free
+# port, the served window) and sets every variable itself (the recipe's are unset).
+home=$(mktemp -d -p "$WORK")
+cd "$home"
+env -u ANTHROPIC_API_KEY -u CLAUDE_CODE_MAX_CONTEXT_TOKENS HOME="$home" \
+  PATH="$WORK/bin:$PATH" timeout 300 "$SERVE" launch claude \
+  --max-output-tokens 256 --default-temperature 0 -- \
+  -p "Say hello in five words." --output-format json --bare \
+  --system-prompt "You are terse." --tools Bash --allowedTools Bash --max-turns 3 \
+  > "$WORK/result-launch.json" 2> "$WORK/stderr-launch.txt"
+echo "$?" > "$WORK/exit-launch"
+pgrep -f "[c]ompat_serve[.]launch[.]child" > "$WORK/left-launch" || true
 """
 )
 
@@ -85,14 +97,18 @@ def test_claude_code_print_mode_round_trip(tmp_path: Path) -> None:
         "CLAUDE": str(claude_binary()),
         "WORK": str(tmp_path),
     }
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "claude").symlink_to(claude_binary())
     subprocess.run(
         ["unshare", "-n", "sh", "-c", SCRIPT.format(port=PORT)],
         env=env,
         timeout=900,
         check=True,
     )
+    # Through the launcher: its own server answered, and is gone once the client exits.
+    assert (tmp_path / "left-launch").read_text().strip() == ""
     server_log = (tmp_path / "server.log").read_text()
-    for caps in ("unset", "set"):
+    for caps in ("unset", "set", "launch"):
         stderr = (tmp_path / f"stderr-{caps}.txt").read_text()
         assert (tmp_path / f"exit-{caps}").read_text().strip() == "0", stderr + server_log
         result = json.loads((tmp_path / f"result-{caps}.json").read_text())
