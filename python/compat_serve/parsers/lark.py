@@ -150,7 +150,7 @@ class GrammarBuilder:
 
     def json(self, schema: Mapping[str, Any] | bool) -> str:
         """An inline JSON value valid against `schema`."""
-        return "%json " + json.dumps(with_json_layout(schema), ensure_ascii=False)
+        return "%json " + json.dumps(with_json_layout(schema))
 
     def text(
         self,

@@ -22,7 +22,7 @@ from typing import Any
 
 from compat_serve.parsers.argument_grammar import json_arguments
 from compat_serve.parsers.events import OutputEvent
-from compat_serve.parsers.lark import GrammarBuilder
+from compat_serve.parsers.lark import GrammarBuilder, quote
 from compat_serve.parsers.region import CallEventSink, Outcome, Region, json_string
 from compat_serve.parsers.request_tools import RequestTools
 from compat_serve.parsers.scan import WHITESPACE
@@ -41,8 +41,8 @@ _STRING = r'/"(\\["\\bfnrt]|\\u00(0[0-7]|0b|0e|0f|1[0-9a-f])|[^"\\\x00-\x1F])*"/
 
 
 def _literal(text: str) -> str:
-    """A Lark string literal (llguidance reads JSON string syntax)."""
-    return json.dumps(text, ensure_ascii=False)
+    """A Lark string literal (llguidance reads JSON string syntax; see `lark.quote`)."""
+    return quote(text)
 
 
 def call_head(name: str) -> str:
