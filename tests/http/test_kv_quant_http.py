@@ -184,7 +184,12 @@ def test_sixty_four_clients_under_a_small_budget(tiny64: LoadedModel) -> None:
         statuses = [status for status, _ in answers]
         assert set(statuses) <= {200, 400}, statuses
         assert 200 in statuses and 400 in statuses
-        assert engine.metrics.kv_tokens_reserved.value() == 0  # everything released
+        # Everything released (the engine thread frees a request's KV just after its last
+        # event, so the last answers can arrive a moment before).
+        deadline = time.monotonic() + 10
+        while engine.metrics.kv_tokens_reserved.value() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.metrics.kv_tokens_reserved.value() == 0
         grown = rss_bytes() - before
         assert grown < kv_memory + 2 * 2**20 + engine.memory.headroom, grown
         after = httpx.post(f"{base}/v1/messages", json=anthropic_body("Hi"), timeout=60)

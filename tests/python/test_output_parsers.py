@@ -142,13 +142,15 @@ def _merge_texts(parts: list[Part]) -> list[Part]:
 
 
 def _until_repeat(parts: list[Part]) -> list[Part]:
-    """The parts before the first call identical to an earlier one: the turn ends there."""
-    made: list[Part] = []
+    """The parts before the first call identical to an earlier one, as JSON values (`1` and
+    `true` differ, though Python's `1 == True`): the turn ends there."""
+    made: list[str] = []
     for i, part in enumerate(parts):
         if part[0] == "call":
-            if part in made:
+            key = json.dumps(part[1:], sort_keys=True)
+            if key in made:
                 return parts[:i]
-            made.append(part)
+            made.append(key)
     return parts
 
 

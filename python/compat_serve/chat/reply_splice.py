@@ -99,6 +99,12 @@ def splice_echoed_reply(
         # model's text ends (Gemma 4 ends a call with `<|tool_response>`).
         end = len(alone)
         body = own
+    elif reply.reply_text and rendered.startswith(reply.reply_text, start):
+        # The template writes the model's text as it is, then its own end (Functionary
+        # v3.1 ends a call with `<|eom_id|>`, a token the model did not write): the reply
+        # is that text, and the template's end begins the tail.
+        body = reply.reply_text
+        end = start + len(body)
     else:
         return None
     tail = rendered[end:]

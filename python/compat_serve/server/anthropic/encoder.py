@@ -142,7 +142,8 @@ class MessageStreamEncoder:
         if reason in (FinishReason.ERROR, FinishReason.ABORTED) and not tool_use:
             aborted = reason is FinishReason.ABORTED
             if aborted:
-                return self.error("api_error", "generation failed: request aborted")
+                detail = engine_event.error or "request aborted"
+                return self.error("api_error", f"generation failed: {detail}")
             error = generation_error(engine_event.error)
             kind = "api_error" if error.status >= 500 else "invalid_request_error"
             return self.error(kind, error.message)
