@@ -134,20 +134,31 @@ def _fused_call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> 
     if positions is None or not usable:
         stock: mx.array = llama.TransformerBlock.__call__(self, x, mask, cache)
         return stock
+    queries, cached_keys, cached_values = _project(self, x, positions, cache)
+    # The new offset too: the next step reads it back as positions (one sync here instead
+    # of another there).
+    mx.eval(cached_keys, cached_values, cache.offset)
+    out = np.empty(x.shape, dtype=np.float32)
+    scale = float(self.self_attn.scale)
+    self._compat_decode_block.finish(x, queries, cached_keys, cached_values, visible, scale, out)
+    return mx.array(out)
+
+
+def _project(
+    self: Any, x: mx.array, positions: Any, cache: Any
+) -> tuple[np.ndarray, mx.array, mx.array]:
+    """The first Rust call (norm, q/k/v, RoPE) on one decode position of every row, the
+    new keys and values stored in `cache`: the queries and the cache's keys and values."""
     block: DecodeBlock = self._compat_decode_block
     attention = self.self_attn
+    rows = x.shape[0]
     mx.eval(x)
     queries = np.empty((rows, attention.n_heads, 1, attention.head_dim), dtype=np.float32)
     keys = np.empty((rows, attention.n_kv_heads, 1, attention.head_dim), dtype=np.float32)
     values = np.empty_like(keys)
     block.project(x, positions, (queries, keys, values))
     cached_keys, cached_values = cache.update_and_fetch(mx.array(keys), mx.array(values))
-    # The new offset too: the next step reads it back as positions (one sync here instead
-    # of another there).
-    mx.eval(cached_keys, cached_values, cache.offset)
-    out = np.empty(x.shape, dtype=np.float32)
-    block.finish(x, queries, cached_keys, cached_values, visible, float(attention.scale), out)
-    return mx.array(out)
+    return queries, cached_keys, cached_values
 
 
 def _quantized_step(self: Any, x: mx.array, mask: Any, cache: Any) -> mx.array:
@@ -159,14 +170,8 @@ def _quantized_step(self: Any, x: mx.array, mask: Any, cache: Any) -> mx.array:
     if positions is None:
         stock: mx.array = llama.TransformerBlock.__call__(self, x, mask, cache)
         return stock
-    block: DecodeBlock = self._compat_decode_block
     attention = self.self_attn
-    mx.eval(x)
-    queries = np.empty((rows, attention.n_heads, 1, attention.head_dim), dtype=np.float32)
-    keys = np.empty((rows, attention.n_kv_heads, 1, attention.head_dim), dtype=np.float32)
-    values = np.empty_like(keys)
-    block.project(x, positions, (queries, keys, values))
-    cached_keys, cached_values = cache.update_and_fetch(mx.array(keys), mx.array(values))
+    queries, cached_keys, cached_values = _project(self, x, positions, cache)
     attended = scaled_dot_product_attention(
         mx.array(queries), cached_keys, cached_values, cache, attention.scale, mask
     )

@@ -62,12 +62,12 @@ def generation_error(error: str | None) -> ApiError:
     the model's vocabulary can continue (a `guided_regex` needing a character the
     tokenizer cannot write) is the request's: 400, not a server error."""
     detail = error or "unknown error"
-    if detail.startswith("GrammarError") and "NoExtensionBias" in detail.split("\n", 1)[0]:
-        first = detail.splitlines()[0].removeprefix("GrammarError: ")
+    first = detail.splitlines()[0]
+    if first.startswith("GrammarError") and "NoExtensionBias" in first:
         return ApiError(
             400,
             "the request's output constraint cannot be continued with this model's "
-            f"vocabulary ({first})",
+            f"vocabulary ({first.removeprefix('GrammarError: ')})",
             code="invalid_grammar",
         )
     return ApiError(500, f"generation failed: {detail}")
