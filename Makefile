@@ -102,6 +102,7 @@ bench-python: build
 	$(PY) benches/sampling_defaults.py
 	$(PY) benches/echo_survival.py
 	$(PY) benches/kv_quant.py
+	$(PY) benches/refusal_latency.py
 	$(PY) benches/example_copy.py
 	$(PY) benches/json_object_ends.py
 

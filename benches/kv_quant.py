@@ -11,7 +11,9 @@ For each KV format (none, 8-bit, 4-bit; group 64):
 - **repeat-prompt cache reads** under one fixed `--cache-memory` (`--cache-mib`, default
   sized to about half the prompt unquantized): prompt tokens the second identical
   request reads from cache;
-- **greedy agreement**: how many of 5 short prompts give the same tokens as unquantized.
+- **greedy agreement**: how many of 5 short prompts give the same 16 tokens as
+  unquantized, and as mlx-lm's own cache of the same format (`KVCache` /
+  `QuantizedKVCache`, one sequence), the reference implementation.
 
 Decode runs alternate between formats (`--repeats` rounds, default 3); the table shows
 medians and the min-max spread. The load average is printed before and after: the
@@ -147,6 +149,23 @@ def greedy(engine: Engine, prompts: list[tuple[int, ...]]) -> list[list[int]]:
     return asyncio.run(go())
 
 
+def mlx_lm_greedy(loaded: LoadedModel, kv_format: KVFormat, prompt: tuple[int, ...]) -> list[int]:
+    """The reference: greedy through mlx-lm's own caches, one sequence, no engine."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+    def layer_cache() -> KVCache | QuantizedKVCache:
+        if kv_format.bits is None:
+            return KVCache()
+        return QuantizedKVCache(kv_format.group_size, kv_format.bits)
+
+    cache = [layer_cache() for _ in loaded.model.layers]
+    inputs, tokens = mx.array([prompt]), []
+    for _ in range(16):
+        tokens.append(int(mx.argmax(loaded.model(inputs, cache=cache)[0, -1]).item()))
+        inputs = mx.array([[tokens[-1]]])
+    return tokens
+
+
 def cache_reads(
     loaded: LoadedModel, kv_format: KVFormat, prompt: tuple[int, ...], mib: float
 ) -> int:
@@ -203,8 +222,12 @@ def main() -> None:
         short = [tuple(encode(p)) for p in SHORT_PROMPTS]
         reference = greedy(engines["none"], short)
         for name, engine in engines.items():
-            same = sum(a == b for a, b in zip(reference, greedy(engine, short), strict=True))
+            tokens = greedy(engine, short)
+            same = sum(a == b for a, b in zip(reference, tokens, strict=True))
             rows[name]["greedy = none"] = f"{same}/5"
+            mlx_lm = [mlx_lm_greedy(loaded, FORMATS[name], p) for p in short]
+            same = sum(a == b for a, b in zip(mlx_lm, tokens, strict=True))
+            rows[name]["greedy = mlx-lm same format"] = f"{same}/5"
         streams = [tuple(encode(p)) for p in STREAM_PROMPTS]
         rates: dict[tuple[str, int], list[float]] = {}
         for _ in range(args.repeats):

@@ -216,6 +216,31 @@ impl DecodeBlock {
         .map_err(|err| bad(err.to_string()))?;
         out.fill(py, &result)
     }
+
+    /// After an attention computed elsewhere (MLX's quantized attention over a quantized
+    /// cache): `attention` `[rows, heads, 1, head_dim]`, then the output projection, the
+    /// feed-forward and both residual adds onto `x`, written into `out` shaped like `x`.
+    fn finish_attended(
+        &self,
+        py: Python<'_>,
+        x: &Bound<'_, PyAny>,
+        attention: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let hidden = self.input_norm.cols;
+        let (x, out) = (Matrix::get("x", x)?, Matrix::get("out", out)?);
+        let rows = x.rows;
+        x.expect("x", rows, hidden)?;
+        out.expect("out", rows, hidden)?;
+        let attention = Matrix::get("attention", attention)?;
+        attention.expect("attention", rows * self.heads, self.head_dim)?;
+        let (inputs, attended) = (x.buf.to_vec(py)?, attention.buf.to_vec(py)?);
+        let block = self.block();
+        let mut result = vec![0.0f32; rows * hidden];
+        py.detach(|| block.finish(&inputs, &attended, &mut result))
+            .map_err(|err| bad(err.to_string()))?;
+        out.fill(py, &result)
+    }
 }
 
 impl DecodeBlock {
