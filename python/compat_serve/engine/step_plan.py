@@ -17,7 +17,7 @@ forward whose logits decided them.
 from __future__ import annotations
 
 import json
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 
@@ -154,7 +154,7 @@ class StepPlan:
 
     def to_bytes(self) -> bytes:
         """Compact JSON: `[step, [[kind, field, ...], ...]]`."""
-        ops = [[op.kind, *astuple(op)] for op in self.ops]
+        ops = [[op.kind, *(getattr(op, f.name) for f in fields(op))] for op in self.ops]
         return json.dumps([self.step, ops], separators=(",", ":")).encode()
 
     @classmethod
