@@ -105,6 +105,7 @@ bench-python: build
 	$(PY) benches/refusal_latency.py
 	$(PY) benches/example_copy.py
 	$(PY) benches/json_object_ends.py
+	$(PY) benches/step_plan_size.py
 
 clean:
 	cargo clean

@@ -37,7 +37,8 @@ ensure_fast_blas()
 
 import mlx.core as mx  # noqa: E402
 
-from compat_serve.engine.engine import Engine, EngineConfig  # noqa: E402
+from compat_serve.engine.config import EngineConfig  # noqa: E402
+from compat_serve.engine.engine import Engine  # noqa: E402
 from compat_serve.engine.kv_quant import KVFormat  # noqa: E402
 from compat_serve.engine.runner import ModelRunner  # noqa: E402
 from compat_serve.engine.types import EngineRequest, SamplingParams  # noqa: E402
