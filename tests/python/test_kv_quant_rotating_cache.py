@@ -100,14 +100,20 @@ def test_batch_operations_match_the_unquantized_window(bits: int) -> None:
         plain.update_and_fetch(keys, values)
         quant.update_and_fetch(keys, values)
         assert_same_batch(plain, quant, bits)
-        if step == 4:  # two requests join (one empty-windowed, one past its window)
+        if step == 1:  # a short request joins the full, rotated window: padded in front
+            joining_plain, joining_quant = filled([3], 40, bits)
+            plain.extend(BatchRotatingKVCache.merge(joining_plain))
+            quant.extend(QuantRotatingKV.merge(joining_quant))
+            assert_same_batch(plain, quant, bits)
+            assert quant.left_padding.tolist()[-1] > 0
+        if step == 4:  # two more join (one with a short window, one past its window)
             joining_plain, joining_quant = filled([2, 20], 50, bits)
             plain.extend(BatchRotatingKVCache.merge(joining_plain))
             quant.extend(QuantRotatingKV.merge(joining_quant))
             assert_same_batch(plain, quant, bits)
-        if step == 7:  # two leave
-            plain.filter([0, 2, 4])
-            quant.filter([0, 2, 4])
+        if step == 7:  # three leave
+            plain.filter([0, 2, 3])
+            quant.filter([0, 2, 3])
             assert_same_batch(plain, quant, bits)
     assert quant.rotated
     # A multi-token update on the rotated batch (temporal order, trim, append).

@@ -71,7 +71,17 @@ class ModelRunner:
     def measure_kv_bytes_per_token(self) -> int:
         """K/V bytes one position takes across all layers, measured on a 1-token forward."""
         cache = self.new_cache()
-        logits = self._model(mx.array([[0]], dtype=mx.uint32), cache=cache)
+        try:
+            logits = self._model(mx.array([[0]], dtype=mx.uint32), cache=cache)
+        except (ValueError, TypeError, AttributeError) as exc:
+            if not self.kv_format.quantized:
+                raise
+            # mlx-lm's quantized attention has no attention sinks (gpt-oss), and a model
+            # with its own attention code (gemma2) cannot read K/V triples at all.
+            raise ValueError(
+                f"--kv-bits {self.kv_format.bits}: this model's attention cannot read "
+                f"quantized K/V ({exc}); run it without --kv-bits"
+            ) from None
         mx.eval(logits, [c.state for c in cache])
         self.logits_width = int(logits.shape[-1])
         self.kv_layout = describe_kv_cache(cache)
