@@ -144,7 +144,7 @@ def batch_logits(
 def test_window_logits_are_those_of_its_quantized_values(
     gemma: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import mlx_lm.models.base as base
+    from mlx_lm.models import base
 
     reads: list[tuple[Any, int]] = []
     real = base.quantized_scaled_dot_product_attention

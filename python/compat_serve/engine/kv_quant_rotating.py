@@ -41,7 +41,15 @@ def _length(x: QuantArrays) -> int:
 
 
 def _cat(parts: list[QuantArrays]) -> QuantArrays:
-    return tuple(mx.concatenate([p[i] for p in parts], axis=2) for i in range(3))  # type: ignore[return-value]
+    def one(i: int) -> mx.array:
+        return mx.concatenate([p[i] for p in parts], axis=2)
+
+    return one(0), one(1), one(2)
+
+
+def _roll_each_row(x: QuantArrays, shifts: mx.array) -> QuantArrays:
+    """Row `i` of each array rolled right by `shifts[i]` positions (mlx-lm's gather)."""
+    return _each(lambda a: dynamic_roll(a, shifts, axis=2), x)  # type: ignore[no-untyped-call]
 
 
 def _assign(buffer: QuantArrays, start: int, end: int, new: QuantArrays) -> None:
@@ -56,19 +64,27 @@ def _nbytes(*stored: QuantArrays | None) -> int:
 class QuantRotatingKV(RotatingKVCache):
     """A request's own quantized sliding-window cache (mlx-lm's `RotatingKVCache` layout)."""
 
+    keys: Any
+    values: Any
+
     def __init__(self, max_size: int, keep: int = 0, group_size: int = 64, bits: int = 8) -> None:
-        super().__init__(max_size, keep)
+        super().__init__(max_size, keep)  # type: ignore[no-untyped-call]
         self.group_size = group_size
         self.bits = bits
 
     def _trim(self, trim_size: int, v: Any, append: Any = None) -> QuantArrays:
         parts = append if append is not None else (None, None, None)
-        return tuple(  # type: ignore[return-value]
-            RotatingKVCache._trim(self, trim_size, a, b) for a, b in zip(v, parts, strict=True)
+        return tuple(
+            RotatingKVCache._trim(self, trim_size, a, b)  # type: ignore[no-untyped-call]
+            for a, b in zip(v, parts, strict=True)
         )
 
     def _temporal_order(self, v: Any) -> QuantArrays:
-        return _each(lambda a: RotatingKVCache._temporal_order(self, a), v)
+        def one(a: mx.array) -> mx.array:
+            ordered: mx.array = RotatingKVCache._temporal_order(self, a)  # type: ignore[no-untyped-call]
+            return ordered
+
+        return _each(one, v)
 
     def _update_concat(self, keys: mx.array, values: mx.array) -> tuple[Any, Any]:
         new_k = _quantize(keys, self.group_size, self.bits)
@@ -139,6 +155,10 @@ class BatchQuantRotatingKV(BatchRotatingKVCache):
     """Left-padded rows of quantized sliding-window K/V (mlx-lm's `BatchRotatingKVCache`
     layout; see it for the meaning of `_idx`, `_offset`, `rotated`)."""
 
+    keys: Any
+    values: Any
+    _lengths: Any
+
     def __init__(
         self, max_size: int, left_padding: list[int], group_size: int = 64, bits: int = 8
     ) -> None:
@@ -152,20 +172,21 @@ class BatchQuantRotatingKV(BatchRotatingKVCache):
     def _trim(self, trim_size: int, v: Any, append: Any = None) -> QuantArrays:
         if trim_size > 0:
             v = _each(lambda a: a[..., trim_size:, :], v)
-        return _cat([v, append]) if append is not None else v  # type: ignore[no-any-return]
+        return _cat([v, append]) if append is not None else v
 
     def _temporal_order(self) -> None:
         if self.rotated:
             shift = -self._idx
-            self.keys = _each(lambda a: mx.roll(a, shift, axis=2), self.keys)
-            self.values = _each(lambda a: mx.roll(a, shift, axis=2), self.values)
+            self.keys = _each(lambda a: mx.roll(a, shift, 2), self.keys)
+            self.values = _each(lambda a: mx.roll(a, shift, 2), self.values)
             self._idx = _length(self.keys)
             self.rotated = False
 
     def _roll_rows(self, roll: mx.array) -> None:
         """Roll each row right by its `roll` (padding tokens in front of real ones)."""
-        self.keys = _each(lambda a: dynamic_roll(a, roll[:, None], axis=2), self.keys)
-        self.values = _each(lambda a: dynamic_roll(a, roll[:, None], axis=2), self.values)
+        shifts = roll[:, None]
+        self.keys = _roll_each_row(self.keys, shifts)
+        self.values = _roll_each_row(self.values, shifts)
         self.left_padding += roll
         self.offset = self.offset - roll
 
@@ -283,8 +304,8 @@ class BatchQuantRotatingKV(BatchRotatingKVCache):
             return k, v, c.offset, c.left_padding + left
 
         mine, theirs = pad(self), pad(other)
-        self.keys = tuple(mx.concatenate(p) for p in zip(mine[0], theirs[0], strict=True))
-        self.values = tuple(mx.concatenate(p) for p in zip(mine[1], theirs[1], strict=True))
+        self.keys = tuple(mx.concatenate([a, b]) for a, b in zip(mine[0], theirs[0], strict=True))
+        self.values = tuple(mx.concatenate([a, b]) for a, b in zip(mine[1], theirs[1], strict=True))
         self.offset = mx.concatenate([mine[2], theirs[2]])
         self.left_padding = mx.concatenate([mine[3], theirs[3]])
         self._idx = max_idx
@@ -293,18 +314,20 @@ class BatchQuantRotatingKV(BatchRotatingKVCache):
     def extract(self, idx: int) -> QuantRotatingKV:
         mx.eval(self.left_padding, self.offset)
         cache = QuantRotatingKV(self.max_size, group_size=self.group_size, bits=self.bits)
-        padding = max(0, int(self.left_padding[idx].item()))
+        paddings: list[int] = self.left_padding.tolist()  # type: ignore[assignment]
+        offsets: list[int] = self.offset.tolist()  # type: ignore[assignment]
+        padding = max(0, paddings[idx])
         keys = _each(lambda a: a[idx : idx + 1], self.keys)
         values = _each(lambda a: a[idx : idx + 1], self.values)
         end = self._idx
         if self.rotated:
             shift = -self._idx
-            keys = _each(lambda a: mx.roll(a, shift, axis=2), keys)
-            values = _each(lambda a: mx.roll(a, shift, axis=2), values)
+            keys = _each(lambda a: mx.roll(a, shift, 2), keys)
+            values = _each(lambda a: mx.roll(a, shift, 2), values)
             end = self.max_size
         cache.keys = _each(lambda a: mx.contiguous(a[:, :, padding:end]), keys)
         cache.values = _each(lambda a: mx.contiguous(a[:, :, padding:end]), values)
-        cache.offset = int(self.offset[idx].item())
+        cache.offset = offsets[idx]
         cache._idx = _length(cache.keys)
         return cache
 
