@@ -148,6 +148,33 @@ def zeros_positions(ref: QuantArrays, batch: int, length: int) -> QuantArrays:
     )
 
 
+def pad_rows(
+    keys: QuantArrays | None,
+    values: QuantArrays | None,
+    ref_keys: QuantArrays,
+    ref_values: QuantArrays,
+    offset: mx.array,
+    left: int,
+    size: int,
+) -> tuple[QuantArrays, QuantArrays]:
+    """A batch's quantized keys and values padded to `size` positions, `left` of them in
+    front (rows with no K/V yet are all padding, shaped like `ref_*`): the layout two
+    batches share before `extend` concatenates their rows."""
+    rows = int(offset.shape[0])
+    k = keys if keys is not None else zeros_positions(ref_keys, rows, 0)
+    v = values if values is not None else zeros_positions(ref_values, rows, 0)
+    right = size - k[0].shape[2] - left
+    if right < 0:
+        k = tree_map(lambda a: a[..., :right, :], k)
+        v = tree_map(lambda a: a[..., :right, :], v)
+        right = 0
+    if left or right:
+        widths = [(0, 0), (0, 0), (left, right), (0, 0)]
+        k = tree_map(lambda a: mx.pad(a, widths), k)
+        v = tree_map(lambda a: mx.pad(a, widths), v)
+    return k, v
+
+
 class BatchQuantKV(_BaseCache):
     """Left-padded rows of quantized K/V (see mlx-lm's `BatchKVCache` for the layout)."""
 
@@ -255,20 +282,9 @@ class BatchQuantKV(_BaseCache):
         size = max(c.keys[0].shape[2] for c in (self, other) if c.keys is not None)
 
         def pad(c: BatchQuantKV) -> tuple[Any, Any, mx.array, mx.array]:
-            rows = int(c.offset.shape[0])
             assert ref.keys is not None and ref.values is not None
-            k = c.keys if c.keys is not None else zeros_positions(ref.keys, rows, 0)
-            v = c.values if c.values is not None else zeros_positions(ref.values, rows, 0)
             left = max_idx - c._idx
-            right = size - k[0].shape[2] - left
-            if right < 0:
-                k = tree_map(lambda a: a[..., :right, :], k)
-                v = tree_map(lambda a: a[..., :right, :], v)
-                right = 0
-            if left or right:
-                widths = [(0, 0), (0, 0), (left, right), (0, 0)]
-                k = tree_map(lambda a: mx.pad(a, widths), k)
-                v = tree_map(lambda a: mx.pad(a, widths), v)
+            k, v = pad_rows(c.keys, c.values, ref.keys, ref.values, c.offset, left, size)
             return k, v, c.offset, c.left_padding + left
 
         mine, theirs = pad(self), pad(other)

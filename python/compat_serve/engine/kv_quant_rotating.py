@@ -23,7 +23,7 @@ import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.models.cache import BatchRotatingKVCache, RotatingKVCache, dynamic_roll
 
-from compat_serve.engine.kv_quant import QuantArrays, zeros_positions
+from compat_serve.engine.kv_quant import QuantArrays, pad_rows, zeros_positions
 
 
 def _quantize(x: mx.array, group_size: int, bits: int) -> QuantArrays:
@@ -59,6 +59,29 @@ def _assign(buffer: QuantArrays, start: int, end: int, new: QuantArrays) -> None
 
 def _nbytes(*stored: QuantArrays | None) -> int:
     return sum(int(a.nbytes) for x in stored if x is not None for a in x)
+
+
+def _make_room(cache: Any, new_k: QuantArrays, new_v: QuantArrays, batch: int, prev: int) -> int:
+    """Before an in-place write at offset `prev`: grow the window's buffers by a step while
+    they are under `max_size`, or trim them down to it (mlx-lm's rotating caches do the
+    same on one array). Returns how many positions were trimmed."""
+    if cache.keys is None or (prev >= _length(cache.keys) and _length(cache.keys) < cache.max_size):
+        grow = min(cache.step, cache.max_size - prev)
+        extra_k = zeros_positions(new_k, batch, grow)
+        extra_v = zeros_positions(new_v, batch, grow)
+        if cache.keys is not None:
+            cache.keys = _cat([cache.keys, extra_k])
+            cache.values = _cat([cache.values, extra_v])
+        else:
+            cache.keys, cache.values = extra_k, extra_v
+        cache._idx = prev
+    trim_size = _length(cache.keys) - cache.max_size
+    if trim_size <= 0:
+        return 0
+    cache.keys = cache._trim(trim_size, cache.keys)
+    cache.values = cache._trim(trim_size, cache.values)
+    cache._idx = cache.max_size
+    return int(trim_size)
 
 
 class QuantRotatingKV(RotatingKVCache):
@@ -108,22 +131,7 @@ class QuantRotatingKV(RotatingKVCache):
         new_k = _quantize(keys, self.group_size, self.bits)
         new_v = _quantize(values, self.group_size, self.bits)
         batch, steps = keys.shape[0], keys.shape[2]
-        prev = self.offset
-        if self.keys is None or (prev >= _length(self.keys) and _length(self.keys) < self.max_size):
-            grow = min(self.step, self.max_size - prev)
-            extra_k = zeros_positions(new_k, batch, grow)
-            extra_v = zeros_positions(new_v, batch, grow)
-            if self.keys is not None:
-                self.keys = _cat([self.keys, extra_k])
-                self.values = _cat([self.values, extra_v])
-            else:
-                self.keys, self.values = extra_k, extra_v
-            self._idx = prev
-        trim_size = _length(self.keys) - self.max_size
-        if trim_size > 0:
-            self.keys = self._trim(trim_size, self.keys)
-            self.values = self._trim(trim_size, self.values)
-            self._idx = self.max_size
+        _make_room(self, new_k, new_v, batch, self.offset)
         if self._idx == self.max_size:  # rotate
             self._idx = self.keep
         _assign(self.keys, self._idx, self._idx + steps, new_k)
@@ -223,23 +231,9 @@ class BatchQuantRotatingKV(BatchRotatingKVCache):
             raise RuntimeError("finalize() must be called before decoding")
         new_k, new_v = self._quantize(keys), self._quantize(values)
         batch, steps = keys.shape[0], keys.shape[2]
-        prev = self._offset
-        if self.keys is None or (prev >= _length(self.keys) and _length(self.keys) < self.max_size):
-            grow = min(self.step, self.max_size - prev)
-            extra_k = zeros_positions(new_k, batch, grow)
-            extra_v = zeros_positions(new_v, batch, grow)
-            if self.keys is not None:
-                self.keys = _cat([self.keys, extra_k])
-                self.values = _cat([self.values, extra_v])
-            else:
-                self.keys, self.values = extra_k, extra_v
-            self._idx = prev
-        trim_size = _length(self.keys) - self.max_size
-        if trim_size > 0:
-            self.keys = self._trim(trim_size, self.keys)
-            self.values = self._trim(trim_size, self.values)
-            self._idx = self.max_size
-            self.left_padding -= trim_size
+        trimmed = _make_room(self, new_k, new_v, batch, self._offset)
+        if trimmed:
+            self.left_padding -= trimmed
         if self._idx == self.max_size:  # rotate
             self.rotated = True
             self._idx = 0
@@ -288,19 +282,8 @@ class BatchQuantRotatingKV(BatchRotatingKVCache):
         size = max(_length(c.keys) for c in (self, other) if c.keys is not None)
 
         def pad(c: BatchQuantRotatingKV) -> tuple[Any, Any, mx.array, mx.array]:
-            rows = int(c.offset.shape[0])
             left = max_idx - c._idx
-            k = c.keys if c.keys is not None else zeros_positions(ref_k, rows, 0)
-            v = c.values if c.values is not None else zeros_positions(ref_v, rows, 0)
-            right = size - _length(k) - left
-            if right < 0:
-                k = _each(lambda a: a[..., :right, :], k)
-                v = _each(lambda a: a[..., :right, :], v)
-                right = 0
-            if left or right:
-                widths = [(0, 0), (0, 0), (left, right), (0, 0)]
-                k = _each(lambda a: mx.pad(a, widths), k)
-                v = _each(lambda a: mx.pad(a, widths), v)
+            k, v = pad_rows(c.keys, c.values, ref_k, ref_v, c.offset, left, size)
             return k, v, c.offset, c.left_padding + left
 
         mine, theirs = pad(self), pad(other)
