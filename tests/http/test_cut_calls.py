@@ -6,7 +6,9 @@ The scripted model writes a whole call; `max_tokens` cuts it inside the tool's n
 (nothing to report but the cut) or inside its arguments (a call with partial input).
 Two templates: the embedded SmolLM2 one, which renders no tools (the JSON envelope), and
 Qwen2.5's (Hermes `<tool_call>` markup). Every API, streamed and not; default bodies
-(no temperature, no parallel flags).
+(no temperature, no parallel flags), with the default `tool_choice` and, on the envelope,
+a forced named tool as clients force one: there the cut closes the one call allowed, which
+is still a cut, not a finished call.
 """
 
 from __future__ import annotations
@@ -87,22 +89,35 @@ def assert_partial_arguments(arguments: str) -> None:
     assert json.dumps(ARGS).startswith(arguments) and '"city": "Pa' in arguments, arguments
 
 
-CASES = [(fmt, cut) for fmt in REPLIES for cut in CUTS]
+CASES = [(fmt, cut, "auto") for fmt in REPLIES for cut in CUTS] + [
+    ("envelope", cut, "named") for cut in CUTS
+]
+# The forced named tool as each API's clients send it.
+NAMED = {
+    "anthropic": {"type": "tool", "name": "get_weather"},
+    "chat": {"type": "function", "function": {"name": "get_weather"}},
+    "responses": {"type": "function", "name": "get_weather"},
+}
 
 
-def _ids(case: tuple[str, str]) -> str:
+def _ids(case: tuple[str, str, str]) -> str:
     return "-".join(case)
 
 
+def tool_choice(api: str, choice: str) -> dict[str, Any]:
+    return {"tool_choice": NAMED[api]} if choice == "named" else {}
+
+
 @pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_anthropic(servers: dict[str, RunningServer], case: tuple[str, str]) -> None:
-    fmt, cut = case
+def test_anthropic(servers: dict[str, RunningServer], case: tuple[str, str, str]) -> None:
+    fmt, cut, choice = case
     server = servers[fmt]
     body = {
         "model": "m",
         "max_tokens": cut_tokens(server, fmt, CUTS[cut]),
         "messages": [{"role": "user", "content": ASK}],
         "tools": anthropic_tools(WEATHER_TOOLS),
+        **tool_choice("anthropic", choice),
     }
     reply = httpx.post(f"{server.base_url}/v1/messages", json=body, timeout=60).json()
     streamed = _anthropic_stream(server, body)
@@ -149,14 +164,15 @@ def _anthropic_stream(server: RunningServer, body: dict[str, Any]) -> dict[str, 
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_openai_chat(servers: dict[str, RunningServer], case: tuple[str, str]) -> None:
-    fmt, cut = case
+def test_openai_chat(servers: dict[str, RunningServer], case: tuple[str, str, str]) -> None:
+    fmt, cut, choice = case
     server = servers[fmt]
     body = {
         "model": "m",
         "max_tokens": cut_tokens(server, fmt, CUTS[cut]),
         "messages": [{"role": "user", "content": ASK}],
         "tools": WEATHER_TOOLS,
+        **tool_choice("chat", choice),
     }
     url = f"{server.base_url}/v1/chat/completions"
     choice = httpx.post(url, json=body, timeout=60).json()["choices"][0]
@@ -192,14 +208,15 @@ RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in WEATHER_TOOLS]
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_responses(servers: dict[str, RunningServer], case: tuple[str, str]) -> None:
-    fmt, cut = case
+def test_responses(servers: dict[str, RunningServer], case: tuple[str, str, str]) -> None:
+    fmt, cut, choice = case
     server = servers[fmt]
     body = {
         "model": "m",
         "input": ASK,
         "tools": RESPONSES_TOOLS,
         "max_output_tokens": cut_tokens(server, fmt, CUTS[cut]),
+        **tool_choice("responses", choice),
     }
     reply = httpx.post(f"{server.base_url}/v1/responses", json=body, timeout=60).json()
     events = stream_events(server.base_url, {**body, "stream": True})

@@ -61,11 +61,14 @@ class TurnOutput:
             event = await self._final_event()
         if event.finished:
             self.finished = True
+            # Before `finish`: a cut closes the call it cut, which may make the parser
+            # satisfied (the one call of a forced tool) without the model finishing it.
+            satisfied = self.parser.satisfied
             output += self.parser.finish(cut=event.finish_reason in _CUT)
             self._add(output)
             if self._on_turn is not None:
                 self._on_turn(self.turn, event)
-            return TurnStep(output, event, self._ended_in_tool_calls(event))
+            return TurnStep(output, event, self._ended_in_tool_calls(event, satisfied))
         self._add(output)
         return TurnStep(output, event)
 
@@ -79,10 +82,12 @@ class TurnOutput:
             if event is not None and event.finished:
                 return event
 
-    def _ended_in_tool_calls(self, final: EngineEvent) -> bool:
+    def _ended_in_tool_calls(self, final: EngineEvent, satisfied: bool) -> bool:
+        """`satisfied`: the calls the request allows were all written by the model (not
+        closed by a cut) before the output ended."""
         if self.parser.tool_calls == 0:
             return False
-        if self.parser.satisfied:
+        if satisfied:
             return True
         return final.finish_reason in (FinishReason.STOP_TOKEN, FinishReason.STOP_STRING)
 
