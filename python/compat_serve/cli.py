@@ -271,6 +271,14 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "(default); none leaves calls as text",
     )
     p.add_argument(
+        "--distributed",
+        choices=("tensor", "pipeline"),
+        default=None,
+        help="run one model over several ranks started by mlx.launch (or with MLX_RANK + "
+        "MLX_HOSTFILE, or MLX_JACCL_COORDINATOR): tensor shards every layer, pipeline "
+        "splits the layers; rank 0 serves HTTP, the others only apply its steps",
+    )
+    p.add_argument(
         "--reasoning-parser",
         default="auto",
         choices=REASONING_CHOICES,
@@ -368,50 +376,57 @@ def _serve(ns: argparse.Namespace) -> int:
 
     started = time.monotonic()
     try:
-        state = build_state(
-            ServeOptions(
-                model=ns.model,
-                served_model_name=ns.served_model_name,
-                api_key=ns.api_key,
-                chat_template=ns.chat_template,
-                inline_system=ns.inline_system,
-                reply_history=ns.reply_history,
-                context_length=ns.context_length,
-                prefill_chunk=ns.prefill_chunk,
-                decode_prefill_chunk=ns.decode_prefill_chunk,
-                max_num_seqs=ns.max_num_seqs,
-                speculative=ns.speculative,
-                speculative_tokens=ns.speculative_tokens,
-                ngram_min=ns.ngram_min,
-                ngram_max=ns.ngram_max,
-                draft_model=ns.draft_model,
-                max_num_batched_tokens=ns.max_num_batched_tokens,
-                kv_memory=ns.kv_memory,
-                kv_bits=ns.kv_bits,
-                kv_group_size=ns.kv_group_size,
-                prefix_cache=ns.prefix_cache,
-                block_size=ns.block_size,
-                cache_memory=ns.cache_memory,
-                cache_hash=ns.cache_hash,
-                cache_dir=ns.cache_dir,
-                cache_disk_size=ns.cache_disk_size,
-                cache_salt_per_key=ns.cache_salt_per_key,
-                kv_events_endpoint=ns.kv_events_endpoint,
-                kv_events_replay_endpoint=ns.kv_events_replay_endpoint,
-                kv_events_topic=ns.kv_events_topic,
-                max_queue=ns.max_queue,
-                strict_model_names=ns.strict_model_names,
-                max_output_tokens=ns.max_output_tokens,
-                max_tool_rounds=ns.max_tool_rounds,
-                max_request_bytes=ns.max_request_bytes,
-                default_temperature=ns.default_temperature,
-                default_top_p=ns.default_top_p,
-                default_top_k=ns.default_top_k,
-                generation_config=ns.generation_config,
-                tool_parser=ns.tool_parser,
-                reasoning_parser=ns.reasoning_parser,
-            )
+        options = ServeOptions(
+            model=ns.model,
+            served_model_name=ns.served_model_name,
+            api_key=ns.api_key,
+            chat_template=ns.chat_template,
+            inline_system=ns.inline_system,
+            reply_history=ns.reply_history,
+            context_length=ns.context_length,
+            prefill_chunk=ns.prefill_chunk,
+            decode_prefill_chunk=ns.decode_prefill_chunk,
+            max_num_seqs=ns.max_num_seqs,
+            speculative=ns.speculative,
+            speculative_tokens=ns.speculative_tokens,
+            ngram_min=ns.ngram_min,
+            ngram_max=ns.ngram_max,
+            draft_model=ns.draft_model,
+            max_num_batched_tokens=ns.max_num_batched_tokens,
+            kv_memory=ns.kv_memory,
+            kv_bits=ns.kv_bits,
+            kv_group_size=ns.kv_group_size,
+            prefix_cache=ns.prefix_cache,
+            block_size=ns.block_size,
+            cache_memory=ns.cache_memory,
+            cache_hash=ns.cache_hash,
+            cache_dir=ns.cache_dir,
+            cache_disk_size=ns.cache_disk_size,
+            cache_salt_per_key=ns.cache_salt_per_key,
+            kv_events_endpoint=ns.kv_events_endpoint,
+            kv_events_replay_endpoint=ns.kv_events_replay_endpoint,
+            kv_events_topic=ns.kv_events_topic,
+            max_queue=ns.max_queue,
+            strict_model_names=ns.strict_model_names,
+            max_output_tokens=ns.max_output_tokens,
+            max_tool_rounds=ns.max_tool_rounds,
+            max_request_bytes=ns.max_request_bytes,
+            default_temperature=ns.default_temperature,
+            default_top_p=ns.default_top_p,
+            default_top_k=ns.default_top_k,
+            generation_config=ns.generation_config,
+            tool_parser=ns.tool_parser,
+            reasoning_parser=ns.reasoning_parser,
+            distributed=ns.distributed,
         )
+        if options.distributed is not None:
+            from compat_serve.distributed.startup import serve_distributed
+
+            state, follower_exit = serve_distributed(options, build_state)
+            if state is None:
+                return follower_exit
+        else:
+            state = build_state(options)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         log.error("%s", exc)
         return 2
