@@ -372,6 +372,13 @@ def _serve(ns: argparse.Namespace) -> int:
     from compat_serve.models.blas import ensure_fast_blas
 
     ensure_fast_blas()
+    preflight = None
+    if ns.distributed is not None:  # refusals before the heavy imports and the weights
+        from compat_serve.distributed.startup import preflight_or_error
+
+        preflight = preflight_or_error(vars(ns))
+        if preflight is None:
+            return 2
     from compat_serve.bootstrap import ServeOptions, build_state
 
     started = time.monotonic()
@@ -419,10 +426,10 @@ def _serve(ns: argparse.Namespace) -> int:
             reasoning_parser=ns.reasoning_parser,
             distributed=ns.distributed,
         )
-        if options.distributed is not None:
+        if preflight is not None:
             from compat_serve.distributed.startup import serve_distributed
 
-            state, follower_exit = serve_distributed(options, build_state)
+            state, follower_exit = serve_distributed(preflight, options, build_state)
             if state is None:
                 return follower_exit
         else:

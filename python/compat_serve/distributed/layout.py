@@ -42,10 +42,8 @@ def check_layout(config: dict[str, Any], mode: str, world_size: int) -> None:
     model_type = str(config.get("model_type", ""))
     text = config.get("text_config")
     merged = {**(text if isinstance(text, dict) else {}), **config}
-    module = _family(model_type)
+    # The counts first: they need no import of mlx-lm (a second's work).
     if mode == "tensor":
-        if not hasattr(module.Model, "shard"):
-            raise LayoutError(f"mlx-lm cannot shard {model_type} models tensor-parallel")
         heads = merged.get("num_attention_heads")
         kv_heads = merged.get("num_key_value_heads", heads)
         for count, what in ((heads, "attention heads"), (kv_heads, "KV heads")):
@@ -53,9 +51,11 @@ def check_layout(config: dict[str, Any], mode: str, world_size: int) -> None:
                 raise LayoutError(
                     f"{count} {what} cannot be split over {world_size} ranks (tensor parallel)"
                 )
+        if not hasattr(_family(model_type).Model, "shard"):
+            raise LayoutError(f"mlx-lm cannot shard {model_type} models tensor-parallel")
         return
-    if not _can_pipeline(module):
-        raise LayoutError(f"mlx-lm cannot split {model_type} models into a pipeline")
     layers = merged.get("num_hidden_layers")
     if isinstance(layers, int) and layers < world_size:
         raise LayoutError(f"{layers} layers cannot be split over {world_size} pipeline ranks")
+    if not _can_pipeline(_family(model_type)):
+        raise LayoutError(f"mlx-lm cannot split {model_type} models into a pipeline")

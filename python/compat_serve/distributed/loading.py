@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from compat_serve.models.hf_dir import download_hub_model, load_hf_dir, looks_like_hub_id
-from compat_serve.models.types import LoadedModel
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
 
 log = logging.getLogger("compat_serve")
 
@@ -18,6 +18,7 @@ def model_dir(spec: str | None) -> Path:
     """The mlx-lm model directory --model names (a directory or a cached hub id); GGUF
     files and the embedded model have no mlx-lm `shard`, so they are refused."""
     from compat_serve.distributed.layout import LayoutError
+    from compat_serve.models.hf_dir import download_hub_model, looks_like_hub_id
 
     if spec:
         path = Path(spec).expanduser()
@@ -45,6 +46,8 @@ def shard(model: Any, mode: str, group: mx.distributed.Group) -> None:
 def load_sharded(path: Path, mode: str, group: mx.distributed.Group) -> LoadedModel:
     """This rank's shard of the model (only its weights are read). mlx-lm's modules stay
     as they are: the CPU fast paths of `load_model` would replace the sharded linears."""
+    from compat_serve.models.hf_dir import load_hf_dir
+
     loaded = load_hf_dir(path, prepare=lambda model: shard(model, mode, group))
     loaded.extra["distributed"] = {
         "mode": mode,

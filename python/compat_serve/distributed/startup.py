@@ -1,16 +1,18 @@
-"""The CLI's one call for `--distributed`: join the group, check the layout and that every
-rank agrees (all before any weight is read), then load this rank's shard. Rank 0 gets
-its model back to serve; the other ranks run the follower loop and return its status."""
+"""The CLI's two calls for `--distributed`: `preflight` joins the group and checks the
+layout and that every rank agrees (before any weight is read, or any heavy import);
+`serve_distributed` loads this rank's shard. Rank 0 gets its server state back; the other
+ranks run the follower loop and return its status."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
 
 from compat_serve.distributed.group import agree, fingerprint, join_group
 from compat_serve.distributed.layout import LayoutError, check_layout
@@ -19,87 +21,83 @@ from compat_serve.distributed.transport import PlanLink
 
 if TYPE_CHECKING:
     from compat_serve.bootstrap import ServeOptions
-    from compat_serve.distributed.leader import Leader
-    from compat_serve.engine.engine import Engine
-    from compat_serve.models.types import LoadedModel
     from compat_serve.server.state import ServerState
 
 log = logging.getLogger("compat_serve")
 
 
-def unsupported(options: ServeOptions) -> str | None:
+def unsupported(settings: dict[str, Any]) -> str | None:
     """The first serve option distributed mode cannot run with yet, as its refusal."""
-    mode = options.distributed
-    if options.prefix_cache:
+    mode = settings["distributed"]
+    if settings.get("prefix_cache", True):
         return (
             f"--distributed {mode} needs --no-prefix-cache: prefix-cache blocks are not "
             "mirrored on the other ranks yet"
         )
-    if options.speculative != "off":
-        return f"--distributed {mode} does not run --speculative {options.speculative} yet"
+    speculative = settings.get("speculative", "off")
+    if speculative != "off":
+        return f"--distributed {mode} does not run --speculative {speculative} yet"
     return None
 
 
 @dataclass
-class Started:
-    link: PlanLink
+class Preflight:
+    """A joined group whose ranks agree, and the model directory, before any weight."""
+
+    group: mx.distributed.Group
     mode: str
-    loaded: LoadedModel | None = None  # rank 0's shard; None on the other ranks
-    follower_exit: int | None = None  # the other ranks' exit status
-    leader: Leader | None = None
-
-    def attach(self, engine: Engine) -> None:
-        """Rank 0: send every step's plan to the other ranks (`Leader`)."""
-        from compat_serve.distributed.leader import Leader
-
-        self.leader = Leader(engine, self.link, self.mode)
+    path: Path
 
 
-def _same_everywhere(options: ServeOptions) -> dict[str, object]:
-    """The options every rank must share: all but --model's path, which may differ
-    between machines (the model itself is compared by its config and weight files)."""
-    same = dataclasses.asdict(options)
-    same.pop("model")
-    return same
-
-
-def start_distributed(options: ServeOptions) -> Started:
-    """Raises DistributedStartError / LayoutError (ValueErrors, one line) on every rank
-    when the group cannot start."""
-    mode = options.distributed
-    assert mode is not None
+def preflight(settings: dict[str, Any]) -> Preflight:
+    """Join the group and check the layout and that every rank was started alike, from
+    the serve settings (argparse's names) and config.json alone. Raises
+    DistributedStartError / LayoutError (ValueErrors, one line) on every rank when the
+    group cannot start. Imports nothing heavy, so a refusal comes at once."""
+    mode = settings["distributed"]
     group = join_group()
     problem: str | None = None
     config_bytes = b""
     path: Path | None = None
     try:
-        path = model_dir(options.model)
-        config_bytes = (path / "config.json").read_bytes()
-        check_layout(json.loads(config_bytes), mode, group.size())
-        problem = unsupported(options)
+        problem = unsupported(settings)
+        if problem is None:
+            path = model_dir(settings.get("model"))
+            config_bytes = (path / "config.json").read_bytes()
+            check_layout(json.loads(config_bytes), mode, group.size())
     except (LayoutError, OSError, ValueError) as exc:
         problem = str(exc)
-    agree(group, fingerprint(_same_everywhere(options), config_bytes, path), problem)
+    same = {key: value for key, value in settings.items() if key != "model"}
+    agree(group, fingerprint(same, config_bytes, path), problem)
     assert path is not None
-    link = PlanLink(group)
-    log.info("rank %d of %d (%s parallel): layout checked", link.rank, link.world_size, mode)
+    log.info("rank %d of %d (%s parallel): layout checked", group.rank(), group.size(), mode)
+    return Preflight(group, mode, path)
+
+
+def serve_distributed(
+    pre: Preflight, options: ServeOptions, build_state: Callable[..., ServerState]
+) -> tuple[ServerState | None, int]:
+    """Rank 0: its server state, the engine wired to the other ranks (`Leader`). Another
+    rank: None and its exit status, once rank 0 stops it (or is lost)."""
+    from compat_serve.distributed.leader import Leader
+
+    link = PlanLink(pre.group)
     if link.rank != 0:
         from compat_serve.bootstrap import _kv_format
         from compat_serve.distributed.follower import run_follower
 
-        status = run_follower(path, mode, link, _kv_format(options))
-        return Started(link, mode, follower_exit=status)
-    return Started(link, mode, loaded=load_sharded(path, mode, group))
-
-
-def serve_distributed(
-    options: ServeOptions, build_state: Callable[..., ServerState]
-) -> tuple[ServerState | None, int]:
-    """Rank 0: its server state, the engine wired to the other ranks. Another rank: None
-    and its exit status, once rank 0 stops it (or is lost)."""
-    started = start_distributed(options)
-    if started.loaded is None:
-        return None, started.follower_exit or 0
-    state = build_state(options, loaded=started.loaded)
-    started.attach(state.engine)
+        return None, run_follower(pre.path, pre.mode, link, _kv_format(options))
+    state = build_state(options, loaded=load_sharded(pre.path, pre.mode, pre.group))
+    Leader(state.engine, link, pre.mode)
     return state, 0
+
+
+def preflight_or_error(settings: dict[str, Any]) -> Preflight | None:
+    """`preflight`, its refusal logged as one line (None)."""
+    try:
+        return preflight(settings)
+    except ValueError as exc:
+        log.error("%s", exc)
+    except RuntimeError as exc:  # a rank lost during the check
+        log.error("--distributed: the group failed during its start-up check: %s", exc)
+    return None
