@@ -36,6 +36,7 @@ def run_follower(path: Path, mode: str, link: PlanLink, kv_format: KVFormat) -> 
     """The follower's whole life; its exit status."""
     loaded = load_sharded(path, mode, link.group)
     runner = ModelRunner(loaded, kv_format)
+    runner.one_forward_per_eval = True  # as rank 0's (distributed/leader.py)
     start_runner(runner, kv_format)
     applier = StepApplier(runner)
     log.info("rank %d of %d: applying rank 0's step plans", link.rank, link.world_size)

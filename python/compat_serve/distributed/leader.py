@@ -22,6 +22,7 @@ class Leader:
         # The settle ops of a step (join, drop, rollback) and aborts go out at its end.
         executor.on_plan = self._send
         executor.batch_prefill = False
+        self._applier.runner.one_forward_per_eval = True
         # A forward's ops go out before it runs, so the other ranks join its collectives.
         self._applier.before_forward = self._flush
         engine.on_stopped = self.stop
