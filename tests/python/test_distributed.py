@@ -44,31 +44,33 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory, embedded_model: LoadedM
 # ---- logits ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("family", "mode"),
-    [("llama", "tensor"), ("deepseek_v3", "tensor"), ("deepseek_v3", "pipeline")],
-)
-def test_sharded_logits_match_one_rank(
-    model_dirs: Path, tmp_path: Path, family: str, mode: str
-) -> None:
+def test_sharded_logits_match_one_rank(model_dirs: Path, tmp_path: Path) -> None:
+    """Tensor llama, tensor and pipeline deepseek_v3: two chunks then three decode steps
+    on two ranks give one rank's logits (the three groups run at once)."""
     from compat_serve.models.hf_dir import load_hf_dir
 
-    out = tmp_path / "logits.npy"
-    ranks = start_ranks(
-        tmp_path,
-        [[RANK_SCRIPT, str(model_dirs / family), mode, str(out)]] * 2,
-        command=[sys.executable, "-P"],  # -P: tests/http must not shadow http
-    )
+    layouts = [("llama", "tensor"), ("deepseek_v3", "tensor"), ("deepseek_v3", "pipeline")]
+    outs = [tmp_path / f"{family}-{mode}.npy" for family, mode in layouts]
+    groups = [
+        start_ranks(
+            tmp_path,
+            [[RANK_SCRIPT, str(model_dirs / family), mode, str(out)]] * 2,
+            command=[sys.executable, "-P"],  # -P: tests/http must not shadow http
+        )
+        for (family, mode), out in zip(layouts, outs, strict=True)
+    ]
     try:
-        results = ranks.wait(120)
+        results = [group.wait(120) for group in groups]
     finally:
-        ranks.kill()
-    assert [code for code, _ in results] == [0, 0], results
-    sharded = np.load(out)
-    whole = forwards(load_hf_dir(model_dirs / family).model)
-    assert sharded.shape == whole.shape == (16 + 3, sharded.shape[1])
-    assert np.abs(whole).max() > 0.1  # real logits, not zeros
-    assert np.abs(sharded - whole).max() <= 1e-4
+        for group in groups:
+            group.kill()
+    for (family, mode), out, result in zip(layouts, outs, results, strict=True):
+        assert [code for code, _ in result] == [0, 0], (family, mode, result)
+        sharded = np.load(out)
+        whole = forwards(load_hf_dir(model_dirs / family).model)
+        assert sharded.shape == whole.shape == (16 + 3, sharded.shape[1])
+        assert np.abs(whole).max() > 0.1  # real logits, not zeros
+        assert np.abs(sharded - whole).max() <= 1e-4, (family, mode)
 
 
 # ---- a server on rank 0 --------------------------------------------------------------------
@@ -158,6 +160,18 @@ def test_server_session_matches_one_rank(
     assert len({text for text, _, _, _ in distributed}) > 1  # the prompts lead apart
 
 
+def _aborted(base_url: str) -> int:
+    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith('compat_requests_total{outcome="aborted"}'):
+            return int(float(line.split()[-1]))
+    raise AssertionError("no aborted counter in /metrics")
+
+
+def _phases(base_url: str) -> list[str]:
+    status = httpx.get(f"{base_url}/v1/status", timeout=10).json()
+    return [row["phase"] for row in status["requests"]]
+
+
 def test_disconnects_leave_both_ranks_serving(
     servers: tuple[DistributedServer, RunningServer],
 ) -> None:
@@ -170,20 +184,23 @@ def test_disconnects_leave_both_ranks_serving(
         "stream": True,
     }
     url = f"{group.base_url}/v1/chat/completions"
-    # Mid-prefill: the client leaves before the first token.
+    aborted = _aborted(group.base_url)
+    # Mid-prefill: the client leaves while the prompt is being computed.
     with httpx.Client(timeout=60) as client, client.stream("POST", url, json=body) as response:
         assert response.status_code == 200
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while "prefill" not in _phases(group.base_url):
+            assert time.monotonic() < deadline, "never saw the request prefill"
+            time.sleep(0.02)
     # Mid-decode: the client leaves after the first content.
     with httpx.Client(timeout=60) as client, client.stream("POST", url, json=body) as response:
         for line in response.iter_lines():
             if '"content"' in line and '"content":""' not in line:
                 break
-    status = httpx.get(f"{group.base_url}/v1/status", timeout=10).json()
     deadline = time.monotonic() + 30
-    while status.get("requests") and time.monotonic() < deadline:
-        time.sleep(0.2)
-        status = httpx.get(f"{group.base_url}/v1/status", timeout=10).json()
+    while _aborted(group.base_url) < aborted + 2 or _phases(group.base_url):
+        assert time.monotonic() < deadline, "the disconnects did not abort both requests"
+        time.sleep(0.1)
     assert all(process.poll() is None for process in group.ranks.processes)
     messages = [{"role": "user", "content": _prompt(5)}]
     after = _chat(group.base_url, messages)["choices"][0]["message"]["content"]
