@@ -38,9 +38,11 @@ class Ranks:
         return out
 
     def kill(self) -> None:
+        """Kill what still runs; close every rank's output pipe."""
         for process in self.processes:
             if process.poll() is None:
                 process.kill()
+            if process.stdout is not None and not process.stdout.closed:
                 process.communicate(timeout=30)
 
 

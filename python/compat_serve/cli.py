@@ -372,7 +372,7 @@ def _serve(ns: argparse.Namespace) -> int:
     from compat_serve.models.blas import ensure_fast_blas
 
     ensure_fast_blas()
-    preflight = None
+    preflight = leader = None
     if ns.distributed is not None:  # refusals before the heavy imports and the weights
         from compat_serve.distributed.startup import preflight_or_error
 
@@ -429,7 +429,7 @@ def _serve(ns: argparse.Namespace) -> int:
         if preflight is not None:
             from compat_serve.distributed.startup import serve_distributed
 
-            state, follower_exit = serve_distributed(preflight, options, build_state)
+            state, leader, follower_exit = serve_distributed(preflight, options, build_state)
             if state is None:
                 return follower_exit
         else:
@@ -454,6 +454,8 @@ def _serve(ns: argparse.Namespace) -> int:
         timeout_graceful_shutdown=10,
     )
     DrainingServer(config, state, ns.shutdown_timeout).run()
+    if leader is not None and leader.lost is not None:
+        return 3  # a rank of the group died: a supervisor restarts them all
     return 0
 
 

@@ -279,3 +279,31 @@ def test_each_misconfiguration_exits_before_loading(model_dirs: Path, tmp_path: 
             assert "loading model directory" not in output, (cause, output)
             if rank == 0:
                 assert cause in errors[0], (cause, output)
+
+
+# ---- faults ------------------------------------------------------------------------------
+
+
+def test_a_lost_rank_stops_the_group(model_dirs: Path, tmp_path: Path) -> None:
+    """kill -9 of the follower: rank 0 fails /health and exits non-zero; kill -9 of rank
+    0: the follower exits. Both within 30 s."""
+    args = ["--model", str(model_dirs / "llama"), "--distributed", "tensor", *SERVER_ARGS]
+    with ThreadPoolExecutor(2) as pool:
+        groups = list(pool.map(lambda _: start_distributed_server(tmp_path, 2, args), range(2)))
+    try:
+        status = httpx.get(f"{groups[0].base_url}/v1/status", timeout=10).json()
+        assert status["distributed"]["mode"] == "tensor"
+        assert status["distributed"]["world_size"] == 2
+        metrics = httpx.get(f"{groups[0].base_url}/metrics", timeout=10).text
+        assert 'compat_distributed_info{mode="tensor",rank="0",world_size="2"} 1' in metrics
+        groups[0].ranks.processes[1].kill()
+        groups[1].ranks.processes[0].kill()
+        leader, follower = groups[0].ranks.processes[0], groups[1].ranks.processes[1]
+        assert leader.wait(30) == 3
+        assert follower.wait(30) == 1
+        leader_log, follower_log = leader.communicate()[0], follower.communicate()[0]
+        assert "distributed: lost a rank" in leader_log, leader_log
+        assert "rank 1: lost rank 0" in follower_log, follower_log
+    finally:
+        for group in groups:
+            group.ranks.kill()

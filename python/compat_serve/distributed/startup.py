@@ -21,6 +21,7 @@ from compat_serve.distributed.transport import PlanLink
 
 if TYPE_CHECKING:
     from compat_serve.bootstrap import ServeOptions
+    from compat_serve.distributed.leader import Leader
     from compat_serve.server.state import ServerState
 
 log = logging.getLogger("compat_serve")
@@ -76,9 +77,9 @@ def preflight(settings: dict[str, Any]) -> Preflight:
 
 def serve_distributed(
     pre: Preflight, options: ServeOptions, build_state: Callable[..., ServerState]
-) -> tuple[ServerState | None, int]:
-    """Rank 0: its server state, the engine wired to the other ranks (`Leader`). Another
-    rank: None and its exit status, once rank 0 stops it (or is lost)."""
+) -> tuple[ServerState | None, Leader | None, int]:
+    """Rank 0: its server state and the `Leader` that wires its engine to the other
+    ranks. Another rank: (None, None, its exit status) once rank 0 stops it or is lost."""
     from compat_serve.distributed.leader import Leader
 
     link = PlanLink(pre.group)
@@ -86,10 +87,11 @@ def serve_distributed(
         from compat_serve.bootstrap import _kv_format
         from compat_serve.distributed.follower import run_follower
 
-        return None, run_follower(pre.path, pre.mode, link, _kv_format(options))
+        return None, None, run_follower(pre.path, pre.mode, link, _kv_format(options))
     state = build_state(options, loaded=load_sharded(pre.path, pre.mode, pre.group))
-    Leader(state.engine, link, pre.mode)
-    return state, 0
+    leader = Leader(state.engine, link, pre.mode)
+    state.engine.distributed_status = leader.status
+    return state, leader, 0
 
 
 def preflight_or_error(settings: dict[str, Any]) -> Preflight | None:

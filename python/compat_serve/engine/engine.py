@@ -140,6 +140,8 @@ class Engine:
         # Called on the engine thread when it has nothing to do; returns how long to wait
         # for a command before calling it again.
         self.on_idle: Callable[[], float] | None = None
+        # Distributed mode, world size, rank and plan collectives (/v1/status, /metrics).
+        self.distributed_status: Callable[[], dict[str, object]] | None = None
 
     def speculation_status(self) -> dict[str, object]:
         """Drafted and accepted tokens (speculative decoding), for /v1/status."""
