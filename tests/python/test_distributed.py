@@ -226,6 +226,7 @@ def test_each_misconfiguration_exits_before_loading(model_dirs: Path, tmp_path: 
     kv1 = _config_only(tmp_path, "kv1", llama, num_key_value_heads=1)
     one_layer = _config_only(tmp_path, "one-layer", deepseek, num_hidden_layers=1)
     bare = _config_only(tmp_path, "bare", llama)
+    vision = _config_only(tmp_path, "vision", llama, vision_config={"model_type": "x"})
     plain = ["--no-prefix-cache"]
     cases: list[tuple[list[list[str]], str]] = [
         ([["--model", str(heads3), "--distributed", "tensor", *plain]] * 2,
@@ -241,6 +242,10 @@ def test_each_misconfiguration_exits_before_loading(model_dirs: Path, tmp_path: 
          "rank 1 was started with a different model or flags than rank 0"),
         ([["--model", str(bare), "--distributed", "tensor"]] * 2,
          "needs --no-prefix-cache"),
+        ([["--model", str(bare), "--distributed", "tensor", *plain, "--speculative", "ngram"]] * 2,
+         "does not run --speculative ngram yet"),
+        ([["--model", str(vision), "--distributed", "tensor", *plain]] * 2,
+         "--distributed does not run vision-language models yet"),
         ([["--distributed", "tensor", *plain]] * 2,
          "--distributed needs --model to name an mlx-lm model directory"),
     ]  # fmt: skip
