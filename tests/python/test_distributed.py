@@ -76,7 +76,8 @@ def test_sharded_logits_match_one_rank(model_dirs: Path, tmp_path: Path) -> None
 # ---- a server on rank 0 --------------------------------------------------------------------
 
 SERVER_ARGS = ["--no-prefix-cache", "--prefill-chunk", str(CHUNK), "--log-level", "info"]
-LAYOUTS = [("llama", "tensor"), ("deepseek_v3", "pipeline")]
+# (family, mode, --speculative): ngram speculation's verify and rollback ops on one.
+LAYOUTS = [("llama", "tensor", "ngram"), ("deepseek_v3", "pipeline", "off")]
 
 
 def _prompt(i: int) -> str:
@@ -125,20 +126,22 @@ def _session(base_url: str) -> list[tuple[str, int, str, int]]:
     ]
 
 
-@pytest.fixture(scope="module", params=LAYOUTS, ids=[f"{f}-{m}" for f, m in LAYOUTS])
+@pytest.fixture(scope="module", params=LAYOUTS, ids=[f"{f}-{m}-{s}" for f, m, s in LAYOUTS])
 def servers(
     request: pytest.FixtureRequest, model_dirs: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[DistributedServer, RunningServer]]:
     from compat_serve.models.loader import load_model
 
-    family, mode = request.param
+    family, mode, speculative = request.param
     path = model_dirs / family
     group = start_distributed_server(
         tmp_path_factory.mktemp("ranks"),
         2,
-        ["--model", str(path), "--distributed", mode, *SERVER_ARGS],
+        ["--model", str(path), "--distributed", mode, "--speculative", speculative, *SERVER_ARGS],
     )
-    one = start_server(load_model(str(path)), prefix_cache=False, prefill_chunk=CHUNK)
+    one = start_server(
+        load_model(str(path)), prefix_cache=False, prefill_chunk=CHUNK, speculative=speculative
+    )
     try:
         yield group, one
     finally:
@@ -158,6 +161,9 @@ def test_server_session_matches_one_rank(
     assert distributed == single
     assert all(prompt > CHUNK for _, prompt, _, _ in distributed)
     assert len({text for text, _, _, _ in distributed}) > 1  # the prompts lead apart
+    speculation = httpx.get(f"{group.base_url}/v1/status", timeout=10).json()["speculation"]
+    if speculation["mode"] == "ngram":  # drafts were verified, some rejected (rolled back)
+        assert 0 < speculation["accepted_tokens"] < speculation["draft_tokens"], speculation
 
 
 def _aborted(base_url: str) -> int:
@@ -242,8 +248,9 @@ def test_each_misconfiguration_exits_before_loading(model_dirs: Path, tmp_path: 
          "rank 1 was started with a different model or flags than rank 0"),
         ([["--model", str(bare), "--distributed", "tensor"]] * 2,
          "needs --no-prefix-cache"),
-        ([["--model", str(bare), "--distributed", "tensor", *plain, "--speculative", "ngram"]] * 2,
-         "does not run --speculative ngram yet"),
+        ([["--model", str(bare), "--distributed", "tensor", *plain, "--speculative", "draft",
+           "--draft-model", str(bare)]] * 2,
+         "does not run --speculative draft yet"),
         ([["--model", str(vision), "--distributed", "tensor", *plain]] * 2,
          "--distributed does not run vision-language models yet"),
         ([["--distributed", "tensor", *plain]] * 2,
