@@ -88,10 +88,12 @@ class DistributedServer:
             self.ranks.kill()
 
 
-def start_server(directory: Path, ranks: int, args: list[str]) -> DistributedServer:
+def start_server(
+    directory: Path, ranks: int, args: list[str], env: dict[str, str] | None = None
+) -> DistributedServer:
     """A compat-serve group: rank 0 serves HTTP on a free port once its /health is up."""
     port = free_port()
-    group = start_ranks(directory, [[*args, "--port", str(port)] for _ in range(ranks)])
+    group = start_ranks(directory, [[*args, "--port", str(port)] for _ in range(ranks)], env=env)
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

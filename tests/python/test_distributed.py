@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -296,12 +297,16 @@ def test_each_misconfiguration_exits_before_loading(model_dirs: Path, tmp_path: 
 # ---- faults ------------------------------------------------------------------------------
 
 
-def test_a_lost_rank_stops_the_group(model_dirs: Path, tmp_path: Path) -> None:
-    """kill -9 of the follower: rank 0 fails /health and exits non-zero; kill -9 of rank
-    0: the follower exits. Both within 30 s."""
+def test_a_lost_or_hung_rank_stops_the_group(model_dirs: Path, tmp_path: Path) -> None:
+    """kill -9 of the follower: rank 0 exits 3; kill -9 of rank 0: the follower exits 1.
+    A stopped (hung) follower: the watchdog fails rank 0's /health and it exits 3; a
+    stopped rank 0: the follower exits 1. Each within 30 s (the watchdog set to 3 s)."""
     args = ["--model", str(model_dirs / "llama"), "--distributed", "tensor", *SERVER_ARGS]
-    with ThreadPoolExecutor(2) as pool:
-        groups = list(pool.map(lambda _: start_distributed_server(tmp_path, 2, args), range(2)))
+    env = {"COMPAT_DISTRIBUTED_WATCHDOG_S": "3"}
+    with ThreadPoolExecutor(4) as pool:
+        groups = list(
+            pool.map(lambda _: start_distributed_server(tmp_path, 2, args, env), range(4))
+        )
     try:
         status = httpx.get(f"{groups[0].base_url}/v1/status", timeout=10).json()
         assert status["distributed"]["mode"] == "tensor"
@@ -310,12 +315,22 @@ def test_a_lost_rank_stops_the_group(model_dirs: Path, tmp_path: Path) -> None:
         assert 'compat_distributed_info{mode="tensor",rank="0",world_size="2"} 1' in metrics
         groups[0].ranks.processes[1].kill()
         groups[1].ranks.processes[0].kill()
-        leader, follower = groups[0].ranks.processes[0], groups[1].ranks.processes[1]
-        assert leader.wait(30) == 3
-        assert follower.wait(30) == 1
-        leader_log, follower_log = leader.communicate()[0], follower.communicate()[0]
-        assert "distributed: lost a rank" in leader_log, leader_log
-        assert "rank 1: lost rank 0" in follower_log, follower_log
+        groups[2].ranks.processes[1].send_signal(signal.SIGSTOP)
+        groups[3].ranks.processes[0].send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{groups[2].base_url}/health", timeout=10).status_code == 200:
+            assert time.monotonic() < deadline, "a hung follower left /health at 200"
+            time.sleep(0.2)
+        watched = [
+            (groups[0].ranks.processes[0], 3, "distributed: lost a rank"),
+            (groups[1].ranks.processes[1], 1, "rank 1: lost rank 0"),
+            (groups[2].ranks.processes[0], 3, "no message completed with the other ranks"),
+            (groups[3].ranks.processes[1], 1, "rank 1: nothing from rank 0"),
+        ]
+        for process, code, line in watched:
+            assert process.wait(30) == code, line
+            output = process.communicate()[0]
+            assert line in output, output
     finally:
         for group in groups:
             group.ranks.kill()

@@ -4,6 +4,7 @@ It never binds a port, tokenises or samples."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from compat_serve.distributed.transport import (
     STOP,
     PlanLink,
 )
+from compat_serve.distributed.watchdog import start_watchdog
 from compat_serve.engine.applier import StepApplier
 from compat_serve.engine.kv_quant import KVFormat, check_head_dim
 from compat_serve.engine.runner import ModelRunner
@@ -32,6 +34,11 @@ def start_runner(runner: ModelRunner, kv_format: KVFormat) -> None:
     runner.measure_kv_bytes_per_token()
 
 
+def _stuck(link: PlanLink, quiet: float) -> None:
+    log.error("rank %d: nothing from rank 0 for %.0fs; exiting", link.rank, quiet)
+    os._exit(1)  # the main thread is blocked in a collective
+
+
 def run_follower(path: Path, mode: str, link: PlanLink, kv_format: KVFormat) -> int:
     """The follower's whole life; its exit status."""
     loaded = load_sharded(path, mode, link.group)
@@ -39,6 +46,7 @@ def run_follower(path: Path, mode: str, link: PlanLink, kv_format: KVFormat) -> 
     runner.one_forward_per_eval = True  # as rank 0's (distributed/leader.py)
     start_runner(runner, kv_format)
     applier = StepApplier(runner)
+    start_watchdog(link, lambda quiet: _stuck(link, quiet))
     log.info("rank %d of %d: applying rank 0's step plans", link.rank, link.world_size)
     while True:
         try:

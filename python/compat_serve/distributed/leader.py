@@ -10,6 +10,7 @@ import signal
 import time
 
 from compat_serve.distributed.transport import IDLE, IDLE_BEAT_S, PLAN, STOP, PlanLink
+from compat_serve.distributed.watchdog import start_watchdog
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.step_plan import StepPlan
 
@@ -34,6 +35,7 @@ class Leader:
         engine.on_stopped = self.stop
         engine.on_idle = self.idle
         engine.metrics.extra_renderers.append(self.render_metrics)
+        start_watchdog(link, self._stuck)
 
     def _flush(self) -> None:
         plan = self._applier.take_plan()
@@ -59,6 +61,17 @@ class Leader:
             log.error("distributed: lost a rank (%s); ending requests and stopping", self.lost)
             os.kill(os.getpid(), signal.SIGTERM)  # the graceful drain, then exit
             raise
+
+    def _stuck(self, quiet: float) -> None:
+        """The watchdog: no step or beat completed for `quiet` seconds (a rank hangs).
+        The engine thread is blocked in a collective, so: the drain (`/health` 503 at
+        once), then exit 3 whatever is still waiting."""
+        self.lost = f"no message completed with the other ranks for {quiet:.0f}s"
+        log.error("distributed: %s; stopping", self.lost)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the drain's /health 503 and log lines; its engine join would block
+        log.error("distributed: the engine is still blocked; exiting")
+        os._exit(3)
 
     def idle(self) -> float:
         """The idle beat (transport.py): the other ranks sleep until the next one."""

@@ -37,6 +37,7 @@ class PlanLink:
         self.messages = 0
         self.bytes_sent = 0
         self.collective_seconds = 0.0  # time inside the plan collectives, all messages
+        self.last_progress = time.monotonic()  # when the last message completed (watchdog)
 
     def _sum(self, values: mx.array) -> mx.array:
         started = time.perf_counter()
@@ -53,6 +54,7 @@ class PlanLink:
             self._sum(mx.array(np.frombuffer(payload, dtype=np.uint8)))
         self.messages += 1
         self.bytes_sent += len(payload)
+        self.last_progress = time.monotonic()
 
     def receive(self) -> tuple[int, bytes]:
         """Another rank: wait for rank 0's next message."""
@@ -62,4 +64,5 @@ class PlanLink:
         if length:
             payload = bytes(np.array(self._sum(mx.zeros((length,), dtype=mx.uint8))))
         self.messages += 1
+        self.last_progress = time.monotonic()
         return kind, payload
