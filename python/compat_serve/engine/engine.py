@@ -394,11 +394,13 @@ class Engine:
         try:
             while self._drain_inbox(wait):
                 wait = None
-                if executor.has_work:
-                    # A plan with nothing to compute (everyone waits for KV) must not spin.
-                    wait = 0.0 if executor.step() else _STALL_WAIT_S
+                if executor.has_work and executor.step():
+                    wait = 0.0
                 elif self.on_idle is not None:  # distributed: a heartbeat to the other ranks
                     wait = self.on_idle()
+                elif executor.has_work:
+                    # A plan with nothing to compute (everyone waits for KV) must not spin.
+                    wait = _STALL_WAIT_S
         except Exception:  # a scheduler bug: fail every request loudly, never hang them
             log.exception("the engine loop failed; aborting every request")
         leftover = []
