@@ -372,71 +372,67 @@ def _serve(ns: argparse.Namespace) -> int:
     from compat_serve.models.blas import ensure_fast_blas
 
     ensure_fast_blas()
-    preflight = leader = None
+    build = None
     if ns.distributed is not None:  # refusals before the heavy imports and the weights
-        from compat_serve.distributed.startup import preflight_or_error
+        from compat_serve.distributed.startup import RankBuilder
 
-        preflight = preflight_or_error(vars(ns))
-        if preflight is None:
+        build = RankBuilder.preflight(vars(ns))
+        if build is None:
             return 2
     from compat_serve.bootstrap import ServeOptions, build_state
 
     started = time.monotonic()
     try:
-        options = ServeOptions(
-            model=ns.model,
-            served_model_name=ns.served_model_name,
-            api_key=ns.api_key,
-            chat_template=ns.chat_template,
-            inline_system=ns.inline_system,
-            reply_history=ns.reply_history,
-            context_length=ns.context_length,
-            prefill_chunk=ns.prefill_chunk,
-            decode_prefill_chunk=ns.decode_prefill_chunk,
-            max_num_seqs=ns.max_num_seqs,
-            speculative=ns.speculative,
-            speculative_tokens=ns.speculative_tokens,
-            ngram_min=ns.ngram_min,
-            ngram_max=ns.ngram_max,
-            draft_model=ns.draft_model,
-            max_num_batched_tokens=ns.max_num_batched_tokens,
-            kv_memory=ns.kv_memory,
-            kv_bits=ns.kv_bits,
-            kv_group_size=ns.kv_group_size,
-            prefix_cache=ns.prefix_cache,
-            block_size=ns.block_size,
-            cache_memory=ns.cache_memory,
-            cache_hash=ns.cache_hash,
-            cache_dir=ns.cache_dir,
-            cache_disk_size=ns.cache_disk_size,
-            cache_salt_per_key=ns.cache_salt_per_key,
-            kv_events_endpoint=ns.kv_events_endpoint,
-            kv_events_replay_endpoint=ns.kv_events_replay_endpoint,
-            kv_events_topic=ns.kv_events_topic,
-            max_queue=ns.max_queue,
-            strict_model_names=ns.strict_model_names,
-            max_output_tokens=ns.max_output_tokens,
-            max_tool_rounds=ns.max_tool_rounds,
-            max_request_bytes=ns.max_request_bytes,
-            default_temperature=ns.default_temperature,
-            default_top_p=ns.default_top_p,
-            default_top_k=ns.default_top_k,
-            generation_config=ns.generation_config,
-            tool_parser=ns.tool_parser,
-            reasoning_parser=ns.reasoning_parser,
-            distributed=ns.distributed,
+        state = (build or build_state)(
+            ServeOptions(
+                model=ns.model,
+                served_model_name=ns.served_model_name,
+                api_key=ns.api_key,
+                chat_template=ns.chat_template,
+                inline_system=ns.inline_system,
+                reply_history=ns.reply_history,
+                context_length=ns.context_length,
+                prefill_chunk=ns.prefill_chunk,
+                decode_prefill_chunk=ns.decode_prefill_chunk,
+                max_num_seqs=ns.max_num_seqs,
+                speculative=ns.speculative,
+                speculative_tokens=ns.speculative_tokens,
+                ngram_min=ns.ngram_min,
+                ngram_max=ns.ngram_max,
+                draft_model=ns.draft_model,
+                max_num_batched_tokens=ns.max_num_batched_tokens,
+                kv_memory=ns.kv_memory,
+                kv_bits=ns.kv_bits,
+                kv_group_size=ns.kv_group_size,
+                prefix_cache=ns.prefix_cache,
+                block_size=ns.block_size,
+                cache_memory=ns.cache_memory,
+                cache_hash=ns.cache_hash,
+                cache_dir=ns.cache_dir,
+                cache_disk_size=ns.cache_disk_size,
+                cache_salt_per_key=ns.cache_salt_per_key,
+                kv_events_endpoint=ns.kv_events_endpoint,
+                kv_events_replay_endpoint=ns.kv_events_replay_endpoint,
+                kv_events_topic=ns.kv_events_topic,
+                max_queue=ns.max_queue,
+                strict_model_names=ns.strict_model_names,
+                max_output_tokens=ns.max_output_tokens,
+                max_tool_rounds=ns.max_tool_rounds,
+                max_request_bytes=ns.max_request_bytes,
+                default_temperature=ns.default_temperature,
+                default_top_p=ns.default_top_p,
+                default_top_k=ns.default_top_k,
+                generation_config=ns.generation_config,
+                tool_parser=ns.tool_parser,
+                reasoning_parser=ns.reasoning_parser,
+                distributed=ns.distributed,
+            )
         )
-        if preflight is not None:
-            from compat_serve.distributed.startup import serve_distributed
-
-            state, leader, follower_exit = serve_distributed(preflight, options, build_state)
-            if state is None:
-                return follower_exit
-        else:
-            state = build_state(options)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         log.error("%s", exc)
         return 2
+    if state is None:  # a rank other than 0: it applied rank 0's steps until stopped
+        return build.follower_exit if build is not None else 0
     log.info("ready in %.1fs", time.monotonic() - started)
     _print_banner(ns, state.served_model_name)
 
@@ -454,8 +450,8 @@ def _serve(ns: argparse.Namespace) -> int:
         timeout_graceful_shutdown=10,
     )
     DrainingServer(config, state, ns.shutdown_timeout).run()
-    if leader is not None and leader.lost is not None:
-        return 3  # a rank of the group died: a supervisor restarts them all
+    if build is not None and build.lost_rank:
+        return 3  # a rank of the group died or hung: a supervisor restarts them all
     return 0
 
 

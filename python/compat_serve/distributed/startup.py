@@ -1,13 +1,12 @@
-"""The CLI's two calls for `--distributed`: `preflight` joins the group and checks the
-layout and that every rank agrees (before any weight is read, or any heavy import);
-`serve_distributed` loads this rank's shard. Rank 0 gets its server state back; the other
-ranks run the follower loop and return its status."""
+"""The CLI's entry for `--distributed`: `RankBuilder.preflight` joins the group and checks
+the layout and that every rank agrees (before any weight is read, or any heavy import);
+the builder then stands in for `build_state`: it loads this rank's shard, and rank 0 gets
+its server state back while the other ranks run the follower loop."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,31 +75,42 @@ def preflight(settings: dict[str, Any]) -> Preflight:
     return Preflight(group, mode, path)
 
 
-def serve_distributed(
-    pre: Preflight, options: ServeOptions, build_state: Callable[..., ServerState]
-) -> tuple[ServerState | None, Leader | None, int]:
-    """Rank 0: its server state and the `Leader` that wires its engine to the other
-    ranks. Another rank: (None, None, its exit status) once rank 0 stops it or is lost."""
-    from compat_serve.distributed.leader import Leader
+class RankBuilder:
+    """The CLI's `build_state` in distributed mode: `__call__(options)` loads this rank's
+    shard; rank 0 gets its server state, the engine wired to the other ranks (`Leader`);
+    another rank runs the follower loop and gets None (its status: `follower_exit`)."""
 
-    link = PlanLink(pre.group)
-    if link.rank != 0:
-        from compat_serve.bootstrap import _kv_format
+    def __init__(self, pre: Preflight) -> None:
+        self.pre = pre
+        self.follower_exit = 0
+        self.leader: Leader | None = None
+
+    @classmethod
+    def preflight(cls, settings: dict[str, Any]) -> RankBuilder | None:
+        """`preflight`, or None with its refusal logged as one line."""
+        try:
+            return cls(preflight(settings))
+        except ValueError as exc:
+            log.error("%s", exc)
+        except RuntimeError as exc:  # a rank lost during the check
+            log.error("--distributed: the group failed during its start-up check: %s", exc)
+        return None
+
+    @property
+    def lost_rank(self) -> bool:
+        return self.leader is not None and self.leader.lost is not None
+
+    def __call__(self, options: ServeOptions) -> ServerState | None:
+        from compat_serve.bootstrap import _kv_format, build_state
         from compat_serve.distributed.follower import run_follower
+        from compat_serve.distributed.leader import Leader
 
-        return None, None, run_follower(pre.path, pre.mode, link, _kv_format(options))
-    state = build_state(options, loaded=load_sharded(pre.path, pre.mode, pre.group))
-    leader = Leader(state.engine, link, pre.mode)
-    state.engine.distributed_status = leader.status
-    return state, leader, 0
-
-
-def preflight_or_error(settings: dict[str, Any]) -> Preflight | None:
-    """`preflight`, its refusal logged as one line (None)."""
-    try:
-        return preflight(settings)
-    except ValueError as exc:
-        log.error("%s", exc)
-    except RuntimeError as exc:  # a rank lost during the check
-        log.error("--distributed: the group failed during its start-up check: %s", exc)
-    return None
+        pre = self.pre
+        link = PlanLink(pre.group)
+        if link.rank != 0:
+            self.follower_exit = run_follower(pre.path, pre.mode, link, _kv_format(options))
+            return None
+        state = build_state(options, loaded=load_sharded(pre.path, pre.mode, pre.group))
+        self.leader = Leader(state.engine, link, pre.mode)
+        state.engine.distributed_status = self.leader.status
+        return state
