@@ -106,6 +106,7 @@ bench-python: build
 	$(PY) benches/example_copy.py
 	$(PY) benches/json_object_ends.py
 	$(PY) benches/step_plan_size.py
+	$(PY) benches/distributed.py
 
 clean:
 	cargo clean

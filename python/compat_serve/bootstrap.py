@@ -78,6 +78,8 @@ class ServeOptions:
     generation_config: str = "auto"
     tool_parser: str = "auto"
     reasoning_parser: str = "auto"
+    # One model over several ranks (distributed/): "tensor", "pipeline" or None.
+    distributed: str | None = None
 
 
 def _engine_config(options: ServeOptions) -> EngineConfig:

@@ -271,6 +271,14 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "(default); none leaves calls as text",
     )
     p.add_argument(
+        "--distributed",
+        choices=("tensor", "pipeline"),
+        default=None,
+        help="run one model over several ranks started by mlx.launch (or with MLX_RANK + "
+        "MLX_HOSTFILE, or MLX_JACCL_COORDINATOR): tensor shards every layer, pipeline "
+        "splits the layers; rank 0 serves HTTP, the others only apply its steps",
+    )
+    p.add_argument(
         "--reasoning-parser",
         default="auto",
         choices=REASONING_CHOICES,
@@ -364,11 +372,18 @@ def _serve(ns: argparse.Namespace) -> int:
     from compat_serve.models.blas import ensure_fast_blas
 
     ensure_fast_blas()
+    build = None
+    if ns.distributed is not None:  # refusals before the heavy imports and the weights
+        from compat_serve.distributed.startup import RankBuilder
+
+        build = RankBuilder.preflight(vars(ns))
+        if build is None:
+            return 2
     from compat_serve.bootstrap import ServeOptions, build_state
 
     started = time.monotonic()
     try:
-        state = build_state(
+        state = (build or build_state)(
             ServeOptions(
                 model=ns.model,
                 served_model_name=ns.served_model_name,
@@ -410,11 +425,14 @@ def _serve(ns: argparse.Namespace) -> int:
                 generation_config=ns.generation_config,
                 tool_parser=ns.tool_parser,
                 reasoning_parser=ns.reasoning_parser,
+                distributed=ns.distributed,
             )
         )
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         log.error("%s", exc)
         return 2
+    if state is None:  # a rank other than 0: it applied rank 0's steps until stopped
+        return build.follower_exit if build is not None else 0
     log.info("ready in %.1fs", time.monotonic() - started)
     _print_banner(ns, state.served_model_name)
 
@@ -432,6 +450,8 @@ def _serve(ns: argparse.Namespace) -> int:
         timeout_graceful_shutdown=10,
     )
     DrainingServer(config, state, ns.shutdown_timeout).run()
+    if build is not None and build.lost_rank:
+        return 3  # a rank of the group died or hung: a supervisor restarts them all
     return 0
 
 

@@ -49,6 +49,10 @@ class StepApplier:
         self._own: dict[str, LayerCaches] = {}
         self._ops: list[PlanOp] = []
         self._plans = 0
+        # Distributed rank 0 (distributed/leader.py): called after a forward op is
+        # recorded and before it runs, to send the plan so far; each forward's logits are
+        # then evaluated at once, so every rank runs the model's collectives in one order.
+        self.before_forward: Callable[[], None] | None = None
 
     # ---- reading (the deciding side's prefix cache and metrics) --------------------
 
@@ -89,6 +93,7 @@ class StepApplier:
         self, request_id: str, start: int, tokens: list[int], vision: VisionInput | None = None
     ) -> None:
         self._ops.append(Prefill(request_id, start, tuple(tokens), False, vision is not None))
+        self._forward_next()
         self.runner.prefill(self._cache(request_id), tokens, vision, start)
 
     def last_logits(
@@ -96,7 +101,8 @@ class StepApplier:
     ) -> mx.array:
         """`prefill` that returns the last position's (lazy) logits, `[1, vocab]`."""
         self._ops.append(Prefill(request_id, start, tuple(tokens), True, vision is not None))
-        return self.runner.last_logits(self._cache(request_id), tokens, vision, start)
+        self._forward_next()
+        return self._ran(self.runner.last_logits(self._cache(request_id), tokens, vision, start))
 
     def prefill_together(
         self, request_ids: list[str], token_lists: list[list[int]]
@@ -120,16 +126,18 @@ class StepApplier:
     ) -> mx.array:
         self._check_rows(request_ids)
         self._ops.append(Decode(tuple(request_ids), tuple(tokens), tuple(rope_deltas)))
+        self._forward_next()
         deltas = (list(rope_deltas),) if rope_deltas else ()
-        return self.runner.decode_logits(self.batch.cache, tokens, *deltas)
+        return self._ran(self.runner.decode_logits(self.batch.cache, tokens, *deltas))
 
     def verify(
         self, request_ids: list[str], rows: list[list[int]], rope_deltas: Sequence[int] = ()
     ) -> mx.array:
         self._check_rows(request_ids)
         self._ops.append(Verify(tuple(request_ids), tuple(map(tuple, rows)), tuple(rope_deltas)))
+        self._forward_next()
         deltas = (list(rope_deltas),) if rope_deltas else ()
-        return self.runner.verify_logits(self.batch.cache, rows, *deltas)
+        return self._ran(self.runner.verify_logits(self.batch.cache, rows, *deltas))
 
     def rollback(self, positions: list[int]) -> None:
         self._ops.append(Rollback(tuple(positions)))
@@ -211,6 +219,15 @@ class StepApplier:
         return None
 
     # ---- helpers -----------------------------------------------------------------------
+
+    def _forward_next(self) -> None:
+        if self.before_forward is not None:
+            self.before_forward()
+
+    def _ran(self, logits: mx.array) -> mx.array:
+        if self.before_forward is not None:
+            mx.eval(logits)
+        return logits
 
     def _cache(self, request_id: str) -> LayerCaches:
         cache = self._own.get(request_id)

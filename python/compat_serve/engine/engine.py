@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from compat_serve._native import Scheduler
@@ -135,6 +136,12 @@ class Engine:
         self._queued_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self.on_stopped: Callable[[], None] | None = None
+        # Called on the engine thread when it has nothing to do; returns how long to wait
+        # for a command before calling it again.
+        self.on_idle: Callable[[], float] | None = None
+        # Distributed mode, world size, rank and plan collectives (/v1/status, /metrics).
+        self.distributed_status: Callable[[], dict[str, object]] | None = None
 
     def speculation_status(self) -> dict[str, object]:
         """Drafted and accepted tokens (speculative decoding), for /v1/status."""
@@ -382,12 +389,18 @@ class Engine:
     def _run(self) -> None:
         executor = self._executor
         wait: float | None = None  # idle: sleep until a command arrives
+        if self.on_idle is not None:
+            wait = 0.0  # the idle beat starts at once
         try:
             while self._drain_inbox(wait):
                 wait = None
-                if executor.has_work:
+                if executor.has_work and executor.step():
+                    wait = 0.0
+                elif self.on_idle is not None:  # distributed: a heartbeat to the other ranks
+                    wait = self.on_idle()
+                elif executor.has_work:
                     # A plan with nothing to compute (everyone waits for KV) must not spin.
-                    wait = 0.0 if executor.step() else _STALL_WAIT_S
+                    wait = _STALL_WAIT_S
         except Exception:  # a scheduler bug: fail every request loudly, never hang them
             log.exception("the engine loop failed; aborting every request")
         leftover = []
@@ -399,6 +412,8 @@ class Engine:
             if isinstance(command, _Submit):
                 leftover.append(command.sequence)
         executor.abort_all(leftover, FinishReason.SHUTDOWN)
+        if self.on_stopped is not None:  # distributed: tell the other ranks, from this thread
+            self.on_stopped()
         log.info("engine thread stopped")
 
     def _drain_inbox(self, wait: float | None) -> bool:

@@ -81,6 +81,9 @@ class StepExecutor:
         self.applier = StepApplier(runner)
         # Called with each step's plan (the ops applied), e.g. to send it to followers.
         self.on_plan: Callable[[StepPlan], None] | None = None
+        # Batched prefill of several prompts runs its forward before it commits; off in
+        # distributed mode, where every forward is sent to the other ranks first.
+        self.batch_prefill = True
         self.prefix = prefix
         self._prefill_chunk = prefill_chunk
         spec = speculation or SpeculationConfig()
@@ -156,6 +159,8 @@ class StepExecutor:
             if seq is not None:
                 planned.append((seq, start, length, is_last))
         together = [chunk for chunk in planned if self._whole_prompt_left(*chunk)]
+        if not self.batch_prefill:
+            together = []
         if len(together) < 2 or not self._prefill_together(together, prefilled, sampled):
             together = []  # none, one, or the batched forward failed: each on its own
         done = {id(chunk[0]) for chunk in together}

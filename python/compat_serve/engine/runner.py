@@ -29,6 +29,9 @@ class ModelRunner:
         # The KV cache's layer kinds and dtype, also measured there (the dashboard's).
         self.kv_layout: dict[str, Any] = {}
         self.weights_bytes = parameter_bytes(self._model)
+        # Distributed (a pipeline's recvs of two forwards in one graph may run in either
+        # order): evaluate every forward on its own.
+        self.one_forward_per_eval = False
         # Vision-language models (models/vlm.py): image rows prefill from embeddings.
         self.features: FeatureCache | None = None
         if hasattr(self._model, "encode_image"):
@@ -115,6 +118,8 @@ class ModelRunner:
         """
         if len(token_ids) > 1:
             self._forward(cache, token_ids[:-1], vision, start)
+            if self.one_forward_per_eval:
+                mx.eval([c.state for c in cache])
         logits = self._forward(cache, token_ids[-1:], vision, start + len(token_ids) - 1)
         return logits[:, -1, :]
 

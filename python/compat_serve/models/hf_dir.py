@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +113,10 @@ def load_hf_dir(
     dtype: str | None = None,
     source: str | None = None,
     name: str | None = None,
+    prepare: Callable[[Any], None] | None = None,
 ) -> LoadedModel:
-    """Load a local MLX/HF-format model directory."""
+    """Load a local MLX/HF-format model directory. `prepare` gets the lazily loaded
+    model before any weight is read (distributed/loading.py shards it there)."""
     from mlx_lm.utils import load_model
 
     model_dir = Path(path)
@@ -149,6 +152,8 @@ def load_hf_dir(
     else:
         phase = "loading weights"
         dtype_name = _dtype_name(model, quantization)
+    if prepare is not None:
+        prepare(model)
     logger.info("%s (%s backend)", phase, plan.backend)
     eval_with_progress(model, phase, log=logger)
     info = load_hf_tokenizer(model_dir, config)

@@ -38,7 +38,11 @@ async def status(request: Request) -> dict[str, Any]:
         "speculation": engine.speculation_status(),
         "sampling_defaults": state.sampling_defaults.as_dict(),
         "requests": rows,
-    }
+    } | (
+        {"distributed": engine.distributed_status()}
+        if engine.distributed_status is not None
+        else {}
+    )
 
 
 @router.get("/metrics")

@@ -1,0 +1,336 @@
+"""`--distributed` (issue #28) with two local ranks over MLX's ring backend, each a
+subprocess: sharded logits against one rank, a rank-0 server against a one-rank server,
+aborts and disconnects, and every start-up refusal."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import numpy as np
+import pytest
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from conftest import RunningServer, start_server
+from distributed_logits_rank import forwards
+from distributed_ranks import DistributedServer, start_ranks
+from distributed_ranks import start_server as start_distributed_server
+from tiny_models import write_model_dir
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
+
+RANK_SCRIPT = str(Path(__file__).resolve().parents[1] / "distributed_logits_rank.py")
+CHUNK = 32  # --prefill-chunk: every prompt below is several chunks long
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory, embedded_model: LoadedModel) -> Path:
+    root = tmp_path_factory.mktemp("distributed-models")
+    for family in ("llama", "deepseek_v3"):
+        write_model_dir(root / family, family, embedded_model)
+    return root
+
+
+# ---- logits ------------------------------------------------------------------------------
+
+
+def test_sharded_logits_match_one_rank(model_dirs: Path, tmp_path: Path) -> None:
+    """Tensor llama, tensor and pipeline deepseek_v3: two chunks then three decode steps
+    on two ranks give one rank's logits (the three groups run at once)."""
+    from compat_serve.models.hf_dir import load_hf_dir
+
+    layouts = [("llama", "tensor"), ("deepseek_v3", "tensor"), ("deepseek_v3", "pipeline")]
+    outs = [tmp_path / f"{family}-{mode}.npy" for family, mode in layouts]
+    groups = [
+        start_ranks(
+            tmp_path,
+            [[RANK_SCRIPT, str(model_dirs / family), mode, str(out)]] * 2,
+            command=[sys.executable, "-P"],  # -P: tests/http must not shadow http
+        )
+        for (family, mode), out in zip(layouts, outs, strict=True)
+    ]
+    try:
+        results = [group.wait(120) for group in groups]
+    finally:
+        for group in groups:
+            group.kill()
+    for (family, mode), out, result in zip(layouts, outs, results, strict=True):
+        assert [code for code, _ in result] == [0, 0], (family, mode, result)
+        sharded = np.load(out)
+        whole = forwards(load_hf_dir(model_dirs / family).model)
+        assert sharded.shape == whole.shape == (16 + 3, sharded.shape[1])
+        assert np.abs(whole).max() > 0.1  # real logits, not zeros
+        assert np.abs(sharded - whole).max() <= 1e-4, (family, mode)
+
+
+# ---- a server on rank 0 --------------------------------------------------------------------
+
+SERVER_ARGS = ["--no-prefix-cache", "--prefill-chunk", str(CHUNK), "--log-level", "info"]
+# (family, mode, --speculative): ngram speculation's verify and rollback ops on one.
+LAYOUTS = [("llama", "tensor", "ngram"), ("deepseek_v3", "pipeline", "off")]
+
+
+def _prompt(i: int) -> str:
+    # Well over one prefill chunk of tokens, different per request.
+    return f"Request {i}: " + " ".join(f"word{i * 7 + k} and thing{k}" for k in range(20))
+
+
+def _chat(base_url: str, messages: list[dict[str, str]], **extra: Any) -> dict[str, Any]:
+    # Greedy and short: an equivalence check of two engines, not a client's body.
+    body = {"model": "m", "messages": messages, "max_tokens": 12, "temperature": 0, **extra}
+    response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def _session(base_url: str) -> list[tuple[str, int, str, int]]:
+    """Four concurrent first turns, then four concurrent second turns: each turn's text
+    and prompt tokens."""
+
+    def first(i: int) -> dict[str, Any]:
+        return _chat(base_url, [{"role": "user", "content": _prompt(i)}])
+
+    with ThreadPoolExecutor(4) as pool:
+        turns = list(pool.map(first, range(4)))
+
+    def second(i: int) -> dict[str, Any]:
+        text = turns[i]["choices"][0]["message"]["content"]
+        messages = [
+            {"role": "user", "content": _prompt(i)},
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": f"And then {i}? " + _prompt(i + 10)},
+        ]
+        return _chat(base_url, messages)
+
+    with ThreadPoolExecutor(4) as pool:
+        seconds = list(pool.map(second, range(4)))
+    return [
+        (
+            a["choices"][0]["message"]["content"],
+            a["usage"]["prompt_tokens"],
+            b["choices"][0]["message"]["content"],
+            b["usage"]["prompt_tokens"],
+        )
+        for a, b in zip(turns, seconds, strict=True)
+    ]
+
+
+@pytest.fixture(scope="module", params=LAYOUTS, ids=[f"{f}-{m}-{s}" for f, m, s in LAYOUTS])
+def servers(
+    request: pytest.FixtureRequest, model_dirs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[DistributedServer, RunningServer]]:
+    from compat_serve.models.loader import load_model
+
+    family, mode, speculative = request.param
+    path = model_dirs / family
+    group = start_distributed_server(
+        tmp_path_factory.mktemp("ranks"),
+        2,
+        ["--model", str(path), "--distributed", mode, "--speculative", speculative, *SERVER_ARGS],
+    )
+    one = start_server(
+        load_model(str(path)), prefix_cache=False, prefill_chunk=CHUNK, speculative=speculative
+    )
+    try:
+        yield group, one
+    finally:
+        one.stop()
+        exits = group.stop()
+        # SIGTERM on rank 0: it drains, stops the follower, and both exit cleanly.
+        assert [code for code, _ in exits] == [0, 0], exits
+        assert "rank 0 stopped; exiting" in exits[1][1]
+
+
+def test_server_session_matches_one_rank(
+    servers: tuple[DistributedServer, RunningServer],
+) -> None:
+    group, one = servers
+    with ThreadPoolExecutor(2) as pool:
+        distributed, single = pool.map(_session, [group.base_url, one.base_url])
+    assert distributed == single
+    assert all(prompt > CHUNK for _, prompt, _, _ in distributed)
+    assert len({text for text, _, _, _ in distributed}) > 1  # the prompts lead apart
+    speculation = httpx.get(f"{group.base_url}/v1/status", timeout=10).json()["speculation"]
+    if speculation["mode"] == "ngram":  # drafts were verified, some rejected (rolled back)
+        assert 0 < speculation["accepted_tokens"] < speculation["draft_tokens"], speculation
+
+
+def _aborted(base_url: str) -> int:
+    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith('compat_requests_total{outcome="aborted"}'):
+            return int(float(line.split()[-1]))
+    raise AssertionError("no aborted counter in /metrics")
+
+
+def _phases(base_url: str) -> list[str]:
+    status = httpx.get(f"{base_url}/v1/status", timeout=10).json()
+    return [row["phase"] for row in status["requests"]]
+
+
+def test_disconnects_leave_both_ranks_serving(
+    servers: tuple[DistributedServer, RunningServer],
+) -> None:
+    group, one = servers
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": _prompt(3) * 6}],  # ~20 prefill chunks
+        "max_tokens": 200,
+        "temperature": 0,
+        "stream": True,
+    }
+    url = f"{group.base_url}/v1/chat/completions"
+    aborted = _aborted(group.base_url)
+    # Mid-prefill: the client leaves while the prompt is being computed.
+    with httpx.Client(timeout=60) as client, client.stream("POST", url, json=body) as response:
+        assert response.status_code == 200
+        deadline = time.monotonic() + 30
+        while "prefill" not in _phases(group.base_url):
+            assert time.monotonic() < deadline, "never saw the request prefill"
+            time.sleep(0.02)
+    # Mid-decode: the client leaves after the first content.
+    with httpx.Client(timeout=60) as client, client.stream("POST", url, json=body) as response:
+        for line in response.iter_lines():
+            if '"content"' in line and '"content":""' not in line:
+                break
+    deadline = time.monotonic() + 30
+    while _aborted(group.base_url) < aborted + 2 or _phases(group.base_url):
+        assert time.monotonic() < deadline, "the disconnects did not abort both requests"
+        time.sleep(0.1)
+    assert all(process.poll() is None for process in group.ranks.processes)
+    messages = [{"role": "user", "content": _prompt(5)}]
+    after = _chat(group.base_url, messages)["choices"][0]["message"]["content"]
+    assert after == _chat(one.base_url, messages)["choices"][0]["message"]["content"]
+
+
+# ---- refusals before any weight is read ------------------------------------------------------
+
+
+def _config_only(root: Path, name: str, source: Path, **changes: Any) -> Path:
+    """A model directory with config.json alone: a rank that got as far as the weights
+    would fail with another message."""
+    out = root / name
+    out.mkdir()
+    config = {**json.loads((source / "config.json").read_text()), **changes}
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def test_each_misconfiguration_exits_before_loading(model_dirs: Path, tmp_path: Path) -> None:
+    llama, deepseek = model_dirs / "llama", model_dirs / "deepseek_v3"
+    heads3 = _config_only(tmp_path, "heads3", llama, num_attention_heads=3, num_key_value_heads=3)
+    kv1 = _config_only(tmp_path, "kv1", llama, num_key_value_heads=1)
+    one_layer = _config_only(tmp_path, "one-layer", deepseek, num_hidden_layers=1)
+    bare = _config_only(tmp_path, "bare", llama)
+    vision = _config_only(tmp_path, "vision", llama, vision_config={"model_type": "x"})
+    plain = ["--no-prefix-cache"]
+    cases: list[tuple[list[list[str]], str]] = [
+        ([["--model", str(heads3), "--distributed", "tensor", *plain]] * 2,
+         "3 attention heads cannot be split over 2 ranks"),
+        ([["--model", str(kv1), "--distributed", "tensor", *plain]] * 2,
+         "1 KV heads cannot be split over 2 ranks"),
+        ([["--model", str(bare), "--distributed", "pipeline", *plain]] * 2,
+         "mlx-lm cannot split llama models into a pipeline"),
+        ([["--model", str(one_layer), "--distributed", "pipeline", *plain]] * 2,
+         "1 layers cannot be split over 2 pipeline ranks"),
+        ([["--model", str(bare), "--distributed", "tensor", *plain],
+          ["--model", str(bare), "--distributed", "tensor", *plain, "--max-num-seqs", "8"]],
+         "rank 1 was started with a different model or flags than rank 0"),
+        ([["--model", str(bare), "--distributed", "tensor"]] * 2,
+         "needs --no-prefix-cache"),
+        ([["--model", str(bare), "--distributed", "tensor", *plain, "--speculative", "draft",
+           "--draft-model", str(bare)]] * 2,
+         "does not run --speculative draft yet"),
+        ([["--model", str(vision), "--distributed", "tensor", *plain]] * 2,
+         "--distributed does not run vision-language models yet"),
+        ([["--distributed", "tensor", *plain]] * 2,
+         "--distributed needs --model to name an mlx-lm model directory"),
+    ]  # fmt: skip
+    groups = [start_ranks(tmp_path, args) for args, _ in cases]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
+    alone = [
+        (
+            subprocess.Popen(
+                [sys.executable, "-m", "compat_serve.cli", "--model", str(bare),
+                 "--distributed", "tensor", *plain],
+                env={**env, **extra},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            ),
+            cause,
+        )
+        for extra, cause in [
+            ({}, "no MLX group in the environment; start every rank with mlx.launch"),
+            ({"MLX_RANK": "0"}, "MLX_HOSTFILE is not set"),
+        ]
+    ]  # fmt: skip
+    try:
+        outcomes = [
+            (group.wait(120), cause) for group, (_, cause) in zip(groups, cases, strict=True)
+        ]
+        outcomes += [([(p.wait(120), p.communicate()[0])], cause) for p, cause in alone]
+    finally:
+        for group in groups:
+            group.kill()
+    for ranks, cause in outcomes:
+        for rank, (code, output) in enumerate(ranks):
+            errors = [line for line in output.splitlines() if " ERROR " in line]
+            assert code != 0, (cause, output)
+            assert len(errors) == 1, (cause, output)
+            assert "loading model directory" not in output, (cause, output)
+            if rank == 0:
+                assert cause in errors[0], (cause, output)
+
+
+# ---- faults ------------------------------------------------------------------------------
+
+
+def test_a_lost_or_hung_rank_stops_the_group(model_dirs: Path, tmp_path: Path) -> None:
+    """kill -9 of the follower: rank 0 exits 3; kill -9 of rank 0: the follower exits 1.
+    A stopped (hung) follower: the watchdog fails rank 0's /health and it exits 3; a
+    stopped rank 0: the follower exits 1. Each within 30 s (the watchdog set to 3 s)."""
+    args = ["--model", str(model_dirs / "llama"), "--distributed", "tensor", *SERVER_ARGS]
+    env = {"COMPAT_DISTRIBUTED_WATCHDOG_S": "3"}
+    with ThreadPoolExecutor(4) as pool:
+        groups = list(
+            pool.map(lambda _: start_distributed_server(tmp_path, 2, args, env), range(4))
+        )
+    try:
+        status = httpx.get(f"{groups[0].base_url}/v1/status", timeout=10).json()
+        assert status["distributed"]["mode"] == "tensor"
+        assert status["distributed"]["world_size"] == 2
+        metrics = httpx.get(f"{groups[0].base_url}/metrics", timeout=10).text
+        assert 'compat_distributed_info{mode="tensor",rank="0",world_size="2"} 1' in metrics
+        groups[0].ranks.processes[1].kill()
+        groups[1].ranks.processes[0].kill()
+        groups[2].ranks.processes[1].send_signal(signal.SIGSTOP)
+        groups[3].ranks.processes[0].send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{groups[2].base_url}/health", timeout=10).status_code == 200:
+            assert time.monotonic() < deadline, "a hung follower left /health at 200"
+            time.sleep(0.2)
+        watched = [
+            (groups[0].ranks.processes[0], 3, "distributed: lost a rank"),
+            (groups[1].ranks.processes[1], 1, "rank 1: lost rank 0"),
+            (groups[2].ranks.processes[0], 3, "no message completed with the other ranks"),
+            (groups[3].ranks.processes[1], 1, "rank 1: nothing from rank 0"),
+        ]
+        for process, code, line in watched:
+            assert process.wait(30) == code, line
+            output = process.communicate()[0]
+            assert line in output, output
+    finally:
+        for group in groups:
+            group.ranks.kill()
