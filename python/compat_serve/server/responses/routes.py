@@ -12,7 +12,7 @@ from compat_serve.engine.types import FinishReason
 from compat_serve.server import sse
 from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError, generation_error
-from compat_serve.server.generation import admit_chat, server_state
+from compat_serve.server.generation import admit_chat, model_state
 from compat_serve.server.images import reads_images
 from compat_serve.server.lifecycle import shutdown_error
 from compat_serve.server.responses.adapter import plan_request
@@ -57,7 +57,7 @@ def _sse(event: Event) -> str:
 
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request) -> Any:
-    state = server_state(request)
+    state = await model_state(request, body.model)
     store, seal = _store(request.app), _seal(request.app)
     history: list[Any] = []
     if body.previous_response_id is not None:

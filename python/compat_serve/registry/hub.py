@@ -1,0 +1,428 @@
+"""Which configured models are resident, and the one place that loads and unloads them.
+
+- A request names a model; `acquire` routes the name (registry/routing.py) and returns
+  that model's `ServerState`, loading it first if it is cold. Concurrent requests for a
+  cold model share one load (one task, awaited by all).
+- Listing and polling routes read `slots` and never load anything.
+- Before a load, room is made under the memory budget: idle models past their TTL go
+  first, then the least recently used idle unpinned ones. A model with requests in
+  flight (or routed in the last `BUSY_GRACE_S`) is never evicted, so no request is
+  aborted; a load that finds no room waits up to `wait_timeout_s`, then fails
+  overloaded. A model larger than the whole budget fails at once, and is remembered.
+- A load that fails answers 500 with the loader's message once; later requests get 400
+  naming the failure until the model's files change.
+
+The MLX work (building a model's state, releasing its memory) is done by the `load` and
+`release` callables the bootstrap passes in; the hub only sequences it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from compat_serve.registry.entries import ModelEntry
+from compat_serve.registry.metrics import HubMetrics
+from compat_serve.registry.routing import ModelRegistry
+
+if TYPE_CHECKING:
+    from compat_serve.server.state import ServerState
+
+log = logging.getLogger("compat_serve.registry")
+
+# A model routed to this recently is treated as busy: its request is between routing and
+# the engine's queue.
+BUSY_GRACE_S = 2.0
+_POLL_S = 0.05
+
+
+class ModelRequestError(Exception):
+    """Why a request cannot have its model: `status` is the OpenAI-side HTTP status;
+    `overloaded` marks a wait for memory that timed out (529 on Anthropic routes)."""
+
+    def __init__(
+        self, status: int, message: str, *, code: str | None = None, overloaded: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.overloaded = status, message, code, overloaded
+
+
+@dataclass
+class ModelSlot:
+    entry: ModelEntry
+    state: ServerState | None = None
+    loading: asyncio.Task[ServerState] | None = None
+    unloading: bool = False
+    last_used: float = 0.0
+    loaded_at: float = 0.0
+    resident_bytes: int = 0
+    # Bytes measured at the last load (the next load's estimate).
+    measured_bytes: int | None = None
+    # Overrides from request bodies (Ollama keep_alive, LM Studio ttl).
+    ttl_s: float | None = None
+    pinned: bool = False
+    failure: str | None = None
+    failure_stamp: float | None = None
+
+    @property
+    def status(self) -> str:
+        if self.state is not None and not self.unloading:
+            return "loaded"
+        return "loading" if self.loading is not None else "unloaded"
+
+    @property
+    def in_flight(self) -> int:
+        return 0 if self.state is None else self.state.engine.in_flight
+
+    def busy(self, now: float) -> bool:
+        return self.in_flight > 0 or now - self.last_used < BUSY_GRACE_S
+
+    def expired(self, now: float) -> bool:
+        return self.ttl_s is not None and now - self.last_used >= self.ttl_s
+
+
+def _files_stamp(path: str | None) -> float | None:
+    """The newest modification time under a model path (None: the embedded model)."""
+    if path is None:
+        return None
+    try:
+        if os.path.isdir(path):
+            return max((e.stat().st_mtime for e in os.scandir(path)), default=0.0)
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+class ModelHub:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        load: Callable[[ModelEntry], ServerState],
+        release: Callable[[ServerState], None],
+        collect: Callable[[], None],
+        estimate: Callable[[ModelEntry], int],
+        *,
+        api_key: str | None = None,
+        max_request_bytes: int = 32 * 1024 * 1024,
+        budget_bytes: int | None = None,
+        wait_timeout_s: float = 300.0,
+    ) -> None:
+        self.registry = registry
+        self._load_fn, self._release_fn, self._estimate_fn = load, release, estimate
+        self._collect_fn = collect
+        self.api_key = api_key
+        self.max_request_bytes = max_request_bytes
+        self.budget_bytes = budget_bytes
+        self.wait_timeout_s = wait_timeout_s
+        self.slots = {
+            entry.id: ModelSlot(entry, ttl_s=entry.ttl_s, pinned=entry.pin)
+            for entry in registry.entries
+        }
+        self.metrics = HubMetrics(registry.ids)
+        self.draining = False
+        # Models too large for the budget: id -> the 400's message.
+        self._never_fits: dict[str, str] = {}
+        self._room_lock: asyncio.Lock | None = None
+        self._reaper: asyncio.Task[None] | None = None
+        self.engines_started = False
+
+    @classmethod
+    def of_one(cls, state: ServerState) -> ModelHub:
+        """A hub around an already built state (tests and embedders that build their
+        own): single-model mode, the model pinned and never reloaded."""
+        entry = ModelEntry(
+            state.served_model_name,
+            state.engine.model.source,
+            pin=True,
+            preload=True,
+            default=True,
+            origin="--model",
+        )
+        hub = cls(
+            ModelRegistry([entry], strict=state.strict_model_names),
+            load=_cannot_reload,
+            release=lambda s: s.engine.shutdown(),
+            collect=lambda: None,
+            estimate=lambda _: 0,
+            api_key=state.api_key,
+            max_request_bytes=state.max_request_bytes,
+        )
+        hub.adopt(entry.id, state)
+        return hub
+
+    # ---- resident models -------------------------------------------------------------
+
+    def adopt(self, model_id: str, state: ServerState) -> None:
+        """Make an already built state resident (preloaded at start, or a test's)."""
+        slot = self.slots[model_id]
+        slot.state = state
+        slot.loaded_at = slot.last_used = time.monotonic()
+        slot.resident_bytes = slot.measured_bytes = resident_bytes(state)
+        self.metrics.loads.inc(model=model_id)
+        self.metrics.set_resident(model_id, slot.resident_bytes)
+        if self.engines_started:
+            state.engine.start()
+
+    def resident(self) -> list[ModelSlot]:
+        return [slot for slot in self.slots.values() if slot.status == "loaded"]
+
+    def front_state(self) -> ServerState | None:
+        """The default model's state if resident, else the most recently used resident
+        one, else None: what single-model routes (/props, /metrics, /v1/status) show."""
+        default = self.slots[self.registry.default.id]
+        if default.status == "loaded":
+            return default.state
+        resident = sorted(self.resident(), key=lambda s: s.last_used, reverse=True)
+        return resident[0].state if resident else None
+
+    @property
+    def in_flight(self) -> int:
+        return sum(slot.in_flight for slot in self.slots.values())
+
+    def start(self) -> None:
+        """Start every resident engine (the app's lifespan) and the TTL reaper."""
+        self.engines_started = True
+        for slot in self.resident():
+            assert slot.state is not None
+            slot.state.engine.start()
+        self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    def shutdown(self) -> None:
+        """Stop every engine (in-flight requests end with FinishReason.SHUTDOWN)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for slot in self.slots.values():
+            if slot.state is not None:
+                slot.state.engine.shutdown()
+
+    def set_draining(self) -> None:
+        self.draining = True
+        for slot in self.slots.values():
+            if slot.state is not None:
+                slot.state.draining = True
+
+    # ---- requests --------------------------------------------------------------------
+
+    def route(self, name: str | None) -> ModelEntry:
+        entry = self.registry.route(name)
+        if entry is None:
+            raise ModelRequestError(
+                404,
+                f"model {name!r} not found; this server serves "
+                + ", ".join(repr(i) for i in self.registry.ids),
+                code="model_not_found",
+            )
+        return entry
+
+    async def acquire(
+        self, name: str | None, lifetime: Mapping[str, Any] | None = None
+    ) -> ServerState:
+        """The state serving a request for `name`, loading its model if it is cold.
+        `lifetime`: the body's `keep_alive` (Ollama) or `ttl` (LM Studio), if any."""
+        entry = self.route(name)
+        keep = parse_lifetime(lifetime) if lifetime else None
+        state = await self.ensure_loaded(entry)
+        if keep is not None:
+            slot = self.slots[entry.id]
+            # -1 keeps it resident; a client never unpins a model its config pins.
+            slot.pinned = entry.pin or keep < 0
+            slot.ttl_s = None if keep < 0 else keep
+        return state
+
+    async def ensure_loaded(self, entry: ModelEntry) -> ServerState:
+        slot = self.slots[entry.id]
+        while True:
+            if slot.state is not None and not slot.unloading:
+                slot.last_used = time.monotonic()
+                return slot.state
+            if slot.unloading:
+                await asyncio.sleep(_POLL_S)
+                continue
+            if slot.loading is None:
+                self._check_loadable(slot)
+                slot.loading = asyncio.get_running_loop().create_task(self._load(slot))
+            # shield: a request that goes away does not cancel the load others await.
+            await asyncio.shield(slot.loading)
+
+    def _check_loadable(self, slot: ModelSlot) -> None:
+        model_id = slot.entry.id
+        if model_id in self._never_fits:
+            raise ModelRequestError(400, self._never_fits[model_id], code="model_too_large")
+        if slot.failure is not None:
+            if _files_stamp(slot.entry.path) == slot.failure_stamp:
+                raise ModelRequestError(
+                    400,
+                    f"model {model_id!r} failed to load: {slot.failure}",
+                    code="model_load_failed",
+                )
+            slot.failure = None  # its files changed: try again
+
+    async def _load(self, slot: ModelSlot) -> ServerState:
+        entry = slot.entry
+        try:
+            await self._make_room(slot)
+            started = time.monotonic()
+            log.info("loading model %s (%s)", entry.id, entry.path or "embedded")
+            try:
+                state = await asyncio.to_thread(self._load_fn, entry)
+            except (OSError, ValueError, RuntimeError) as exc:
+                slot.failure, slot.failure_stamp = str(exc), _files_stamp(entry.path)
+                log.error("model %s failed to load: %s", entry.id, exc)
+                raise ModelRequestError(
+                    500, f"model {entry.id!r} failed to load: {exc}", code="model_load_failed"
+                ) from exc
+            if self.draining:
+                state.draining = True
+            self.adopt(entry.id, state)
+            if not self.engines_started:
+                state.engine.start()
+            seconds = time.monotonic() - started
+            self.metrics.load_seconds.observe(seconds)
+            log.info(
+                "model %s loaded in %.1fs (%.0f MiB resident)",
+                entry.id,
+                seconds,
+                slot.resident_bytes / 2**20,
+            )
+            return state
+        finally:
+            slot.loading = None
+
+    # ---- memory ----------------------------------------------------------------------
+
+    def estimate(self, slot: ModelSlot) -> int:
+        if slot.measured_bytes is not None:
+            return slot.measured_bytes
+        return self._estimate_fn(slot.entry)
+
+    def resident_total(self) -> int:
+        return sum(s.resident_bytes for s in self.slots.values() if s.state is not None)
+
+    async def _make_room(self, slot: ModelSlot) -> None:
+        budget = self.budget_bytes
+        if budget is None:
+            return
+        need = self.estimate(slot)
+        if need > budget:
+            message = (
+                f"model {slot.entry.id!r} needs about {_gib(need)} (weights, KV and prefix "
+                f"cache) and can never fit the memory budget of {_gib(budget)} "
+                "(--memory-budget)"
+            )
+            self._never_fits[slot.entry.id] = message
+            raise ModelRequestError(400, message, code="model_too_large")
+        if self._room_lock is None:
+            self._room_lock = asyncio.Lock()
+        deadline = time.monotonic() + self.wait_timeout_s
+        async with self._room_lock:
+            while self.resident_total() + need > budget:
+                victim = self._victim()
+                if victim is not None:
+                    await self.unload(
+                        victim.entry.id, "ttl" if victim.expired(time.monotonic()) else "lru"
+                    )
+                    continue
+                if time.monotonic() >= deadline:
+                    raise ModelRequestError(
+                        503,
+                        f"no memory for model {slot.entry.id!r}: the resident models are busy "
+                        f"({_gib(self.resident_total())} of {_gib(budget)}); retry later",
+                        overloaded=True,
+                    )
+                await asyncio.sleep(_POLL_S)
+
+    def _victim(self) -> ModelSlot | None:
+        """Expired TTL first, then the least recently used, among idle unpinned models."""
+        now = time.monotonic()
+        idle = [s for s in self.resident() if not s.pinned and not s.busy(now)]
+        if not idle:
+            return None
+        expired = [s for s in idle if s.expired(now)]
+        return min(expired or idle, key=lambda s: s.last_used)
+
+    async def unload(self, model_id: str, reason: str, *, wait_s: float | None = None) -> bool:
+        """Unload a resident model once its requests have finished (waiting up to
+        `wait_s`, default the hub's wait timeout); False if it was not resident."""
+        slot = self.slots[model_id]
+        if slot.loading is not None:
+            await asyncio.shield(slot.loading)
+        if slot.state is None or slot.unloading:
+            return False
+        slot.unloading = True
+        try:
+            deadline = time.monotonic() + (self.wait_timeout_s if wait_s is None else wait_s)
+            while slot.in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(_POLL_S)
+            if slot.in_flight:
+                raise ModelRequestError(
+                    503, f"model {model_id!r} still has requests in flight", overloaded=True
+                )
+            state, slot.state = slot.state, None
+            await asyncio.to_thread(self._release_fn, state)
+            del state  # the hub's last reference: the weights and KV can go
+            await asyncio.to_thread(self._collect_fn)
+        finally:
+            slot.unloading = False
+        slot.resident_bytes = 0
+        self.metrics.set_resident(model_id, 0)
+        self.metrics.evictions.inc(model=model_id, reason=reason)
+        log.info("model %s unloaded (%s)", model_id, reason)
+        return True
+
+    async def _reap(self) -> None:
+        """Unload idle models whose TTL has passed, once a second."""
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for slot in self.resident():
+                if not slot.pinned and slot.expired(now) and not slot.busy(now):
+                    with contextlib.suppress(ModelRequestError):  # busy again: next round
+                        await self.unload(slot.entry.id, "ttl", wait_s=0)
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_lifetime(body: Mapping[str, Any]) -> float | None:
+    """Seconds a request asks its model to stay resident when idle (negative: forever):
+    Ollama's `keep_alive` (seconds, or a duration such as "5m"; 0 unloads once idle, -1
+    pins) or LM Studio's `ttl` (seconds). None when the body sets neither or a value is
+    not understood."""
+    value = body.get("keep_alive", body.get("ttl"))
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
+            if text.endswith(unit):
+                try:
+                    return float(text[: -len(unit)]) * _DURATION_UNITS[unit]
+                except ValueError:
+                    return None
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    return None
+
+
+def _cannot_reload(entry: ModelEntry) -> ServerState:
+    raise RuntimeError(f"model {entry.id!r} was built by its embedder and cannot be reloaded")
+
+
+def resident_bytes(state: ServerState) -> int:
+    """What a model holds at most: its weights, its live-KV budget and its prefix cache."""
+    memory = state.engine.memory
+    return int(memory.weights + memory.kv + memory.cache)
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"

@@ -1,0 +1,196 @@
+"""Several models in one server (#27), real servers: two copies of the embedded model
+under `--models-dir`, a `--models` file with Claude Code's names as aliases, and a
+budget no model fits. Each model loads in a few seconds; prompts are short."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from compat_serve.bootstrap import ServeOptions
+from compat_serve.models.embedded import embedded_model_path
+from compat_serve.serve_models import ModelFlags, build_hub
+from compat_serve.server.app import create_app
+from tests.conftest import RunningServer, run_app
+
+# Small KV and prefix-cache budgets: two copies of the 135M model fit the default budget.
+SMALL = {"kv_memory": "64MB", "cache_memory": "64MB"}
+# A repeated prompt of ~200 tokens: 12 blocks of 16 tokens for the disk tier to hold.
+LONG_PROMPT = (
+    "Here is a list of facts about the solar system. "
+    + " ".join(f"Fact {i}: planet number {i % 8 + 1} orbits the sun." for i in range(18))
+    + " Which planet is the largest?"
+)
+
+
+def _serve(options: ServeOptions, flags: ModelFlags) -> RunningServer:
+    hub = build_hub(options, flags)
+    return run_app(create_app(hub), hub)
+
+
+def _loads(base: str, model: str) -> float:
+    text = httpx.get(f"{base}/metrics").text
+    needle = f'compat_model_loads_total{{model="{model}"}} '
+    (line,) = [line for line in text.splitlines() if line.startswith(needle)]
+    return float(line.removeprefix(needle))
+
+
+def _states(base: str) -> dict[str, str]:
+    return {card["id"]: card["state"] for card in httpx.get(f"{base}/v1/models").json()["data"]}
+
+
+def _message(base: str, model: str, text: str, max_tokens: int = 8) -> httpx.Response:
+    return httpx.post(
+        f"{base}/v1/messages",
+        json={
+            "model": model,
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": text}],
+        },
+        timeout=120,
+    )
+
+
+def _prompt_tokens(usage: dict[str, int]) -> int:
+    """Anthropic's usage splits the prompt: uncached, read from cache, written to it."""
+    return (
+        usage["input_tokens"]
+        + usage["cache_read_input_tokens"]
+        + usage["cache_creation_input_tokens"]
+    )
+
+
+@pytest.fixture(scope="module")
+def dir_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    root = tmp_path_factory.mktemp("models")
+    for name in ("alpha", "beta"):
+        (root / f"{name}.gguf").symlink_to(embedded_model_path())
+    cache = tmp_path_factory.mktemp("cache")
+    running = _serve(ServeOptions(cache_dir=str(cache), **SMALL), ModelFlags(models_dir=str(root)))
+    yield running
+    running.stop()
+
+
+def test_models_dir_lists_every_model_and_polling_loads_none(dir_server: RunningServer) -> None:
+    base = dir_server.base_url
+    for _ in range(2):
+        assert httpx.get(f"{base}/health").status_code == 200
+        assert _states(base) == {"alpha": "unloaded", "beta": "unloaded"}
+        assert httpx.get(f"{base}/api/ps").json() == {"models": []}
+        status = httpx.get(f"{base}/v1/status").json()
+        assert [(m["id"], m["state"]) for m in status["models"]] == [
+            ("alpha", "unloaded"),
+            ("beta", "unloaded"),
+        ]
+        tags = httpx.get(f"{base}/api/tags").json()["models"]
+        assert [t["name"] for t in tags] == ["alpha:latest", "beta:latest"]
+        lmstudio = httpx.get(f"{base}/api/v0/models").json()["data"]
+        assert [m["state"] for m in lmstudio] == ["not-loaded", "not-loaded"]
+        llama = httpx.get(f"{base}/models").json()["data"]
+        assert [m["status"]["value"] for m in llama] == ["unloaded", "unloaded"]
+        assert _loads(base, "alpha") == 0 and _loads(base, "beta") == 0
+
+
+def test_concurrent_requests_share_one_load_then_unload_keeps_the_disk_cache(
+    dir_server: RunningServer,
+) -> None:
+    base = dir_server.base_url
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        replies = list(pool.map(lambda i: _message(base, "beta", f"Say {i}."), range(6)))
+    assert [r.status_code for r in replies] == [200] * 6, replies[0].text
+    assert _loads(base, "beta") == 1
+    assert _states(base) == {"alpha": "unloaded", "beta": "loaded"}
+    assert [m["name"] for m in httpx.get(f"{base}/api/ps").json()["models"]] == ["beta:latest"]
+
+    first = _message(base, "beta", LONG_PROMPT)
+    assert first.status_code == 200
+    assert _prompt_tokens(first.json()["usage"]) > 150
+
+    unloaded = httpx.post(f"{base}/models/unload", json={"model": "beta"}, timeout=60)
+    assert unloaded.json() == {"success": True}
+    assert httpx.get(f"{base}/api/ps").json() == {"models": []}
+    assert _states(base)["beta"] == "unloaded"
+    metrics = httpx.get(f"{base}/metrics").text
+    assert 'compat_model_evictions_total{model="beta",reason="request"} 1' in metrics
+
+    again = _message(base, "beta", LONG_PROMPT).json()["usage"]
+    assert _loads(base, "beta") == 2
+    assert again["cache_read_input_tokens"] >= 0.9 * _prompt_tokens(again), again
+
+
+def test_control_calls_name_models_by_id_and_refuse_unknown_ones(
+    dir_server: RunningServer,
+) -> None:
+    base = dir_server.base_url
+    missing = httpx.post(f"{base}/models/load", json={"model": "gamma"})
+    assert missing.status_code == 404
+    assert "alpha, beta" in missing.json()["error"]["message"]
+    assert httpx.post(f"{base}/models/load", json={}).status_code == 400
+    assert httpx.post(f"{base}/models/load", content=b"[").status_code == 400
+    assert (
+        httpx.post(f"{base}/api/v1/models/load", json={"model": "alpha", "ttl": -1}).status_code
+        == 400
+    )
+    # Unloading a model that is not resident succeeds and changes nothing.
+    assert httpx.post(f"{base}/api/v1/models/unload", json={"model": "alpha"}).json()["success"]
+    assert _states(base)["alpha"] == "unloaded"
+
+
+CLAUDE_MODELS = """\
+models:
+  - id: main
+    path: {path}
+    aliases: ["claude-*sonnet*", "claude-*opus*"]
+    default: true
+    kv_memory: 64MB
+    cache_memory: 64MB
+  - id: fast
+    path: {path}
+    aliases: ["claude-*haiku*"]
+    kv_memory: 64MB
+    cache_memory: 64MB
+"""
+
+
+def test_claude_code_names_route_to_their_models(tmp_path: Path) -> None:
+    file = tmp_path / "models.yaml"
+    file.write_text(CLAUDE_MODELS.format(path=embedded_model_path()))
+    running = _serve(ServeOptions(), ModelFlags(models_file=str(file)))
+    base = running.base_url
+    try:
+        reply = _message(base, "claude-haiku-4-5-20251001", "Title: hello")
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["model"] == "claude-haiku-4-5-20251001"
+        assert _states(base) == {"main": "unloaded", "fast": "loaded"}
+        assert _message(base, "claude-sonnet-4-5-20250929", "Hi").status_code == 200
+        assert _states(base) == {"main": "loaded", "fast": "loaded"}
+        assert (_loads(base, "main"), _loads(base, "fast")) == (1, 1)
+    finally:
+        running.stop()
+
+
+def test_a_model_larger_than_the_budget_fails_fast_and_the_server_lives(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "only.gguf").symlink_to(embedded_model_path())
+    running = _serve(
+        ServeOptions(**SMALL), ModelFlags(models_dir=str(tmp_path), memory_budget="1MB")
+    )
+    base = running.base_url
+    try:
+        for _ in range(2):  # remembered: the second answer is the same 400
+            started = time.monotonic()
+            reply = _message(base, "only", "Hi")
+            assert time.monotonic() - started < 5
+            assert reply.status_code == 400
+            message = reply.json()["error"]["message"]
+            assert "can never fit the memory budget of 1 MiB" in message, message
+        assert httpx.get(f"{base}/health").status_code == 200
+        assert _loads(base, "only") == 0
+    finally:
+        running.stop()
