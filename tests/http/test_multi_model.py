@@ -18,8 +18,6 @@ from compat_serve.serve_models import ModelFlags, build_hub
 from compat_serve.server.app import create_app
 from tests.conftest import RunningServer, run_app
 
-# Small KV and prefix-cache budgets: two copies of the 135M model fit the default budget.
-SMALL = {"kv_memory": "64MB", "cache_memory": "64MB"}
 # A repeated prompt of ~200 tokens: 12 blocks of 16 tokens for the disk tier to hold.
 LONG_PROMPT = (
     "Here is a list of facts about the solar system. "
@@ -71,7 +69,10 @@ def dir_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServ
     for name in ("alpha", "beta"):
         (root / f"{name}.gguf").symlink_to(embedded_model_path())
     cache = tmp_path_factory.mktemp("cache")
-    running = _serve(ServeOptions(cache_dir=str(cache), **SMALL), ModelFlags(models_dir=str(root)))
+    running = _serve(
+        ServeOptions(cache_dir=str(cache), kv_memory="64MB", cache_memory="64MB"),
+        ModelFlags(models_dir=str(root)),
+    )
     yield running
     running.stop()
 
@@ -179,7 +180,8 @@ def test_a_model_larger_than_the_budget_fails_fast_and_the_server_lives(
 ) -> None:
     (tmp_path / "only.gguf").symlink_to(embedded_model_path())
     running = _serve(
-        ServeOptions(**SMALL), ModelFlags(models_dir=str(tmp_path), memory_budget="1MB")
+        ServeOptions(kv_memory="64MB", cache_memory="64MB"),
+        ModelFlags(models_dir=str(tmp_path), memory_budget="1MB"),
     )
     base = running.base_url
     try:
