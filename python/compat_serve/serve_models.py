@@ -109,7 +109,10 @@ def build_hub(base: ServeOptions, flags: ModelFlags) -> ModelHub:
     if flags.models_dir is not None:
         entries += entries_from_dir(flags.models_dir)
     for entry in entries:  # every model's options, checked before anything loads
-        check_serve_options(entry_options(base, entry))
+        try:
+            check_serve_options(entry_options(base, entry))
+        except (ValueError, RuntimeError) as exc:
+            raise ValueError(f"{entry.origin}: model {entry.id!r}: {exc}") from exc
     budget = memory_budget(flags.memory_budget) if entries else None
     single_state = None
     if base.model is not None or not entries:
