@@ -104,6 +104,7 @@ bench-python: build
 	$(PY) benches/kv_quant.py
 	$(PY) benches/example_copy.py
 	$(PY) benches/json_object_ends.py
+	$(PY) benches/multi_model.py
 
 clean:
 	cargo clean

@@ -213,3 +213,18 @@ def test_keep_alive_and_ttl_set_the_idle_time() -> None:
         assert not hub.slots["a"].pinned and hub.slots["a"].ttl_s == 30
 
     asyncio.run(run())
+
+
+def test_a_load_larger_than_its_estimate_evicts_idle_models_after_it() -> None:
+    loader = _Loader({"a": 4 * MIB, "b": 4 * MIB})
+    hub = _hub(loader, [ModelEntry("a", None), ModelEntry("b", None)], budget=6 * MIB)
+    hub._estimate_fn = lambda entry: MIB  # files smaller than the loaded weights
+
+    async def run() -> None:
+        await hub.acquire("a")
+        _age(hub, "a", 10)
+        await hub.acquire("b")
+
+    asyncio.run(run())
+    assert [s.entry.id for s in hub.resident()] == ["b"]
+    assert hub.metrics.evictions.value(model="a", reason="lru") == 1

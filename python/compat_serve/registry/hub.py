@@ -280,6 +280,7 @@ class ModelHub:
             if self.draining:
                 state.draining = True
             self.adopt(entry.id, state)
+            await self._trim()
             if not self.engines_started:
                 state.engine.start()
             seconds = time.monotonic() - started
@@ -336,6 +337,21 @@ class ModelHub:
                         overloaded=True,
                     )
                 await asyncio.sleep(_POLL_S)
+
+    async def _trim(self) -> None:
+        """After a load measured more than its estimate (a GGUF file is smaller than its
+        weights as loaded): unload idle models until the budget holds again."""
+        budget = self.budget_bytes
+        while budget is not None and self.resident_total() > budget:
+            victim = self._victim()
+            if victim is None:
+                log.warning(
+                    "resident models take %s, over the %s budget; all are busy or pinned",
+                    _gib(self.resident_total()),
+                    _gib(budget),
+                )
+                return
+            await self.unload(victim.entry.id, "lru")
 
     def _victim(self) -> ModelSlot | None:
         """Expired TTL first, then the least recently used, among idle unpinned models."""
