@@ -8,15 +8,20 @@ import concurrent.futures
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
 from compat_serve.bootstrap import ServeOptions
+from compat_serve.engine.memory import weights_nbytes
 from compat_serve.models.embedded import embedded_model_path
 from compat_serve.serve_models import ModelFlags, build_hub
 from compat_serve.server.app import create_app
 from tests.conftest import RunningServer, run_app
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
 
 # A repeated prompt of ~200 tokens: 12 blocks of 16 tokens for the disk tier to hold.
 LONG_PROMPT = (
@@ -194,5 +199,33 @@ def test_a_model_larger_than_the_budget_fails_fast_and_the_server_lives(
             assert "can never fit the memory budget of 1 MiB" in message, message
         assert httpx.get(f"{base}/health").status_code == 200
         assert _loads(base, "only") == 0
+    finally:
+        running.stop()
+
+
+def test_alternating_requests_under_a_one_model_budget_all_answer(
+    tmp_path: Path, embedded_model: LoadedModel
+) -> None:
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.gguf").symlink_to(embedded_model_path())
+    one_model = weights_nbytes(embedded_model.model) + 2 * 64 * 10**6  # weights, KV, cache
+    running = _serve(
+        ServeOptions(kv_memory="64MB", cache_memory="64MB"),
+        ModelFlags(models_dir=str(tmp_path), memory_budget=str(int(one_model * 1.5))),
+    )
+    base = running.base_url
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            # Two at once, one per model: the second waits for the first to finish.
+            pair = list(pool.map(lambda m: _message(base, m, "Hi"), ["a", "b"]))
+        assert [r.status_code for r in pair] == [200, 200], pair[0].text
+        for model in ["a", "b", "a"]:
+            reply = _message(base, model, "Hi")
+            assert reply.status_code == 200, reply.text
+            resident = [m["name"] for m in httpx.get(f"{base}/api/ps").json()["models"]]
+            assert resident == [f"{model}:latest"]
+        assert _loads(base, "a") + _loads(base, "b") >= 4
+        evictions = httpx.get(f"{base}/metrics").text.count('reason="lru"} 1')
+        assert evictions >= 1
     finally:
         running.stop()

@@ -109,14 +109,23 @@ def test_lru_idle_models_make_room_and_busy_or_pinned_ones_stay() -> None:
         _age(hub, "b", 10)
         await hub.acquire("c")  # evicts a (least recently used, idle, unpinned)
         assert [s.entry.id for s in hub.resident()] == ["b", "c", "p"]
-        # b busy, c just used, p pinned: nothing can go; a waits, then is overloaded.
+        # b busy, c leased by a request, p pinned: nothing can go; a waits, then is
+        # overloaded.
         hub.slots["b"].state.engine.in_flight = 1  # type: ignore[union-attr]
+        leases: list[Any] = []
+        await hub.acquire("c", leases=leases)
         with pytest.raises(ModelRequestError) as caught:
             await hub.acquire("a")
         assert caught.value.overloaded and caught.value.status == 503
 
+        hub.release(leases)
+        _age(hub, "c", 40)  # c is idle now and the least recently used: it goes
+        await hub.acquire("a")
+        assert [s.entry.id for s in hub.resident()] == ["a", "b", "p"]
+
     asyncio.run(run())
     assert hub.metrics.evictions.value(model="a", reason="lru") == 1
+    assert hub.metrics.evictions.value(model="c", reason="lru") == 1
     assert hub.metrics.evictions.value(model="b", reason="lru") == 0
 
 
@@ -228,3 +237,22 @@ def test_a_load_larger_than_its_estimate_evicts_idle_models_after_it() -> None:
     asyncio.run(run())
     assert [s.entry.id for s in hub.resident()] == ["b"]
     assert hub.metrics.evictions.value(model="a", reason="lru") == 1
+
+
+def test_a_request_lease_keeps_its_model_until_released() -> None:
+    loader = _Loader({"a": 4 * MIB, "b": 4 * MIB})
+    hub = _hub(loader, [ModelEntry("a", None), ModelEntry("b", None)], budget=6 * MIB)
+
+    async def run() -> None:
+        leases: list[Any] = []
+        await hub.acquire("a", leases=leases)
+        _age(hub, "a", 60)
+        waiting = asyncio.ensure_future(hub.acquire("b"))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # a's request is still being answered
+        assert hub.slots["a"].status == "loaded"
+        hub.release(leases)
+        await asyncio.wait_for(waiting, 2)
+
+    asyncio.run(run())
+    assert [s.entry.id for s in hub.resident()] == ["b"]

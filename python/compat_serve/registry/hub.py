@@ -6,9 +6,11 @@
 - Listing and polling routes read `slots` and never load anything.
 - Before a load, room is made under the memory budget: idle models past their TTL go
   first, then the least recently used idle unpinned ones. A model with requests in
-  flight (or routed in the last `BUSY_GRACE_S`) is never evicted, so no request is
-  aborted; a load that finds no room waits up to `wait_timeout_s`, then fails
-  overloaded. A model larger than the whole budget fails at once, and is remembered.
+  flight is never evicted, so no request is aborted: a request holds a lease on its
+  model from routing until its response ends (the app's middleware releases it), and
+  the engine's in-flight count covers the rest. A load that finds no room waits up to
+  `wait_timeout_s`, then fails overloaded. A model larger than the whole budget fails at
+  once, and is remembered.
 - A load that fails answers 500 with the loader's message once; later requests get 400
   naming the failure until the model's files change.
 
@@ -36,9 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("compat_serve.registry")
 
-# A model routed to this recently is treated as busy: its request is between routing and
-# the engine's queue.
-BUSY_GRACE_S = 2.0
 _POLL_S = 0.05
 
 
@@ -69,6 +68,8 @@ class ModelSlot:
     pinned: bool = False
     failure: str | None = None
     failure_stamp: float | None = None
+    # HTTP requests routed here whose responses have not ended.
+    leases: int = 0
 
     @property
     def status(self) -> str:
@@ -80,8 +81,8 @@ class ModelSlot:
     def in_flight(self) -> int:
         return 0 if self.state is None else self.state.engine.in_flight
 
-    def busy(self, now: float) -> bool:
-        return self.in_flight > 0 or now - self.last_used < BUSY_GRACE_S
+    def busy(self) -> bool:
+        return self.in_flight > 0 or self.leases > 0
 
     def expired(self, now: float) -> bool:
         return self.ttl_s is not None and now - self.last_used >= self.ttl_s
@@ -112,10 +113,13 @@ class ModelHub:
         max_request_bytes: int = 32 * 1024 * 1024,
         budget_bytes: int | None = None,
         wait_timeout_s: float = 300.0,
+        start: Callable[[ServerState], None] | None = None,
     ) -> None:
         self.registry = registry
         self._load_fn, self._release_fn, self._estimate_fn = load, release, estimate
         self._collect_fn = collect
+        # Starts a model's engine (serve_models: on the one engine host thread).
+        self._start_fn = start or (lambda state: state.engine.start())
         self.api_key = api_key
         self.max_request_bytes = max_request_bytes
         self.budget_bytes = budget_bytes
@@ -128,9 +132,11 @@ class ModelHub:
         self.draining = False
         # Models too large for the budget: id -> the 400's message.
         self._never_fits: dict[str, str] = {}
-        self._room_lock: asyncio.Lock | None = None
+        self._load_lock: asyncio.Lock | None = None
         self._reaper: asyncio.Task[None] | None = None
         self.engines_started = False
+        # Largest measured / estimated size seen at a load.
+        self._growth = 1.0
 
     @classmethod
     def of_one(cls, state: ServerState) -> ModelHub:
@@ -158,16 +164,18 @@ class ModelHub:
 
     # ---- resident models -------------------------------------------------------------
 
-    def adopt(self, model_id: str, state: ServerState) -> None:
+    def adopt(self, model_id: str, state: ServerState, estimate: int | None = None) -> None:
         """Make an already built state resident (preloaded at start, or a test's)."""
         slot = self.slots[model_id]
         slot.state = state
         slot.loaded_at = slot.last_used = time.monotonic()
         slot.resident_bytes = slot.measured_bytes = resident_bytes(state)
+        if estimate:
+            self._growth = max(self._growth, slot.resident_bytes / estimate)
         self.metrics.loads.inc(model=model_id)
         self.metrics.set_resident(model_id, slot.resident_bytes)
         if self.engines_started:
-            state.engine.start()
+            self._start_fn(state)
 
     def resident(self) -> list[ModelSlot]:
         return [slot for slot in self.slots.values() if slot.status == "loaded"]
@@ -190,7 +198,7 @@ class ModelHub:
         self.engines_started = True
         for slot in self.resident():
             assert slot.state is not None
-            slot.state.engine.start()
+            self._start_fn(slot.state)
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
 
     def shutdown(self) -> None:
@@ -221,15 +229,23 @@ class ModelHub:
         return entry
 
     async def acquire(
-        self, name: str | None, lifetime: Mapping[str, Any] | None = None
+        self,
+        name: str | None,
+        lifetime: Mapping[str, Any] | None = None,
+        leases: list[ModelSlot] | None = None,
     ) -> ServerState:
         """The state serving a request for `name`, loading its model if it is cold.
-        `lifetime`: the body's `keep_alive` (Ollama) or `ttl` (LM Studio), if any."""
+        `lifetime`: the body's `keep_alive` (Ollama) or `ttl` (LM Studio), if any.
+        `leases`: the request's list; the model stays resident until its owner calls
+        `release` on what it holds."""
         entry = self.route(name)
         keep = parse_lifetime(lifetime) if lifetime else None
+        slot = self.slots[entry.id]
+        if leases is not None:
+            slot.leases += 1  # before the load: a load that makes room never evicts it
+            leases.append(slot)
         state = await self.ensure_loaded(entry)
         if keep is not None:
-            slot = self.slots[entry.id]
             # -1 keeps it resident; a client never unpins a model its config pins.
             slot.pinned = entry.pin or keep < 0
             slot.ttl_s = None if keep < 0 else keep
@@ -250,6 +266,13 @@ class ModelHub:
             # shield: a request that goes away does not cancel the load others await.
             await asyncio.shield(slot.loading)
 
+    @staticmethod
+    def release(leases: list[ModelSlot]) -> None:
+        """End a request's leases (its response is over)."""
+        for slot in leases:
+            slot.leases -= 1
+        leases.clear()
+
     def _check_loadable(self, slot: ModelSlot) -> None:
         model_id = slot.entry.id
         if model_id in self._never_fits:
@@ -264,51 +287,69 @@ class ModelHub:
             slot.failure = None  # its files changed: try again
 
     async def _load(self, slot: ModelSlot) -> ServerState:
-        entry = slot.entry
+        """One model's load. Loads run one at a time: each sees the sizes the previous
+        one measured, and two loads never hold their peak memory together."""
+        if self._load_lock is None:
+            self._load_lock = asyncio.Lock()
         try:
-            await self._make_room(slot)
-            started = time.monotonic()
-            log.info("loading model %s (%s)", entry.id, entry.path or "embedded")
-            try:
-                state = await asyncio.to_thread(self._load_fn, entry)
-            except (OSError, ValueError, RuntimeError) as exc:
-                slot.failure, slot.failure_stamp = str(exc), _files_stamp(entry.path)
-                log.error("model %s failed to load: %s", entry.id, exc)
-                raise ModelRequestError(
-                    500, f"model {entry.id!r} failed to load: {exc}", code="model_load_failed"
-                ) from exc
-            if self.draining:
-                state.draining = True
-            self.adopt(entry.id, state)
-            await self._trim()
-            if not self.engines_started:
-                state.engine.start()
-            seconds = time.monotonic() - started
-            self.metrics.load_seconds.observe(seconds)
-            log.info(
-                "model %s loaded in %.1fs (%.0f MiB resident)",
-                entry.id,
-                seconds,
-                slot.resident_bytes / 2**20,
-            )
-            return state
+            async with self._load_lock:
+                return await self._load_now(slot)
         finally:
             slot.loading = None
+
+    async def _load_now(self, slot: ModelSlot) -> ServerState:
+        entry = slot.entry
+        estimate = await self._make_room(slot)
+        started = time.monotonic()
+        log.info("loading model %s (%s)", entry.id, entry.path or "embedded")
+        try:
+            state = await asyncio.to_thread(self._load_fn, entry)
+        except (OSError, ValueError, RuntimeError) as exc:
+            slot.resident_bytes = 0
+            slot.failure, slot.failure_stamp = str(exc), _files_stamp(entry.path)
+            log.error("model %s failed to load: %s", entry.id, exc)
+            raise ModelRequestError(
+                500, f"model {entry.id!r} failed to load: {exc}", code="model_load_failed"
+            ) from exc
+        if self.draining:
+            state.draining = True
+        self.adopt(entry.id, state, estimate)
+        if not self.engines_started:
+            self._start_fn(state)
+        await self._trim()
+        seconds = time.monotonic() - started
+        self.metrics.load_seconds.observe(seconds)
+        log.info(
+            "model %s loaded in %.1fs (%.0f MiB resident)",
+            entry.id,
+            seconds,
+            slot.resident_bytes / 2**20,
+        )
+        return state
 
     # ---- memory ----------------------------------------------------------------------
 
     def estimate(self, slot: ModelSlot) -> int:
+        """A model's size: as measured at its last load, else its files' estimate scaled
+        by the largest measured/estimated ratio seen (a GGUF file is smaller than its
+        weights as loaded on the CPU)."""
         if slot.measured_bytes is not None:
             return slot.measured_bytes
-        return self._estimate_fn(slot.entry)
+        return int(self._estimate_fn(slot.entry) * self._growth)
 
     def resident_total(self) -> int:
-        return sum(s.resident_bytes for s in self.slots.values() if s.state is not None)
+        """Bytes of the resident models, and those reserved by loads under way."""
+        return sum(
+            s.resident_bytes
+            for s in self.slots.values()
+            if s.state is not None or s.loading is not None
+        )
 
-    async def _make_room(self, slot: ModelSlot) -> None:
+    async def _make_room(self, slot: ModelSlot) -> int | None:
+        """Wait until the model's estimated size fits; that estimate (None: no budget)."""
         budget = self.budget_bytes
         if budget is None:
-            return
+            return None
         need = self.estimate(slot)
         if need > budget:
             message = (
@@ -318,25 +359,24 @@ class ModelHub:
             )
             self._never_fits[slot.entry.id] = message
             raise ModelRequestError(400, message, code="model_too_large")
-        if self._room_lock is None:
-            self._room_lock = asyncio.Lock()
         deadline = time.monotonic() + self.wait_timeout_s
-        async with self._room_lock:
-            while self.resident_total() + need > budget:
-                victim = self._victim()
-                if victim is not None:
-                    await self.unload(
-                        victim.entry.id, "ttl" if victim.expired(time.monotonic()) else "lru"
-                    )
-                    continue
-                if time.monotonic() >= deadline:
-                    raise ModelRequestError(
-                        503,
-                        f"no memory for model {slot.entry.id!r}: the resident models are busy "
-                        f"({_gib(self.resident_total())} of {_gib(budget)}); retry later",
-                        overloaded=True,
-                    )
-                await asyncio.sleep(_POLL_S)
+        while self.resident_total() + need > budget:
+            victim = self._victim()
+            if victim is not None:
+                await self.unload(
+                    victim.entry.id, "ttl" if victim.expired(time.monotonic()) else "lru"
+                )
+                continue
+            if time.monotonic() >= deadline:
+                raise ModelRequestError(
+                    503,
+                    f"no memory for model {slot.entry.id!r}: the resident models are busy "
+                    f"({_gib(self.resident_total())} of {_gib(budget)}); retry later",
+                    overloaded=True,
+                )
+            await asyncio.sleep(_POLL_S)
+        slot.resident_bytes = need  # reserved until the load measures it
+        return need
 
     async def _trim(self) -> None:
         """After a load measured more than its estimate (a GGUF file is smaller than its
@@ -356,7 +396,7 @@ class ModelHub:
     def _victim(self) -> ModelSlot | None:
         """Expired TTL first, then the least recently used, among idle unpinned models."""
         now = time.monotonic()
-        idle = [s for s in self.resident() if not s.pinned and not s.busy(now)]
+        idle = [s for s in self.resident() if not s.pinned and not s.busy()]
         if not idle:
             return None
         expired = [s for s in idle if s.expired(now)]
@@ -373,9 +413,9 @@ class ModelHub:
         slot.unloading = True
         try:
             deadline = time.monotonic() + (self.wait_timeout_s if wait_s is None else wait_s)
-            while slot.in_flight and time.monotonic() < deadline:
+            while slot.busy() and time.monotonic() < deadline:
                 await asyncio.sleep(_POLL_S)
-            if slot.in_flight:
+            if slot.busy():
                 raise ModelRequestError(
                     503, f"model {model_id!r} still has requests in flight", overloaded=True
                 )
@@ -397,7 +437,7 @@ class ModelHub:
             await asyncio.sleep(1.0)
             now = time.monotonic()
             for slot in self.resident():
-                if not slot.pinned and slot.expired(now) and not slot.busy(now):
+                if not slot.pinned and slot.expired(now) and not slot.busy():
                     with contextlib.suppress(ModelRequestError):  # busy again: next round
                         await self.unload(slot.entry.id, "ttl", wait_s=0)
 

@@ -35,6 +35,7 @@ from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError, generation_error
 from compat_serve.server.keys import cache_salt
 from compat_serve.server.lifecycle import check_admitting, shutdown_error
+from compat_serve.server.middleware import MODEL_LEASES
 from compat_serve.server.state import ServerState
 from compat_serve.server.tool_rounds import limit_tool_rounds
 from compat_serve.server.turn import TurnOutput
@@ -68,8 +69,9 @@ async def model_state(request: Request, name: str | None) -> ServerState:
     """The state of the model a request names (id, alias, else the default model),
     loaded first if it is cold: the start of every route that serves a model. A body's
     `keep_alive` (Ollama) or `ttl` (LM Studio) sets how long the model stays idle."""
+    leases = getattr(request.state, MODEL_LEASES, None)
     try:
-        return await model_hub(request).acquire(name, await _lifetime_fields(request))
+        return await model_hub(request).acquire(name, await _lifetime_fields(request), leases)
     except ModelRequestError as exc:
         raise model_error(exc) from exc
 
