@@ -3,7 +3,8 @@
 MLX work of loading and releasing a model for the hub to call.
 
 Single-model mode is a hub of one: `--model PATH` (or nothing: the embedded model) is
-loaded at start as before, pinned, and the default for every unknown name.
+loaded at start as before, pinned, and the default for every unknown name. Every
+model's engine is stepped by one `EngineHost` thread (engine/host.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 from pathlib import Path
 
 from compat_serve.bootstrap import ServeOptions, build_state, check_serve_options
+from compat_serve.engine.host import EngineHost
 from compat_serve.engine.memory import device_memory, headroom_bytes, parse_memory_size, plan_memory
 from compat_serve.registry.config_file import load_models_file
 from compat_serve.registry.entries import ModelEntry, entries_from_dir
@@ -129,6 +131,7 @@ def build_hub(base: ServeOptions, flags: ModelFlags) -> ModelHub:
             ),
         )
     registry = ModelRegistry(entries, strict=base.strict_model_names)
+    host = EngineHost()  # one thread steps every resident model
     hub = ModelHub(
         registry,
         load=lambda entry: build_state(entry_options(base, entry)),
@@ -139,6 +142,7 @@ def build_hub(base: ServeOptions, flags: ModelFlags) -> ModelHub:
         max_request_bytes=base.max_request_bytes,
         budget_bytes=budget,
         wait_timeout_s=flags.wait_timeout_s,
+        start=lambda state: state.engine.start(host),
     )
     if single_state is not None:
         hub.adopt(registry.entries[0].id, single_state)
