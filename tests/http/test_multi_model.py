@@ -234,3 +234,21 @@ def test_alternating_requests_under_a_one_model_budget_all_answer(
         assert sum(evictions) == _loads(base, "a") + _loads(base, "b") - 1
     finally:
         running.stop()
+
+
+def test_a_model_that_fails_to_load_answers_500_once_then_400(tmp_path: Path) -> None:
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF but not really")
+    running = _serve(ServeOptions(), ModelFlags(models_dir=str(tmp_path)))
+    base = running.base_url
+    try:
+        first = _message(base, "broken", "Hi")
+        assert first.status_code == 500
+        assert "failed to load" in first.json()["error"]["message"]
+        second = _message(base, "broken", "Hi")
+        assert second.status_code == 400
+        assert "failed to load" in second.json()["error"]["message"]
+        assert httpx.get(f"{base}/health").status_code == 200
+        status = httpx.get(f"{base}/v1/status").json()["models"][0]
+        assert status["state"] == "unloaded" and status["failure"]
+    finally:
+        running.stop()

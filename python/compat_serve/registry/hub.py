@@ -304,7 +304,7 @@ class ModelHub:
         log.info("loading model %s (%s)", entry.id, entry.path or "embedded")
         try:
             state = await asyncio.to_thread(self._load_fn, entry)
-        except (OSError, ValueError, RuntimeError) as exc:
+        except Exception as exc:  # any loader failure: this model's, not the server's
             slot.resident_bytes = 0
             slot.failure, slot.failure_stamp = str(exc), _files_stamp(entry.path)
             log.error("model %s failed to load: %s", entry.id, exc)
