@@ -5,6 +5,7 @@ budget no model fits. Each model loads in a few seconds; prompts are short."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,6 +67,29 @@ def _prompt_tokens(usage: dict[str, int]) -> int:
         + usage["cache_read_input_tokens"]
         + usage["cache_creation_input_tokens"]
     )
+
+
+def _stream_events(base: str, model: str, api: str = "anthropic") -> list[str]:
+    """The event names of a streamed Anthropic message (`:` for an SSE comment line);
+    for api="openai", the `data:` payloads' first characters and comments."""
+    path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
+    body = {
+        "model": model,
+        "max_tokens": 8,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
+    names = []
+    with httpx.stream("POST", f"{base}{path}", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith(":"):
+                names.append(":" if api == "openai" else "comment")
+            elif line.startswith("event: "):
+                names.append(line.removeprefix("event: "))
+            elif api == "openai" and line.startswith("data: "):
+                names.append(line.removeprefix("data: "))
+    return names
 
 
 @pytest.fixture(scope="module")
@@ -173,9 +197,22 @@ def test_claude_code_names_route_to_their_models(tmp_path: Path) -> None:
         assert reply.status_code == 200, reply.text
         assert reply.json()["model"] == "claude-haiku-4-5-20251001"
         assert _states(base) == {"main": "unloaded", "fast": "loaded"}
-        assert _message(base, "claude-sonnet-4-5-20250929", "Hi").status_code == 200
+        # Claude Code streams: pings while the cold model loads, then the message.
+        running.state.keepalive_s = 0.05  # type: ignore[attr-defined]
+        events = _stream_events(base, "claude-sonnet-4-5-20250929")
+        assert events[0] == "ping", events
+        first_real = next(e for e in events if e != "ping")
+        assert first_real == "message_start" and events[-1] == "message_stop", events
         assert _states(base) == {"main": "loaded", "fast": "loaded"}
         assert (_loads(base, "main"), _loads(base, "fast")) == (1, 1)
+        # One thread steps both models.
+        hub = running.state
+        threads = {s.state.engine._thread for s in hub.resident()}  # type: ignore[attr-defined]
+        assert len(threads) == 1 and None not in threads
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            names = ["claude-sonnet-4-5", "claude-haiku-4-5"] * 2
+            replies = list(pool.map(lambda m: _message(base, m, "Say yes."), names))
+        assert [r.status_code for r in replies] == [200] * 4
     finally:
         running.stop()
 
@@ -197,6 +234,12 @@ def test_a_model_larger_than_the_budget_fails_fast_and_the_server_lives(
             assert reply.status_code == 400
             message = reply.json()["error"]["message"]
             assert "can never fit the memory budget of 1 MiB" in message, message
+        # Streamed, the refusal is the stream's error event, in each API's shape.
+        events = _stream_events(base, "only")
+        assert events == ["error"], events
+        chunks = _stream_events(base, "only", api="openai")
+        error = json.loads(chunks[0])["error"]
+        assert "can never fit" in error["message"] and chunks[-1] == "[DONE]"
         assert httpx.get(f"{base}/health").status_code == 200
         assert _loads(base, "only") == 0
     finally:

@@ -123,3 +123,7 @@ def test_stopping_one_engine_leaves_the_other_serving(embedded_model: LoadedMode
     assert len(asyncio.run(_tokens(second, "after", ids, GREEDY))) > 0
     second.shutdown()
     assert host.engines == 0
+    deadline = time.monotonic() + 5
+    while "compat-engine-stop-test" in [t.name for t in threading.enumerate()]:
+        assert time.monotonic() < deadline, "the host thread outlived its engines"
+        time.sleep(0.01)

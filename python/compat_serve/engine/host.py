@@ -50,7 +50,7 @@ class _Hosted:
 
 
 class EngineHost:
-    def __init__(self, name: str = "compat-engine") -> None:
+    def __init__(self, name: str = "compat-engine-host") -> None:
         self._name = name
         self._hosted: list[_Hosted] = []
         self._lock = threading.Lock()
@@ -79,6 +79,9 @@ class EngineHost:
             self.wake.clear()  # before reading the inboxes: a later put sets it again
             with self._lock:
                 hosted = list(self._hosted)
+                if not hosted:  # the last engine stopped: so does the thread
+                    self._thread = None
+                    return
             busy = [h for h in hosted if self._poll(h)]
             if not busy:
                 self.wake.wait()
@@ -127,3 +130,4 @@ class EngineHost:
         with self._lock:
             self._hosted.remove(hosted)
         hosted.engine._hosted_finish(failed=failed)
+        self.wake.set()  # look again: with no engine left the thread ends

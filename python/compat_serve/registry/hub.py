@@ -130,6 +130,8 @@ class ModelHub:
         }
         self.metrics = HubMetrics(registry.ids)
         self.draining = False
+        # Seconds between keep-alive frames of a stream waiting for its model.
+        self.keepalive_s = 10.0
         # Models too large for the budget: id -> the 400's message.
         self._never_fits: dict[str, str] = {}
         self._load_lock: asyncio.Lock | None = None
