@@ -256,3 +256,29 @@ def test_a_request_lease_keeps_its_model_until_released() -> None:
 
     asyncio.run(run())
     assert [s.entry.id for s in hub.resident()] == ["b"]
+
+
+def test_requests_for_a_model_in_the_way_wait_while_another_waits_for_memory() -> None:
+    loader = _Loader({"a": 4 * MIB, "b": 4 * MIB})
+    hub = _hub(loader, [ModelEntry("a", None), ModelEntry("b", None)], budget=6 * MIB, wait_s=5)
+    hub.yield_after_s = 0.1
+
+    async def run() -> None:
+        leases_a: list[Any] = []
+        leases_b: list[Any] = []
+        leases_a2: list[Any] = []
+        await hub.acquire("a", leases=leases_a)
+        b = asyncio.ensure_future(hub.acquire("b", leases=leases_b))
+        await asyncio.sleep(0.3)  # b has waited for a's memory past yield_after_s
+        a2 = asyncio.ensure_future(hub.acquire("a", leases=leases_a2))
+        await asyncio.sleep(0.2)
+        assert not a2.done() and not leases_a2  # held back: a can drain
+        hub.release(leases_a)
+        await asyncio.wait_for(b, 2)
+        assert not a2.done()  # b's request is being served
+        hub.release(leases_b)
+        await asyncio.wait_for(a2, 2)
+        hub.release(leases_a2)
+
+    asyncio.run(run())
+    assert loader.loads == ["a", "b", "a"]

@@ -132,6 +132,10 @@ class ModelHub:
         self.draining = False
         # Seconds between keep-alive frames of a stream waiting for its model.
         self.keepalive_s = 10.0
+        # Models waiting for memory (id -> since when), and how long one waits before
+        # new requests for the models in its way hold back (swap thrash).
+        self._room_waiters: dict[str, float] = {}
+        self.yield_after_s = 1.0
         # Models too large for the budget: id -> the 400's message.
         self._never_fits: dict[str, str] = {}
         self._load_lock: asyncio.Lock | None = None
@@ -243,6 +247,7 @@ class ModelHub:
         entry = self.route(name)
         keep = parse_lifetime(lifetime) if lifetime else None
         slot = self.slots[entry.id]
+        await self._yield_to_waiting_loads(slot)
         if leases is not None:
             slot.leases += 1  # before the load: a load that makes room never evicts it
             leases.append(slot)
@@ -267,6 +272,22 @@ class ModelHub:
                 slot.loading = asyncio.get_running_loop().create_task(self._load(slot))
             # shield: a request that goes away does not cancel the load others await.
             await asyncio.shield(slot.loading)
+
+    async def _yield_to_waiting_loads(self, slot: ModelSlot) -> None:
+        """Swap thrash: while another model has waited `yield_after_s` for memory that
+        this resident model holds, new requests for this one wait too, so it drains and
+        the other loads and serves the requests queued for it; then these run (this
+        model reloading if it was evicted). Waits are bounded by the other's load."""
+        while slot.status == "loaded" and not slot.pinned:
+            now = time.monotonic()
+            starved = [
+                model_id
+                for model_id, since in self._room_waiters.items()
+                if model_id != slot.entry.id and now - since >= self.yield_after_s
+            ]
+            if not starved:
+                return
+            await asyncio.sleep(_POLL_S)
 
     @staticmethod
     def release(leases: list[ModelSlot]) -> None:
@@ -362,21 +383,25 @@ class ModelHub:
             self._never_fits[slot.entry.id] = message
             raise ModelRequestError(400, message, code="model_too_large")
         deadline = time.monotonic() + self.wait_timeout_s
-        while self.resident_total() + need > budget:
-            victim = self._victim()
-            if victim is not None:
-                await self.unload(
-                    victim.entry.id, "ttl" if victim.expired(time.monotonic()) else "lru"
-                )
-                continue
-            if time.monotonic() >= deadline:
-                raise ModelRequestError(
-                    503,
-                    f"no memory for model {slot.entry.id!r}: the resident models are busy "
-                    f"({_gib(self.resident_total())} of {_gib(budget)}); retry later",
-                    overloaded=True,
-                )
-            await asyncio.sleep(_POLL_S)
+        try:
+            while self.resident_total() + need > budget:
+                victim = self._victim()
+                if victim is not None:
+                    await self.unload(
+                        victim.entry.id, "ttl" if victim.expired(time.monotonic()) else "lru"
+                    )
+                    continue
+                if time.monotonic() >= deadline:
+                    raise ModelRequestError(
+                        503,
+                        f"no memory for model {slot.entry.id!r}: the resident models are "
+                        f"busy ({_gib(self.resident_total())} of {_gib(budget)}); retry later",
+                        overloaded=True,
+                    )
+                self._room_waiters.setdefault(slot.entry.id, time.monotonic())
+                await asyncio.sleep(_POLL_S)
+        finally:
+            self._room_waiters.pop(slot.entry.id, None)
         slot.resident_bytes = need  # reserved until the load measures it
         return need
 
