@@ -102,8 +102,10 @@ bench-python: build
 	$(PY) benches/sampling_defaults.py
 	$(PY) benches/echo_survival.py
 	$(PY) benches/kv_quant.py
+	$(PY) benches/refusal_latency.py
 	$(PY) benches/example_copy.py
 	$(PY) benches/json_object_ends.py
+	$(PY) benches/step_plan_size.py
 	$(PY) benches/multi_model.py
 
 clean:

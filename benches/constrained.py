@@ -30,8 +30,9 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from compat_serve._native import fill_masks  # noqa: E402
+from compat_serve.engine.config import EngineConfig  # noqa: E402
 from compat_serve.engine.constraints import Grammars, masked_logits  # noqa: E402
-from compat_serve.engine.engine import Engine, EngineConfig  # noqa: E402
+from compat_serve.engine.engine import Engine  # noqa: E402
 from compat_serve.engine.types import EngineRequest, Grammar, SamplingParams  # noqa: E402
 from compat_serve.models.loader import load_model  # noqa: E402
 from compat_serve.parsers.registry import TOOL_FORMATS  # noqa: E402

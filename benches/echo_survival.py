@@ -39,7 +39,8 @@ from tests.python.echo_turns import (  # noqa: E402
     tool_templates,
 )
 
-from compat_serve.engine.engine import Engine, EngineConfig  # noqa: E402
+from compat_serve.engine.config import EngineConfig  # noqa: E402
+from compat_serve.engine.engine import Engine  # noqa: E402
 from compat_serve.models.loader import load_model  # noqa: E402
 
 

@@ -44,7 +44,8 @@ def prompt_ids(tokenizer: Any, n_tokens: int) -> list[int]:
 
 
 def measure_ours(loaded: Any, ids: list[int], decode_tokens: int) -> dict[str, float]:
-    from compat_serve.engine.engine import Engine, EngineConfig
+    from compat_serve.engine.config import EngineConfig
+    from compat_serve.engine.engine import Engine
     from compat_serve.engine.types import EngineRequest, SamplingParams
 
     engine = Engine(loaded, EngineConfig(prefill_chunk=2048))

@@ -7,11 +7,15 @@ For each KV format (none, 8-bit, 4-bit; group 64):
 - **perplexity** over fixed text (`--ppl-tokens`, default 2,048; a fixed deterministic
   passage generated below), teacher-forced in chunks through the same cache class the
   engine uses, so every chunk attends to the earlier ones' stored (quantized) K/V;
-- **decode tok/s** at 1 and 8 concurrent greedy streams (engine, prefix cache off);
+- **decode tok/s** at 1 and 8 concurrent greedy streams (engine, prefix cache off), and
+  at 8 streams after a shared `--long-context` preamble (default 1,024 tokens, read from
+  the prefix cache, so the rounds time decode over long rows, as in an agent session);
 - **repeat-prompt cache reads** under one fixed `--cache-memory` (`--cache-mib`, default
   sized to about half the prompt unquantized): prompt tokens the second identical
   request reads from cache;
-- **greedy agreement**: how many of 5 short prompts give the same tokens as unquantized.
+- **greedy agreement**: how many of 5 short prompts give the same 16 tokens as
+  unquantized, and as mlx-lm's own cache of the same format (`KVCache` /
+  `QuantizedKVCache`, one sequence), the reference implementation.
 
 Decode runs alternate between formats (`--repeats` rounds, default 3); the table shows
 medians and the min-max spread. The load average is printed before and after: the
@@ -35,7 +39,8 @@ ensure_fast_blas()
 
 import mlx.core as mx  # noqa: E402
 
-from compat_serve.engine.engine import Engine, EngineConfig  # noqa: E402
+from compat_serve.engine.config import EngineConfig  # noqa: E402
+from compat_serve.engine.engine import Engine  # noqa: E402
 from compat_serve.engine.kv_quant import KVFormat  # noqa: E402
 from compat_serve.engine.runner import ModelRunner  # noqa: E402
 from compat_serve.engine.types import EngineRequest, SamplingParams  # noqa: E402
@@ -147,6 +152,23 @@ def greedy(engine: Engine, prompts: list[tuple[int, ...]]) -> list[list[int]]:
     return asyncio.run(go())
 
 
+def mlx_lm_greedy(loaded: LoadedModel, kv_format: KVFormat, prompt: tuple[int, ...]) -> list[int]:
+    """The reference: greedy through mlx-lm's own caches, one sequence, no engine."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+    def layer_cache() -> KVCache | QuantizedKVCache:
+        if kv_format.bits is None:
+            return KVCache()
+        return QuantizedKVCache(kv_format.group_size, kv_format.bits)
+
+    cache = [layer_cache() for _ in loaded.model.layers]
+    inputs, tokens = mx.array([prompt]), []
+    for _ in range(16):
+        tokens.append(int(mx.argmax(loaded.model(inputs, cache=cache)[0, -1]).item()))
+        inputs = mx.array([[tokens[-1]]])
+    return tokens
+
+
 def cache_reads(
     loaded: LoadedModel, kv_format: KVFormat, prompt: tuple[int, ...], mib: float
 ) -> int:
@@ -159,6 +181,29 @@ def cache_reads(
         engine.shutdown()
 
 
+def long_context_rates(
+    loaded: LoadedModel, context: int, repeats: int, max_tokens: int
+) -> dict[str, list[float]]:
+    """8 greedy streams decoding after a shared `context`-token preamble each engine
+    prefilled once (prefix cache on): decode over long rows."""
+    encode = loaded.tokenizer.encode
+    preamble = tuple(encode(fixed_text()))[:context]
+    streams = [preamble + tuple(encode(p)) for p in STREAM_PROMPTS]
+    engines = {name: Engine(loaded, EngineConfig(kv_format=f)) for name, f in FORMATS.items()}
+    rates: dict[str, list[float]] = {}
+    try:
+        for engine in engines.values():
+            engine.start()
+            asyncio.run(_generate(engine, preamble, 1))
+        for _ in range(repeats):
+            for name, engine in engines.items():
+                rates.setdefault(name, []).append(decode_rate(engine, streams, max_tokens))
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+    return rates
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
@@ -169,6 +214,7 @@ def main() -> None:
     parser.add_argument("--ppl-tokens", type=int, default=2048)
     parser.add_argument("--decode-tokens", type=int, default=32)
     parser.add_argument("--cache-mib", type=float, default=None)
+    parser.add_argument("--long-context", type=int, default=1024)
     parser.add_argument(
         "--decode-only", action="store_true", help="only greedy agreement and decode speed"
     )
@@ -203,8 +249,12 @@ def main() -> None:
         short = [tuple(encode(p)) for p in SHORT_PROMPTS]
         reference = greedy(engines["none"], short)
         for name, engine in engines.items():
-            same = sum(a == b for a, b in zip(reference, greedy(engine, short), strict=True))
+            tokens = greedy(engine, short)
+            same = sum(a == b for a, b in zip(reference, tokens, strict=True))
             rows[name]["greedy = none"] = f"{same}/5"
+            mlx_lm = [mlx_lm_greedy(loaded, FORMATS[name], p) for p in short]
+            same = sum(a == b for a, b in zip(mlx_lm, tokens, strict=True))
+            rows[name]["greedy = mlx-lm same format"] = f"{same}/5"
         streams = [tuple(encode(p)) for p in STREAM_PROMPTS]
         rates: dict[tuple[str, int], list[float]] = {}
         for _ in range(args.repeats):
@@ -212,17 +262,17 @@ def main() -> None:
                 for name, engine in engines.items():  # alternating formats each round
                     rate = decode_rate(engine, streams[:width], args.decode_tokens)
                     rates.setdefault((name, width), []).append(rate)
-        for name in FORMATS:
-            for width in (1, 8):
-                ratio = statistics.median(rates[(name, width)]) / statistics.median(
-                    rates[("none", width)]
-                )
-                rows[name][f"decode tok/s x{width}"] = (
-                    f"{spread(rates[(name, width)])} {ratio:.2f}x"
-                )
     finally:
         for engine in engines.values():
             engine.shutdown()
+    long_rates = long_context_rates(loaded, args.long_context, args.repeats, args.decode_tokens)
+    rates.update({(name, -8): values for name, values in long_rates.items()})
+    for name in FORMATS:
+        for width, label in ((1, "x1"), (8, "x8"), (-8, f"x8 @{args.long_context}")):
+            ratio = statistics.median(rates[(name, width)]) / statistics.median(
+                rates[("none", width)]
+            )
+            rows[name][f"decode tok/s {label}"] = f"{spread(rates[(name, width)])} {ratio:.2f}x"
 
     prompt = tuple(encode(fixed_text()))[:600]
     per_token_none = 2**30 / per_gib["none"]

@@ -28,7 +28,8 @@ from compat_serve.models.blas import ensure_fast_blas
 
 ensure_fast_blas()
 
-from compat_serve.engine.engine import Engine, EngineConfig  # noqa: E402
+from compat_serve.engine.config import EngineConfig  # noqa: E402
+from compat_serve.engine.engine import Engine  # noqa: E402
 from compat_serve.engine.speculation import SpeculationConfig  # noqa: E402
 from compat_serve.engine.types import EngineRequest, SamplingParams  # noqa: E402
 from compat_serve.models.loader import load_model  # noqa: E402

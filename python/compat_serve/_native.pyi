@@ -390,6 +390,9 @@ class DecodeBlock:
     ) -> None:
         """Attention over the cached keys/values, output product, residual, norm, SwiGLU
         and residual, into `out` shaped like `x`."""
+    def finish_attended(self, x: _Buffer, attention: _Buffer, out: _Buffer) -> None:
+        """After an attention computed elsewhere (`[rows, heads, 1, head_dim]`): output
+        product, residual, norm, SwiGLU feed-forward and residual, into `out` (like `x`)."""
 
 def matmul_kernel() -> str:
     """`"avx512"` when the kernels have a SIMD path on this CPU, else `"scalar"`."""

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compat_serve.chat.prompt import PromptBuilder
-from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.config import EngineConfig
+from compat_serve.engine.engine import Engine
 from compat_serve.engine.kv_quant import KVFormat
 from compat_serve.engine.memory import parse_memory_size
 from compat_serve.engine.speculation import SpeculationConfig

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.config import EngineConfig
+from compat_serve.engine.engine import Engine
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
 from tests.chat_prompts import chat_ids
 from tests.tiny_models import HYBRID_CONFIGS, tiny_model

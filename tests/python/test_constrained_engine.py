@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from compat_serve._native import GrammarError
+from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.constraints import Grammars, masked_logits
-from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.engine import Engine
 from compat_serve.engine.types import (
     EngineEvent,
     EngineRequest,

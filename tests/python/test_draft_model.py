@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.draft_model import DraftModel, DraftModelError, check_same_vocabulary
-from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.engine import Engine
 from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest, SamplingParams
 from tests.chat_prompts import chat_ids

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.detokenizer import IncrementalDetokenizer
-from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.engine import Engine
 from compat_serve.engine.errors import EngineOverloaded, PromptTooLong
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
 from tests.chat_prompts import chat_ids

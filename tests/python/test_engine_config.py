@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.config import EngineConfig
+from compat_serve.engine.engine import Engine
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.config import EngineConfig
+from compat_serve.engine.engine import Engine
 from compat_serve.engine.stream import RequestStream
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
 from tests.chat_prompts import chat_ids

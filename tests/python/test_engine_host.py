@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.config import EngineConfig
+from compat_serve.engine.engine import Engine
 from compat_serve.engine.host import EngineHost
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
 from tests.chat_prompts import chat_ids

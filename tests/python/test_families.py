@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from compat_serve.engine.batch import can_rollback
-from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.config import EngineConfig
+from compat_serve.engine.engine import Engine
 from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
 from compat_serve.models.loader import load_model

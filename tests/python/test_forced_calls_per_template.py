@@ -24,7 +24,8 @@ import jsonschema
 import pytest
 
 from compat_serve.chat.prompt import PromptBuilder, PromptError
-from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.config import EngineConfig
+from compat_serve.engine.engine import Engine
 from compat_serve.engine.types import FinishReason
 from tests.python.echo_turns import (
     BASH,

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.config import EngineConfig
+from compat_serve.engine.engine import Engine
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams
 from compat_serve.parsers.registry import TOOL_FORMATS
 from compat_serve.parsers.request_tools import RequestTools

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.config import EngineConfig
+from compat_serve.engine.engine import Engine
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
 from tests.tiny_models import tiny_model
 

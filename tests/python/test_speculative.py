@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from compat_serve.engine.batch import can_rollback
-from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.config import EngineConfig
+from compat_serve.engine.engine import Engine
 from compat_serve.engine.sampling import accept_draft
 from compat_serve.engine.speculation import (
     NGramDrafter,

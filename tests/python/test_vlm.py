@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from compat_serve.engine.engine import Engine, EngineConfig
+from compat_serve.engine.config import EngineConfig
+from compat_serve.engine.engine import Engine
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
 from compat_serve.engine.vision import VisionInput
 from compat_serve.models.types import LoadedModel

@@ -1,4 +1,4 @@
-"""Executes the scheduler's plans with MLX, one step at a time, on the engine thread.
+"""Decides each engine step and has it applied, one step at a time, on the engine thread.
 
 A step is: `schedule()` → drop the KV of preempted requests → one batched decode forward
 for every running request (each row sampled with its own settings) → the planned
@@ -7,6 +7,12 @@ chunk → `update()`, which ends requests on stop tokens, max tokens or a full c
 requests whose prompt is done join the decode batch. Text, stop strings and stream
 events are handled here per token; a stop string ends the request through
 `Scheduler.finish`. A failing forward pass fails only the requests it computed.
+
+`StepExecutor` is the deciding side: the scheduler, admission, preemption, the prefix
+cache, sampling, grammars, stop strings and usage. Every forward and every change to the
+KV goes through its `StepApplier` (engine/applier.py), which records it as an op of the
+step's `StepPlan` (engine/step_plan.py); `on_plan` receives each plan. Speculative
+decoding's draft, verify and rollback live in engine/speculative_step.py.
 """
 
 from __future__ import annotations
@@ -14,28 +20,22 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import mlx.core as mx
-import numpy as np
 
 from compat_serve._native import GrammarError, Scheduler, SchedulerError
-from compat_serve.engine.batch import DecodeBatch, can_rollback
+from compat_serve.engine.applier import StepApplier
+from compat_serve.engine.batch import can_rollback
 from compat_serve.engine.constraints import masked_logits
-from compat_serve.engine.draft_model import DraftModel, DraftModelError
 from compat_serve.engine.metrics import EngineMetrics
 from compat_serve.engine.prefix.cache import PrefixCaching
 from compat_serve.engine.runner import ModelRunner, plain_kv
-from compat_serve.engine.sampling import RequestSampler, accept_draft, sample_rows
+from compat_serve.engine.sampling import sample_rows
 from compat_serve.engine.sequence import Phase, Sequence
-from compat_serve.engine.speculation import (
-    Drafter,
-    NGramDrafter,
-    RowState,
-    SpeculationConfig,
-    SpeculationStats,
-)
+from compat_serve.engine.speculation import SpeculationConfig, SpeculationStats
+from compat_serve.engine.speculative_step import SpeculativeStep, rope_deltas
 from compat_serve.engine.status import StatusBoard
+from compat_serve.engine.step_plan import Restore, StepPlan
 from compat_serve.engine.types import EngineEvent, FinishReason, Usage
 
 log = logging.getLogger("compat_serve.engine")
@@ -58,7 +58,7 @@ _SCHEDULER_REASONS = {
 
 
 class StepExecutor:
-    """Owns the live requests and the decode batch; only the engine thread calls it."""
+    """Owns the live requests and decides each step; only the engine thread calls it."""
 
     def __init__(
         self,
@@ -72,46 +72,26 @@ class StepExecutor:
         prefill_chunk: int = 512,
         speculation: SpeculationConfig | None = None,
     ) -> None:
-        self._runner = runner
         self._scheduler = scheduler
         self._status = status
         self._metrics = metrics
         self._progress_interval_s = progress_interval_s
         self._on_finished = on_finished
         self._seqs: dict[str, Sequence] = {}
-        self._batch = DecodeBatch()
+        self.applier = StepApplier(runner)
+        # Called with each step's plan (the ops applied), e.g. to send it to followers.
+        self.on_plan: Callable[[StepPlan], None] | None = None
         self.prefix = prefix
         self._prefill_chunk = prefill_chunk
-        self._spec = speculation or SpeculationConfig()
-        self.spec_stats = SpeculationStats(self._spec.mode)
-        self._drafter: Drafter | None = None
-        self._draft_model: DraftModel | None = None
-        if self._spec.mode != "off":
-            if can_rollback(runner.new_cache()):
-                self._start_speculation(prefill_chunk)
-            else:
-                self.spec_stats.disabled_reason = "the model's cache cannot be rolled back"
-                log.warning(
-                    "speculative decoding is off: this model's cache (rotating or recurrent "
-                    "layers) cannot roll back rejected tokens"
-                )
-
-    def _start_speculation(self, prefill_chunk: int) -> None:
-        if self._spec.mode == "ngram":
-            self._drafter = NGramDrafter(self._spec.ngram_min, self._spec.ngram_max)
-        else:
-            assert self._spec.draft is not None  # SpeculationConfig.validate
-            try:
-                self._draft_model = DraftModel(self._spec.draft, prefill_chunk)
-            except DraftModelError as exc:
-                self.spec_stats.disabled_reason = str(exc)
-                log.warning("speculative decoding is off: %s", exc)
-                return
-        self._metrics.extra_renderers.append(self.spec_stats.render)
+        spec = speculation or SpeculationConfig()
+        rollback_ok = spec.mode != "off" and can_rollback(runner.new_cache())
+        self.spec = SpeculativeStep(
+            spec, self.applier, scheduler, status, metrics, prefill_chunk, rollback_ok
+        )
 
     @property
-    def _speculating(self) -> bool:
-        return self._drafter is not None or self._draft_model is not None
+    def spec_stats(self) -> SpeculationStats:
+        return self.spec.stats
 
     @property
     def has_work(self) -> bool:
@@ -146,8 +126,9 @@ class StepExecutor:
             return
         self._scheduler.abort(request_id)
         self._end(seq, FinishReason.ABORTED)
-        self._batch.retain(self._decoding_ids())
-        self._metrics.on_step(len(self._batch), self._scheduler.kv_tokens_used)
+        self._release_ended()
+        self._metrics.on_step(len(self.applier.batch), self._scheduler.kv_tokens_used)
+        self._emit_plan()
 
     def abort_all(
         self, never_admitted: Iterable[Sequence] = (), reason: FinishReason = FinishReason.ABORTED
@@ -155,8 +136,9 @@ class StepExecutor:
         for seq in [*self._seqs.values(), *never_admitted]:
             self._scheduler.abort(seq.request_id)
             self._end(seq, reason)
-        self._batch.clear()
+        self.applier.drop(self.applier.held_ids())
         self._metrics.on_step(0, self._scheduler.kv_tokens_used)
+        self._emit_plan()
 
     # ---- one step ------------------------------------------------------------------------
 
@@ -187,12 +169,19 @@ class StepExecutor:
                 stop_token = seq.generated[-1] if reason == "stop_token" else None
                 self._end(seq, _SCHEDULER_REASONS[reason], stop_token_id=stop_token)
         self._join([seq for seq in joining if seq.request_id in self._seqs])
-        self._batch.retain(self._decoding_ids())
-        self._metrics.on_step(len(self._batch), self._scheduler.kv_tokens_used)
+        self._release_ended()
+        self._metrics.on_step(len(self.applier.batch), self._scheduler.kv_tokens_used)
+        self._emit_plan()
         return bool(plan.decode or plan.prefill)
 
-    def _decoding_ids(self) -> list[str]:
-        return [rid for rid, seq in self._seqs.items() if seq.phase is Phase.DECODE]
+    def _release_ended(self) -> None:
+        """Free the KV of requests that ended (finished, aborted, failed)."""
+        self.applier.drop([rid for rid in self.applier.held_ids() if rid not in self._seqs])
+
+    def _emit_plan(self) -> None:
+        plan = self.applier.take_plan()
+        if plan is not None and self.on_plan is not None:
+            self.on_plan(plan)
 
     def _preempt(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
@@ -203,278 +192,56 @@ class StepExecutor:
                 seq.prompt_len + len(seq.generated),
             )
             seq.phase = Phase.QUEUED
-            seq.cache = None
             seq.computed = 0
             if self.prefix is not None:
                 self.prefix.preempted(seq)
             self._metrics.on_preempt(request_id)
             self._status.update(request_id, phase=Phase.QUEUED.value, computed_tokens=0)
-        if request_ids:
-            self._batch.retain(self._decoding_ids())
+        self.applier.drop(request_ids)
 
     def _join(self, seqs: list[Sequence]) -> None:
-        joining = []
-        for seq in seqs:
-            assert seq.cache is not None
-            joining.append((seq.request_id, seq.cache))
-            seq.cache = None  # the batch owns it now
+        if not seqs:
+            return
         try:
-            self._batch.add(joining)
+            self.applier.join([seq.request_id for seq in seqs])
         except Exception as exc:
             log.exception("could not batch %d requests", len(seqs))
-            for seq in [*seqs, *(self._seqs[r] for r in self._batch.ids)]:
-                self._fail(seq, exc)
-            self._batch.clear()
+            batched = [self._seqs[r] for r in self.applier.batch.ids if r in self._seqs]
+            for seq in [*seqs, *batched]:
+                self.fail(seq, exc)
+            self.applier.clear_batch()
 
     def _decode(self, planned: list[str], sampled: list[tuple[str, int]]) -> None:
-        rows = self._batch.ids
+        rows = self.applier.batch.ids
         if sorted(rows) != sorted(planned):
             raise SchedulerError(f"decode plan {planned} does not match the batch {rows}")
         seqs = [self._seqs[request_id] for request_id in rows]
         self._metrics.on_decode_step(len(seqs))
         started = time.perf_counter()
-        if self._speculating:
-            try:
-                planned_drafts = self._drafts(seqs)
-            except Exception as exc:  # the draft model's forward: the target's batch is intact
-                log.exception("drafting failed; this step decodes without drafts")
-                planned_drafts = None
-                self._draft_model = None
-                self.spec_stats.disabled_reason = f"drafting failed: {exc}"
-            if planned_drafts is not None:
-                self._decode_speculative(seqs, *planned_drafts, sampled, started)
+        spec = self.spec
+        if spec.active:
+            drafts = spec.drafts_or_none(seqs)
+            if drafts is not None:
+                spec.decode(self, seqs, drafts, sampled, started)
                 return
             started = time.perf_counter()
         try:
-            logits = self._runner.decode_logits(
-                self._batch.cache, [s.generated[-1] for s in seqs], *_rope_args(seqs)
-            )
+            logits = self.applier.decode(rows, [s.generated[-1] for s in seqs], rope_deltas(seqs))
             logits, grammar_errors = self._constrain(logits, seqs)
-            tokens = sample_rows(logits, [_sampler(s) for s in seqs])
+            tokens = sample_rows(logits, [s.ensure_sampler() for s in seqs])
             mx.eval(tokens)
             values: list[int] = tokens.tolist()  # type: ignore[assignment]
         except Exception as exc:  # the batch is lost with the forward that failed
-            self._fail_batch(seqs, exc, "a decode step")
+            self.fail_batch(seqs, exc, "a decode step")
             return
-        if self._speculating:
-            self.spec_stats.costs.observe(len(seqs), 1, time.perf_counter() - started)
+        if spec.active:
+            spec.stats.costs.observe(len(seqs), 1, time.perf_counter() - started)
         for seq, token, grammar_error in zip(seqs, values, grammar_errors, strict=True):
             if grammar_error is not None:
-                self._fail(seq, GrammarError(grammar_error))
+                self.fail(seq, GrammarError(grammar_error))
                 continue
             sampled.append((seq.request_id, token))
-            self._accept_token(seq, token)
-
-    # ---- speculative decoding (engine/speculation.py) -------------------------------------
-
-    def _drafts(self, seqs: list[Sequence]) -> tuple[list[list[int]], list[Any]] | None:
-        """Each row's draft (and for draft-model sampled rows, the draft distribution), or
-        None for a plain step: when no row drafts, or when the measured cost of verifying
-        does not pay for the tokens the rows are expected to accept (`StepCosts`)."""
-        rooms = self._draft_rooms(seqs)
-        if not any(rooms):
-            return None
-        stats = self.spec_stats
-        rates = [stats.per_row[seq.request_id].rate for seq in seqs]
-        probs: list[Any] = [None] * len(seqs)
-        if self._draft_model is not None:  # decide before paying for the draft forwards
-            cap = self._verify_width([[0] * room for room in rooms], rates)
-            if not cap:
-                return None
-            proposal = self._draft_model.propose(
-                [seq.request_id for seq in seqs],
-                [[*seq.request.prompt_ids, *seq.generated] for seq in seqs],
-                [min(room, cap) for room in rooms],
-                [None if _sampler(seq).greedy else _sampler(seq) for seq in seqs],
-                self._runner.logits_width,
-            )
-            drafts, probs = proposal.drafts, proposal.probs
-        else:
-            assert self._drafter is not None
-            drafts = [
-                self._drafter.propose(seq.request_id, [*seq.request.prompt_ids, *seq.generated], n)
-                if n
-                else []
-                for seq, n in zip(seqs, rooms, strict=True)
-            ]
-        for i, seq in enumerate(seqs):
-            draft = drafts[i]
-            for j, token in enumerate(draft):
-                if token in seq.stop_ids:  # nothing after a stop token is needed
-                    draft = draft[: j + 1]
-                    break
-            if draft and seq.constraint is not None:
-                draft = draft[: seq.constraint.validate(draft)]
-            drafts[i] = draft
-            if probs[i] is not None:
-                probs[i] = probs[i][: len(draft)] if draft else None
-        if not any(drafts):
-            return None
-        if self._draft_model is None:
-            cap = self._verify_width(drafts, rates)
-            if not cap:
-                return None
-            drafts = [d[:cap] for d in drafts]
-        return drafts, probs
-
-    def _verify_width(self, drafts: list[list[int]], rates: list[float]) -> int:
-        if self._spec.cost_aware:
-            return self.spec_stats.costs.choose_width(drafts, rates)
-        return max(len(draft) for draft in drafts)
-
-    def _draft_rooms(self, seqs: list[Sequence]) -> list[int]:
-        """How many tokens each row may draft: no more than its adaptive length, than what
-        leaves the request running (max tokens, context) and, all rows together, than the
-        free KV. A sampled row with a grammar drafts nothing from a draft model (cutting
-        its draft where the grammar refuses would bias the sampling rule)."""
-        kv_free = self._scheduler.kv_tokens_free
-        limit = self._scheduler.token_limit
-        rooms: list[int] = []
-        for seq in seqs:
-            state = self.spec_stats.per_row.get(seq.request_id)
-            if state is None:
-                state = self.spec_stats.per_row[seq.request_id] = RowState(self._spec.num_tokens)
-            out = len(seq.generated)
-            room = min(
-                state.k,
-                seq.request.sampling.max_tokens - out - 1,
-                limit - (seq.prompt_len + out) - 1,
-                kv_free,
-            )
-            model_sampled = self._draft_model is not None and not _sampler(seq).greedy
-            if room <= 0 or (model_sampled and seq.constraint is not None):
-                room = 0
-            room = room if room and state.wants_draft() else 0
-            kv_free -= room
-            rooms.append(room)
-        return rooms
-
-    def _decode_speculative(
-        self,
-        seqs: list[Sequence],
-        drafts: list[list[int]],
-        probs: list[Any],
-        sampled: list[tuple[str, int]],
-        started: float,
-    ) -> None:
-        """One forward verifies every row's draft; each row emits its accepted drafts plus
-        the model's next token, and its rejected positions are rolled back (in the draft
-        model's cache too). `started`: when drafting began (its cost counts)."""
-        try:
-            rows = [[seq.generated[-1], *draft] for seq, draft in zip(seqs, drafts, strict=True)]
-            logits = self._runner.verify_logits(self._batch.cache, rows, *_rope_args(seqs))
-            mx.eval(logits)
-            emitted = self._verify(logits, seqs, drafts, probs)
-            width = max(len(row) for row in rows)
-            # Positions kept: the fed token and the accepted drafts (the last emitted
-            # token is, as always, fed next step).
-            self._batch.rollback([width - _kept(tokens) for tokens in emitted])
-            if self._draft_model is not None:
-                self._draft_model.settle(
-                    {s.request_id: _kept(t) - 1 for s, t in zip(seqs, emitted, strict=True)}
-                )
-        except Exception as exc:  # the batch is lost with the forward that failed
-            self._fail_batch(seqs, exc, "a speculative decode step")
-            return
-        stats = self.spec_stats
-        stats.costs.observe(len(seqs), width, time.perf_counter() - started)
-        stats.steps += 1
-        stats.row_steps += len(seqs)
-        for seq, draft, tokens in zip(seqs, drafts, emitted, strict=True):
-            if isinstance(tokens, GrammarError):
-                self._fail(seq, tokens)
-                continue
-            accepted = len(tokens) - 1
-            stats.drafted += len(draft)
-            stats.accepted += accepted
-            stats.emitted += len(tokens)
-            row = stats.per_row[seq.request_id]
-            row.record(len(draft), accepted)
-            row.drafted += len(draft)
-            row.accepted += accepted
-            self._status.update(
-                seq.request_id, draft_tokens=row.drafted, accepted_tokens=row.accepted
-            )
-            for token in tokens:
-                sampled.append((seq.request_id, token))
-                self._accept_token(seq, token)
-                if seq.phase is Phase.FINISHED or token in seq.stop_ids:
-                    break
-
-    def _verify(
-        self,
-        logits: mx.array,
-        seqs: list[Sequence],
-        drafts: list[list[int]],
-        draft_probs: list[Any],
-    ) -> list[list[int] | GrammarError]:
-        """Per row, the tokens to emit: the accepted prefix of its draft plus one token
-        sampled from the model (greedy: longest prefix equal to the argmax)."""
-        plain_greedy = [seq.constraint is None and _sampler(seq).greedy for seq in seqs]
-        argmax: list[list[int]] = []
-        if any(plain_greedy):
-            argmax = mx.argmax(logits, axis=-1).tolist()  # type: ignore[assignment]
-        out: list[list[int] | GrammarError] = []
-        for i, (seq, draft) in enumerate(zip(seqs, drafts, strict=True)):
-            positions = len(draft) + 1
-            if plain_greedy[i]:
-                _record_logprobs(seq, logits[i, :positions])
-                out.append(_greedy_accept(argmax[i][:positions], draft))
-                continue
-            row = logits[i, :positions]
-            if seq.constraint is not None:
-                masked = self._masked_positions(seq, row, draft)
-                if isinstance(masked, GrammarError):
-                    out.append(masked)
-                    continue
-                row = masked
-            _record_logprobs(seq, row)  # the verified tokens' own
-            sampler = _sampler(seq)
-            if sampler.greedy:
-                targets: list[int] = mx.argmax(row, axis=-1).tolist()  # type: ignore[assignment]
-                out.append(_greedy_accept(targets, draft))
-            else:
-                probs = np.array(sampler.probs(row), dtype=np.float32)
-                out.append(accept_draft(probs, draft, sampler.rng, draft_probs[i]))
-        return out
-
-    def _masked_positions(
-        self, seq: Sequence, row: mx.array, draft: list[int]
-    ) -> mx.array | GrammarError:
-        """A constrained row's logits at each drafted position plus one, each masked by
-        the grammar state after the drafts before it (consumed, then rolled back)."""
-        matcher = seq.constraint
-        assert matcher is not None
-        started = time.monotonic()
-        masked: list[mx.array] = []
-        consumed = 0
-        try:
-            for j in range(len(draft) + 1):
-                if j and (draft[j - 1] in seq.stop_ids or matcher.is_stopped()):
-                    # The request ends at draft j - 1 if it is accepted (as in
-                    # `_accept_token`, a stop token is never consumed): what follows is
-                    # never emitted, so it is left unmasked.
-                    masked.append(row[j:])
-                    break
-                logits, (error,) = masked_logits(row[j : j + 1], [matcher])
-                if error is not None:
-                    return GrammarError(error)
-                masked.append(logits)
-                if j < len(draft) and draft[j] not in seq.stop_ids:
-                    matcher.consume(draft[j])
-                    consumed += 1
-        except GrammarError as exc:
-            return exc
-        finally:
-            if consumed:
-                matcher.rollback(consumed)
-            self._metrics.grammar_mask_seconds.observe(time.monotonic() - started)
-        return mx.concatenate(masked, axis=0)
-
-    def forget_row(self, request_id: str) -> None:
-        if self._drafter is not None:
-            self._drafter.forget(request_id)
-        self.spec_stats.per_row.pop(request_id, None)
+            self.accept_token(seq, token)
 
     def _prefill(
         self,
@@ -486,11 +253,10 @@ class StepExecutor:
         sampled: list[tuple[str, int]],
     ) -> None:
         try:
-            if seq.cache is None:
+            if self.applier.own_cache(seq.request_id) is None:
                 if start != seq.cached_tokens:
                     raise SchedulerError(f"{seq.request_id}: prefill from {start} without a cache")
                 self._start_prefill(seq)
-            assert seq.cache is not None
             if start != seq.computed:
                 raise SchedulerError(f"{seq.request_id}: prefill from {start}, at {seq.computed}")
             tokens = seq.known_tokens(start, start + length)
@@ -499,7 +265,7 @@ class StepExecutor:
             raise
         except Exception as exc:  # one bad request must never take the engine down
             log.exception("request %s failed in prefill", seq.request_id)
-            self._fail(seq, exc)
+            self.fail(seq, exc)
             return
         self._chunk_done(seq, start, length, is_last, token, prefilled, sampled)
 
@@ -509,7 +275,7 @@ class StepExecutor:
         model, short enough that padding it to its neighbours wastes little."""
         if (self.prefix is not None and self.prefix.hybrid) or seq.request.vision is not None:
             return False
-        fresh = seq.cache is None and start == seq.cached_tokens
+        fresh = self.applier.own_cache(seq.request_id) is None and start == seq.cached_tokens
         return (
             is_last
             and fresh
@@ -530,25 +296,27 @@ class StepExecutor:
         batched forward failed): the caller then prefills each request on its own."""
         for seq, _, _, _ in chunks:
             self._start_prefill(seq)
-        caches = [seq.cache for seq, _, _, _ in chunks if seq.cache is not None]
-        if len(caches) != len(chunks) or not all(plain_kv(cache) for cache in caches):
+        caches = [self.applier.own_cache(seq.request_id) for seq, _, _, _ in chunks]
+        if not all(cache is not None and plain_kv(cache) for cache in caches):
             return False
         token_lists = [seq.known_tokens(start, start + length) for seq, start, length, _ in chunks]
         try:
-            logits, own = self._runner.last_logits_together(caches, token_lists)
+            logits, commit = self.applier.prefill_together(
+                [seq.request_id for seq, _, _, _ in chunks], token_lists
+            )
             logits, grammar_errors = self._constrain(logits, [seq for seq, _, _, _ in chunks])
             if any(grammar_errors):
                 return False  # one by one: the failing request fails alone
-            tokens = sample_rows(logits, [_sampler(seq) for seq, _, _, _ in chunks])
+            tokens = sample_rows(logits, [seq.ensure_sampler() for seq, _, _, _ in chunks])
             mx.eval(tokens)
             values: list[int] = tokens.tolist()  # type: ignore[assignment]
         except Exception:  # the requests' own caches are untouched: run them one by one
             log.exception("a batched prefill of %d requests failed; prefilling each", len(chunks))
             return False
-        for (seq, start, length, is_last), cache, token, tokens_in in zip(
-            chunks, own, values, token_lists, strict=True
+        commit()
+        for (seq, start, length, is_last), token, tokens_in in zip(
+            chunks, values, token_lists, strict=True
         ):
-            seq.cache = cache
             self._cache_computed(seq, start, tokens_in)
             self._chunk_done(seq, start, length, is_last, token, prefilled, sampled)
         return True
@@ -568,7 +336,9 @@ class StepExecutor:
         seq.computed = start + length
         prefilled.append((seq.request_id, length))
         prompt_done = min(seq.computed, seq.prompt_len)
-        self._metrics.on_prefill(seq.request_id, prompt_done, seq.cache)
+        self._metrics.on_prefill(
+            seq.request_id, prompt_done, self.applier.own_cache(seq.request_id)
+        )
         self._status.update(seq.request_id, computed_tokens=prompt_done)
         if not is_last:
             self._log_progress(seq)
@@ -578,13 +348,13 @@ class StepExecutor:
         self._status.update(seq.request_id, phase=Phase.DECODE.value)
         if token is not None:
             sampled.append((seq.request_id, token))
-            self._accept_token(seq, token)
+            self.accept_token(seq, token)
 
     def _compute_chunk(
         self, seq: Sequence, start: int, tokens: list[int], is_last: bool
     ) -> int | None:
         """Run one planned chunk; after a last chunk, sample the next token."""
-        assert seq.cache is not None
+        request_id, vision = seq.request_id, seq.request.vision
         prefix = self.prefix
         if is_last and prefix is not None and prefix.hybrid:
             # End the prompt's last full block on its own forward pass, so the state at
@@ -592,14 +362,14 @@ class StepExecutor:
             boundary = (start + len(tokens)) // prefix.block_size * prefix.block_size
             if start < boundary < start + len(tokens):
                 head, tokens = tokens[: boundary - start], tokens[boundary - start :]
-                self._runner.prefill(seq.cache, head, seq.request.vision, start)
+                self.applier.prefill(request_id, start, head, vision)
                 self._cache_computed(seq, start, head)
                 start = boundary
         if not is_last:
-            self._runner.prefill(seq.cache, tokens, seq.request.vision, start)
+            self.applier.prefill(request_id, start, tokens, vision)
             self._cache_computed(seq, start, tokens)
             return None
-        logits = self._runner.last_logits(seq.cache, tokens, seq.request.vision, start)
+        logits = self.applier.last_logits(request_id, start, tokens, vision)
         token: int | None = None
         if seq.request.sampling.max_tokens == 0:
             mx.eval(logits)
@@ -607,40 +377,43 @@ class StepExecutor:
             logits, (grammar_error,) = self._constrain(logits, [seq])
             if grammar_error is not None:
                 raise GrammarError(grammar_error)
-            token = _token_value(_sampler(seq)(logits))
+            token = _token_value(seq.ensure_sampler()(logits))
         self._cache_computed(seq, start, tokens)
         return token
 
     def _cache_computed(self, seq: Sequence, start: int, tokens: list[int]) -> None:
-        if self.prefix is None or seq.cache is None:
+        cache = self.applier.own_cache(seq.request_id)
+        if self.prefix is None or cache is None:
             return
         try:
-            self.prefix.computed(seq, seq.cache, start, tokens)
+            self.prefix.computed(seq, cache, start, tokens)
         except Exception as exc:  # caching is an optimisation: the request goes on
             self.prefix.fault(seq, exc)
 
     def _start_prefill(self, seq: Sequence) -> None:
-        seq.cache = self._runner.new_cache()
+        cache = self.applier.new_cache(seq.request_id)
         seq.phase = Phase.PREFILL
-        if seq.sampler is None:
-            seq.sampler = RequestSampler(seq.request.sampling)
+        seq.ensure_sampler()
         seq.timings.extra.setdefault("prefill_started", time.monotonic())
         self._status.update(seq.request_id, phase=Phase.PREFILL.value)
         self._metrics.on_start(seq.request_id)
         seq.computed = seq.cached_tokens
         if not seq.cached_tokens or self.prefix is None:
             return
+        tail = seq.cache_tail[1] if seq.cache_tail is not None else 0
+        restored = Restore(seq.request_id, seq.cached_tokens, tuple(seq.cached_blocks), tail)
         try:
-            self.prefix.restore(seq, seq.cache)
+            self.prefix.restore(seq, cache)
+            self.applier.restored(restored)
         except Exception as exc:  # a cache fault never wedges the engine: recompute
             self.prefix.fault(seq, exc)
-            seq.cache = self._runner.new_cache()
+            self.applier.new_cache(seq.request_id)
             prompt = list(seq.request.prompt_ids[: seq.cached_tokens])
             for i in range(0, len(prompt), self._prefill_chunk):
                 chunk = prompt[i : i + self._prefill_chunk]
-                self._runner.prefill(seq.cache, chunk, seq.request.vision, i)
+                self.applier.prefill(seq.request_id, i, chunk, seq.request.vision)
 
-    def _accept_token(self, seq: Sequence, token: int) -> None:
+    def accept_token(self, seq: Sequence, token: int) -> None:
         now = time.monotonic()
         if not seq.generated:
             seq.timings.first_token = now
@@ -655,7 +428,7 @@ class StepExecutor:
             try:
                 seq.constraint.consume(token)
             except GrammarError as exc:
-                self._fail(seq, exc)
+                self.fail(seq, exc)
                 return
         match = seq.stops.feed(seq.detokenizer.add(token))
         # One event per token, even when its text is still held back (partial character,
@@ -692,14 +465,14 @@ class StepExecutor:
 
     # ---- endings -------------------------------------------------------------------------
 
-    def _fail_batch(self, seqs: list[Sequence], exc: BaseException, what: str) -> None:
+    def fail_batch(self, seqs: list[Sequence], exc: BaseException, what: str) -> None:
         """A batched forward failed: its rows fail, and the batch (its K/V) is dropped."""
         log.exception("%s of %d requests failed", what, len(seqs))
         for seq in seqs:
-            self._fail(seq, exc)
-        self._batch.clear()
+            self.fail(seq, exc)
+        self.applier.clear_batch()
 
-    def _fail(self, seq: Sequence, exc: BaseException) -> None:
+    def fail(self, seq: Sequence, exc: BaseException) -> None:
         self._scheduler.finish(seq.request_id, "external")
         self._end(seq, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
 
@@ -719,19 +492,19 @@ class StepExecutor:
             tail = seq.stops.feed(seq.detokenizer.flush()).emit + seq.stops.flush()
         if self.prefix is not None and seq.request_id in self._seqs:
             healthy = reason is not FinishReason.ERROR  # a failed forward's K/V is suspect
-            in_batch = healthy and seq.request_id in self._batch
-            row = self._batch.ids.index(seq.request_id) if in_batch else 0
+            batch = self.applier.batch
+            in_batch = healthy and seq.request_id in batch
+            row = batch.ids.index(seq.request_id) if in_batch else 0
             self.prefix.finished(
                 seq,
-                self._batch.cache if in_batch else None,
+                batch.cache if in_batch else None,
                 row,
-                own_cache=seq.cache if healthy else None,
+                own_cache=self.applier.own_cache(seq.request_id) if healthy else None,
             )
         seq.phase = Phase.FINISHED
         seq.timings.finished = time.monotonic()
-        seq.cache = None
-        self._seqs.pop(seq.request_id, None)
-        self.forget_row(seq.request_id)
+        self._seqs.pop(seq.request_id, None)  # its KV is dropped at the end of the step
+        self.spec.forget_row(seq.request_id)
         self._on_finished()
         usage = Usage(
             prompt_tokens=seq.prompt_len,
@@ -775,41 +548,8 @@ class StepExecutor:
                 seq.computed,
                 seq.prompt_len + len(seq.generated),
                 rate,
-                len(self._batch),
+                len(self.applier.batch),
             )
-
-
-def _sampler(seq: Sequence) -> RequestSampler:
-    if seq.sampler is None:
-        seq.sampler = RequestSampler(seq.request.sampling)
-    return seq.sampler
-
-
-def _record_logprobs(seq: Sequence, logits: mx.array) -> None:
-    recorder = _sampler(seq).logprobs
-    if recorder is not None:
-        recorder.record(logits)
-
-
-def _rope_args(seqs: list[Sequence]) -> tuple[list[int], ...]:
-    """`(deltas,)`: each row's M-RoPE position delta when a row has one (image rows of
-    vision-language models); `()` otherwise, so text batches call exactly as before."""
-    deltas = [s.request.vision.rope_delta if s.request.vision is not None else 0 for s in seqs]
-    return (deltas,) if any(deltas) else ()
-
-
-def _kept(tokens: list[int] | GrammarError) -> int:
-    """Positions a verified row keeps in the cache (its request fails on an error)."""
-    return len(tokens) if isinstance(tokens, list) else 1
-
-
-def _greedy_accept(targets: list[int], draft: list[int]) -> list[int]:
-    """The longest prefix of `draft` equal to the model's argmax, then the argmax after
-    it: exactly the tokens plain greedy decoding would produce."""
-    accepted = 0
-    while accepted < len(draft) and draft[accepted] == targets[accepted]:
-        accepted += 1
-    return [*draft[:accepted], targets[accepted]]
 
 
 def _token_value(token: mx.array) -> int:

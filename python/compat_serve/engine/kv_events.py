@@ -44,7 +44,7 @@ import zmq
 from compat_serve.engine.metrics import format_labels
 
 if TYPE_CHECKING:
-    from compat_serve.engine.engine import EngineConfig
+    from compat_serve.engine.config import EngineConfig
     from compat_serve.engine.metrics import EngineMetrics
     from compat_serve.engine.prefix.cache import PrefixCaching
 

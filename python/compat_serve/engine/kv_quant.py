@@ -13,8 +13,8 @@ Two cache classes, the quantized twins of mlx-lm's `KVCache` / `BatchKVCache`:
 Both have `bits` and `group_size`, which is what makes mlx-lm's attention
 (`mlx_lm.models.base.scaled_dot_product_attention`) read them with quantized matmuls:
 no full-precision copy of a sequence's KV is ever made. The CPU fast paths
-(models/cpu_*.py) see `bits` and keep mlx-lm's path. Only plain attention layers are
-quantized; recurrent state and sliding-window (rotating) layers stay in the model's
+(models/cpu_*.py) see `bits` and keep mlx-lm's path. Sliding-window (rotating) layers
+are quantized too (engine/kv_quant_rotating.py); recurrent state stays in the model's
 dtype.
 """
 
@@ -27,7 +27,13 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache, _BaseCache
+from mlx_lm.models.cache import (
+    BatchKVCache,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    _BaseCache,
+)
 
 KV_BITS = (8, 4)
 KV_GROUP_SIZES = (32, 64, 128)
@@ -64,13 +70,23 @@ class KVFormat:
 
 
 def quantize_cache(cache: list[Any], kv_format: KVFormat) -> list[Any]:
-    """A fresh per-layer cache with its plain `KVCache` layers replaced by `QuantKV`."""
-    if kv_format.bits is None:
+    """A fresh per-layer cache with its plain `KVCache` layers replaced by `QuantKV` and
+    its sliding-window `RotatingKVCache` layers by `QuantRotatingKV`; recurrent state
+    (anything else) is left as it is."""
+    from compat_serve.engine.kv_quant_rotating import QuantRotatingKV
+
+    bits, group_size = kv_format.bits, kv_format.group_size
+    if bits is None:
         return cache
-    return [
-        QuantKV(kv_format.group_size, kv_format.bits) if type(layer) is KVCache else layer
-        for layer in cache
-    ]
+
+    def quantized(layer: Any) -> Any:
+        if type(layer) is KVCache:
+            return QuantKV(group_size, bits)
+        if type(layer) is RotatingKVCache:
+            return QuantRotatingKV(layer.max_size, layer.keep, group_size, bits)
+        return layer
+
+    return [quantized(layer) for layer in cache]
 
 
 def check_head_dim(head_dims: Sequence[int], kv_format: KVFormat) -> None:
@@ -125,10 +141,38 @@ class QuantKV(QuantizedKVCache):
         return BatchQuantKV.merge(caches)
 
 
-def _zeros_like_layout(ref: QuantArrays, batch: int, length: int) -> QuantArrays:
+def zeros_positions(ref: QuantArrays, batch: int, length: int) -> QuantArrays:
+    """Zeroed quantized arrays of `batch` rows and `length` positions, laid out as `ref`."""
     return tuple(  # type: ignore[return-value]
         mx.zeros((batch, a.shape[1], length, a.shape[3]), dtype=a.dtype) for a in ref
     )
+
+
+def pad_rows(
+    keys: QuantArrays | None,
+    values: QuantArrays | None,
+    ref_keys: QuantArrays,
+    ref_values: QuantArrays,
+    offset: mx.array,
+    left: int,
+    size: int,
+) -> tuple[QuantArrays, QuantArrays]:
+    """A batch's quantized keys and values padded to `size` positions, `left` of them in
+    front (rows with no K/V yet are all padding, shaped like `ref_*`): the layout two
+    batches share before `extend` concatenates their rows."""
+    rows = int(offset.shape[0])
+    k = keys if keys is not None else zeros_positions(ref_keys, rows, 0)
+    v = values if values is not None else zeros_positions(ref_values, rows, 0)
+    right = size - k[0].shape[2] - left
+    if right < 0:
+        k = tree_map(lambda a: a[..., :right, :], k)
+        v = tree_map(lambda a: a[..., :right, :], v)
+        right = 0
+    if left or right:
+        widths = [(0, 0), (0, 0), (left, right), (0, 0)]
+        k = tree_map(lambda a: mx.pad(a, widths), k)
+        v = tree_map(lambda a: mx.pad(a, widths), v)
+    return k, v
 
 
 class BatchQuantKV(_BaseCache):
@@ -157,13 +201,13 @@ class BatchQuantKV(_BaseCache):
             grow = (self.step + steps - 1) // self.step * self.step
             batch = keys.shape[0]
             if self.keys is None or self.values is None:
-                self.keys = _zeros_like_layout(new_k, batch, grow)
-                self.values = _zeros_like_layout(new_v, batch, grow)
+                self.keys = zeros_positions(new_k, batch, grow)
+                self.values = zeros_positions(new_v, batch, grow)
             else:
                 kept_k = tree_map(lambda a: a[..., :prev, :], self.keys)
                 kept_v = tree_map(lambda a: a[..., :prev, :], self.values)
-                extra_k = _zeros_like_layout(new_k, batch, grow)
-                extra_v = _zeros_like_layout(new_v, batch, grow)
+                extra_k = zeros_positions(new_k, batch, grow)
+                extra_v = zeros_positions(new_v, batch, grow)
                 self.keys = tuple(  # type: ignore[assignment]
                     mx.concatenate([a, b], axis=2) for a, b in zip(kept_k, extra_k, strict=True)
                 )
@@ -238,20 +282,9 @@ class BatchQuantKV(_BaseCache):
         size = max(c.keys[0].shape[2] for c in (self, other) if c.keys is not None)
 
         def pad(c: BatchQuantKV) -> tuple[Any, Any, mx.array, mx.array]:
-            rows = int(c.offset.shape[0])
             assert ref.keys is not None and ref.values is not None
-            k = c.keys if c.keys is not None else _zeros_like_layout(ref.keys, rows, 0)
-            v = c.values if c.values is not None else _zeros_like_layout(ref.values, rows, 0)
             left = max_idx - c._idx
-            right = size - k[0].shape[2] - left
-            if right < 0:
-                k = tree_map(lambda a: a[..., :right, :], k)
-                v = tree_map(lambda a: a[..., :right, :], v)
-                right = 0
-            if left or right:
-                widths = [(0, 0), (0, 0), (left, right), (0, 0)]
-                k = tree_map(lambda a: mx.pad(a, widths), k)
-                v = tree_map(lambda a: mx.pad(a, widths), v)
+            k, v = pad_rows(c.keys, c.values, ref.keys, ref.values, c.offset, left, size)
             return k, v, c.offset, c.left_padding + left
 
         mine, theirs = pad(self), pad(other)
@@ -285,8 +318,8 @@ class BatchQuantKV(_BaseCache):
         if longest == 0:
             return merged
         ref = next(c for c in caches if c.keys is not None)
-        keys = _zeros_like_layout(ref.keys, len(caches), longest)
-        values = _zeros_like_layout(ref.values, len(caches), longest)
+        keys = zeros_positions(ref.keys, len(caches), longest)
+        values = zeros_positions(ref.values, len(caches), longest)
         for i, (p, c, n) in enumerate(zip(padding, caches, lengths, strict=True)):
             if n == 0:
                 continue

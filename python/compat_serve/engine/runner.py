@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from compat_serve.engine.batch import merge_caches
 from compat_serve.engine.kv_format import describe_kv_cache, parameter_bytes
@@ -58,19 +58,30 @@ class ModelRunner:
         return quantize_cache(make_prompt_cache(self._model), self.kv_format)
 
     def head_dims(self) -> list[int]:
-        """The K and V head dims of each attention layer, read from a 1-token forward."""
+        """The K and V head dims of each attention layer (full or sliding-window), read from
+        a 1-token forward."""
         cache = make_prompt_cache(self._model)
         self._model(mx.array([[0]], dtype=mx.uint32), cache=cache)
         dims: list[int] = []
         for layer in cache:
-            if type(layer) is KVCache and layer.keys is not None and layer.values is not None:
+            if type(layer) in (KVCache, RotatingKVCache) and layer.keys is not None:
                 dims += [int(layer.keys.shape[-1]), int(layer.values.shape[-1])]
         return dims
 
     def measure_kv_bytes_per_token(self) -> int:
         """K/V bytes one position takes across all layers, measured on a 1-token forward."""
         cache = self.new_cache()
-        logits = self._model(mx.array([[0]], dtype=mx.uint32), cache=cache)
+        try:
+            logits = self._model(mx.array([[0]], dtype=mx.uint32), cache=cache)
+        except (ValueError, TypeError, AttributeError) as exc:
+            if not self.kv_format.quantized:
+                raise
+            # mlx-lm's quantized attention has no attention sinks (gpt-oss), and a model
+            # with its own attention code (gemma2) cannot read K/V triples at all.
+            raise ValueError(
+                f"--kv-bits {self.kv_format.bits}: this model's attention cannot read "
+                f"quantized K/V ({exc}); run it without --kv-bits"
+            ) from None
         mx.eval(logits, [c.state for c in cache])
         self.logits_width = int(logits.shape[-1])
         self.kv_layout = describe_kv_cache(cache)

@@ -33,8 +33,6 @@ class Sequence:
     phase: Phase = Phase.QUEUED
     computed: int = 0  # prompt tokens already run through the model
     generated: list[int] = field(default_factory=list)
-    # The request's own cache while it prefills; None once it joined the decode batch.
-    cache: list[Any] | None = None
     sampler: RequestSampler | None = None
     # Constrained decoding: the request's grammar state (None: unconstrained).
     constraint: GrammarMatcher | None = None
@@ -56,6 +54,12 @@ class Sequence:
     @property
     def prompt_len(self) -> int:
         return len(self.request.prompt_ids)
+
+    def ensure_sampler(self) -> RequestSampler:
+        """The request's sampler, made on first use."""
+        if self.sampler is None:
+            self.sampler = RequestSampler(self.request.sampling)
+        return self.sampler
 
     def known_tokens(self, start: int, end: int) -> list[int]:
         """Tokens `[start, end)` of prompt + generated (a preempted request recomputes

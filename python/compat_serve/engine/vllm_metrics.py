@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from compat_serve.engine.metrics import EngineMetrics, escape_help, format_labels, format_value
 
 if TYPE_CHECKING:
-    from compat_serve.engine.engine import EngineConfig
+    from compat_serve.engine.config import EngineConfig
     from compat_serve.engine.prefix.cache import PrefixCaching
 
 

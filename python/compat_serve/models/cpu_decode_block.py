@@ -20,9 +20,9 @@ release that changes them falls back to MLX instead of computing something else)
 `nn.RoPE`, `nn.RMSNorm` norms, bias-free float32 projections already on the skinny
 kernel, and the fused SwiGLU feed-forward. Only steps with one new position per row, at
 most `MAX_KERNEL_ROWS` rows, an unquantized cache and a mask the attention kernel reads
-take this path; over a quantized cache (`--kv-bits`) such a step takes the first call
-only, then mlx-lm's quantized attention and the block's own modules; prefill chunks and
-everything else run the stock block.
+take this path; over a quantized cache (`--kv-bits`) such a step runs the first call,
+mlx-lm's quantized attention, then the second call's part after attention
+(`finish_attended`); prefill chunks and everything else run the stock block.
 
 Rows are independent in every call (a request gets the same bits batched or alone).
 RoPE angles are computed in float64: MLX computes them in float32, which drifts by up to
@@ -163,8 +163,9 @@ def _project(
 
 def _quantized_step(self: Any, x: mx.array, mask: Any, cache: Any) -> mx.array:
     """A decode step over quantized KV (engine/kv_quant.py): the first Rust call (norm,
-    q/k/v, RoPE), then mlx-lm's quantized attention over the cache's stored arrays, and
-    the block's own output product, norm and feed-forward."""
+    q/k/v, RoPE), mlx-lm's quantized attention over the cache's stored arrays (quantized
+    matmuls, no dequantized copy), then the second call's output product, norm and
+    feed-forward on that attention (`finish_attended`)."""
     rows = x.shape[0]
     positions = _positions(cache.offset, rows)
     if positions is None:
@@ -175,9 +176,10 @@ def _quantized_step(self: Any, x: mx.array, mask: Any, cache: Any) -> mx.array:
     attended = scaled_dot_product_attention(
         mx.array(queries), cached_keys, cached_values, cache, attention.scale, mask
     )
-    h = x + attention.o_proj(attended.transpose(0, 2, 1, 3).reshape(rows, 1, -1))
-    out: mx.array = h + self.mlp(self.post_attention_layernorm(h))
-    return out
+    mx.eval(attended, cache.offset)
+    out = np.empty(x.shape, dtype=np.float32)
+    self._compat_decode_block.finish_attended(x, attended, out)
+    return mx.array(out)
 
 
 @functools.cache

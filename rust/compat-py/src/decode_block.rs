@@ -168,13 +168,8 @@ impl DecodeBlock {
         scale: f32,
         out: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let hidden = self.input_norm.cols;
-        let (x, out) = (Matrix::get("x", x)?, Matrix::get("out", out)?);
+        let (x, queries, out) = self.finish_operands(x, queries, "queries", out)?;
         let rows = x.rows;
-        x.expect("x", rows, hidden)?;
-        out.expect("out", rows, hidden)?;
-        let queries = Matrix::get("queries", queries)?;
-        queries.expect("queries", rows * self.heads, self.head_dim)?;
         let (keys, values) = (
             Strided4::get("keys", keys)?,
             Strided4::get("values", values)?,
@@ -200,7 +195,7 @@ impl DecodeBlock {
         let (inputs, query_values) = (x.buf.to_vec(py)?, queries.buf.to_vec(py)?);
         let (cached_keys, cached_values) = (keys.heads(), values.heads());
         let block = self.block();
-        let mut result = vec![0.0f32; rows * hidden];
+        let mut result = vec![0.0f32; rows * self.input_norm.cols];
         py.detach(|| {
             let mut attention = vec![0.0f32; query_values.len()];
             compat_kernels::attention_decode(
@@ -216,9 +211,48 @@ impl DecodeBlock {
         .map_err(|err| bad(err.to_string()))?;
         out.fill(py, &result)
     }
+
+    /// After an attention computed elsewhere (MLX's quantized attention over a quantized
+    /// cache): `attention` `[rows, heads, 1, head_dim]`, then the output projection, the
+    /// feed-forward and both residual adds onto `x`, written into `out` shaped like `x`.
+    fn finish_attended(
+        &self,
+        py: Python<'_>,
+        x: &Bound<'_, PyAny>,
+        attention: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let (x, attention, out) = self.finish_operands(x, attention, "attention", out)?;
+        let rows = x.rows;
+        let (inputs, attended) = (x.buf.to_vec(py)?, attention.buf.to_vec(py)?);
+        let block = self.block();
+        let mut result = vec![0.0f32; rows * self.input_norm.cols];
+        py.detach(|| block.finish(&inputs, &attended, &mut result))
+            .map_err(|err| bad(err.to_string()))?;
+        out.fill(py, &result)
+    }
 }
 
 impl DecodeBlock {
+    /// The second call's operands, checked: `x` and `out` `[rows, hidden]`, and per-head
+    /// vectors (queries or an attention result) `[rows * heads, head_dim]`.
+    fn finish_operands(
+        &self,
+        x: &Bound<'_, PyAny>,
+        per_head: &Bound<'_, PyAny>,
+        per_head_name: &str,
+        out: &Bound<'_, PyAny>,
+    ) -> PyResult<(Matrix, Matrix, Matrix)> {
+        let hidden = self.input_norm.cols;
+        let (x, out) = (Matrix::get("x", x)?, Matrix::get("out", out)?);
+        let rows = x.rows;
+        x.expect("x", rows, hidden)?;
+        out.expect("out", rows, hidden)?;
+        let per_head = Matrix::get(per_head_name, per_head)?;
+        per_head.expect(per_head_name, rows * self.heads, self.head_dim)?;
+        Ok((x, per_head, out))
+    }
+
     fn block(&self) -> DecoderBlock<'_> {
         DecoderBlock {
             input_norm: RmsNorm {

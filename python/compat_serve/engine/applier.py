@@ -1,0 +1,233 @@
+"""The applying side of a step: the KV caches and every forward pass over them.
+
+`StepApplier` owns each prefilling request's batch-1 cache and the decode batch
+(`DecodeBatch`), and is the only thing the executor reaches the model through. Each
+public method is one op of the step plan (engine/step_plan.py): it is recorded, then
+applied. `take_plan()` hands the recorded ops over as a `StepPlan`; `apply(plan)` runs a
+plan's ops on another applier (a follower with the same weights), returning the logits
+of its forwards in order, and reproduces the recorder's KV bit for bit.
+
+Forward methods return lazy logits: sampling, grammars, stop strings and everything a
+request's text needs stay with the deciding side (`StepExecutor`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from compat_serve.engine.batch import DecodeBatch, LayerCaches
+from compat_serve.engine.runner import ModelRunner
+from compat_serve.engine.step_plan import (
+    ClearBatch,
+    Decode,
+    Drop,
+    Join,
+    NewCache,
+    PlanError,
+    PlanOp,
+    Prefill,
+    PrefillTogether,
+    Restore,
+    Rollback,
+    StepPlan,
+    Verify,
+)
+from compat_serve.engine.vision import VisionInput
+
+# Fills a request's fresh cache from this rank's prefix-cache blocks (`Restore`).
+Restorer = Callable[[Restore, LayerCaches], None]
+
+
+class StepApplier:
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.batch = DecodeBatch()
+        self._own: dict[str, LayerCaches] = {}
+        self._ops: list[PlanOp] = []
+        self._plans = 0
+
+    # ---- reading (the deciding side's prefix cache and metrics) --------------------
+
+    def own_cache(self, request_id: str) -> LayerCaches | None:
+        """The request's batch-1 cache while it prefills (None before and after)."""
+        return self._own.get(request_id)
+
+    def held_ids(self) -> list[str]:
+        """Every request that has KV here: prefilling, then decoding."""
+        return [*self._own, *self.batch.ids]
+
+    @property
+    def own_caches(self) -> dict[str, LayerCaches]:
+        return dict(self._own)
+
+    def take_plan(self) -> StepPlan | None:
+        """The ops applied since the last plan, as the next plan (None: none)."""
+        if not self._ops:
+            return None
+        plan = StepPlan(self._plans, tuple(self._ops))
+        self._plans += 1
+        self._ops = []
+        return plan
+
+    # ---- ops (recorded, then applied) ------------------------------------------------
+
+    def new_cache(self, request_id: str) -> LayerCaches:
+        self._ops.append(NewCache(request_id))
+        cache = self._own[request_id] = self.runner.new_cache()
+        return cache
+
+    def restored(self, op: Restore) -> None:
+        """The deciding side's prefix cache has filled the request's fresh cache (it
+        holds the blocks in this process); only the record is made here."""
+        self._ops.append(op)
+
+    def prefill(
+        self, request_id: str, start: int, tokens: list[int], vision: VisionInput | None = None
+    ) -> None:
+        self._ops.append(Prefill(request_id, start, tuple(tokens), False, vision is not None))
+        self.runner.prefill(self._cache(request_id), tokens, vision, start)
+
+    def last_logits(
+        self, request_id: str, start: int, tokens: list[int], vision: VisionInput | None = None
+    ) -> mx.array:
+        """`prefill` that returns the last position's (lazy) logits, `[1, vocab]`."""
+        self._ops.append(Prefill(request_id, start, tuple(tokens), True, vision is not None))
+        return self.runner.last_logits(self._cache(request_id), tokens, vision, start)
+
+    def prefill_together(
+        self, request_ids: list[str], token_lists: list[list[int]]
+    ) -> tuple[mx.array, Callable[[], None]]:
+        """Batched prefill of several requests' remaining prompts: their logits, and a
+        commit that installs the new caches and records the op. Without the commit (the
+        planner prefills them one by one instead) nothing happened here."""
+        caches = [self._cache(request_id) for request_id in request_ids]
+        logits, own = self.runner.last_logits_together(caches, token_lists)
+
+        def commit() -> None:
+            self._ops.append(
+                PrefillTogether(tuple(request_ids), tuple(tuple(t) for t in token_lists))
+            )
+            self._own.update(zip(request_ids, own, strict=True))
+
+        return logits, commit
+
+    def decode(
+        self, request_ids: list[str], tokens: list[int], rope_deltas: Sequence[int] = ()
+    ) -> mx.array:
+        self._check_rows(request_ids)
+        self._ops.append(Decode(tuple(request_ids), tuple(tokens), tuple(rope_deltas)))
+        deltas = (list(rope_deltas),) if rope_deltas else ()
+        return self.runner.decode_logits(self.batch.cache, tokens, *deltas)
+
+    def verify(
+        self, request_ids: list[str], rows: list[list[int]], rope_deltas: Sequence[int] = ()
+    ) -> mx.array:
+        self._check_rows(request_ids)
+        self._ops.append(Verify(tuple(request_ids), tuple(map(tuple, rows)), tuple(rope_deltas)))
+        deltas = (list(rope_deltas),) if rope_deltas else ()
+        return self.runner.verify_logits(self.batch.cache, rows, *deltas)
+
+    def rollback(self, positions: list[int]) -> None:
+        self._ops.append(Rollback(tuple(positions)))
+        self.batch.rollback(positions)
+
+    def join(self, request_ids: list[str]) -> None:
+        """Move these requests' own caches into the batch (their caches leave even if
+        merging fails: the caller then clears the batch)."""
+        self._ops.append(Join(tuple(request_ids)))
+        joining = [(request_id, self._own.pop(request_id)) for request_id in request_ids]
+        self.batch.add(joining)
+
+    def drop(self, request_ids: list[str]) -> None:
+        if not request_ids:
+            return
+        self._ops.append(Drop(tuple(request_ids)))
+        for request_id in request_ids:
+            self._own.pop(request_id, None)
+        gone = set(request_ids)
+        self.batch.retain(r for r in self.batch.ids if r not in gone)
+
+    def clear_batch(self) -> None:
+        self._ops.append(ClearBatch())
+        self.batch.clear()
+
+    # ---- a follower ----------------------------------------------------------------------
+
+    def apply(self, plan: StepPlan, restorer: Restorer | None = None) -> list[mx.array]:
+        """Run a recorded plan's ops here; the logits of its forwards (decode, verify,
+        last prefill chunks, batched prefills), evaluated, in order. `restorer` fills a
+        restored request's cache from this rank's prefix-cache blocks."""
+        if plan.step != self._plans:
+            raise PlanError(f"plan {plan.step} arrived, expected plan {self._plans}")
+        outputs: list[mx.array] = []
+        for op in plan.ops:
+            logits = self._apply_op(op, restorer)
+            if logits is not None:
+                mx.eval(logits)
+                outputs.append(logits)
+        self._ops = []  # a follower keeps no record of its own
+        self._plans += 1
+        return outputs
+
+    def _apply_op(self, op: PlanOp, restorer: Restorer | None) -> mx.array | None:
+        if isinstance(op, Prefill | Restore) and op.request_id not in self._own:
+            raise PlanError(f"{op.kind} for {op.request_id}, which has no cache here")
+        match op:
+            case NewCache():
+                self.new_cache(op.request_id)
+            case Restore():
+                if restorer is None:
+                    raise PlanError(f"{op.request_id}: restoring needs the prefix-cache blocks")
+                restorer(op, self._own[op.request_id])
+            case Prefill(vision=True):
+                raise PlanError(f"{op.request_id}: the plan has no image inputs")
+            case Prefill(logits=True):
+                return self.last_logits(op.request_id, op.start, list(op.tokens))
+            case Prefill():
+                self.prefill(op.request_id, op.start, list(op.tokens))
+            case PrefillTogether():
+                logits, commit = self.prefill_together(
+                    list(op.request_ids), [list(t) for t in op.token_lists]
+                )
+                commit()
+                return logits
+            case Decode():
+                return self.decode(list(op.request_ids), list(op.tokens), op.rope_deltas)
+            case Verify():
+                rows = [list(row) for row in op.rows]
+                return self.verify(list(op.request_ids), rows, op.rope_deltas)
+            case Rollback():
+                self.rollback(list(op.positions))
+            case Join():
+                self.join(list(op.request_ids))
+            case Drop():
+                self.drop(list(op.request_ids))
+            case ClearBatch():
+                self.clear_batch()
+        return None
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def _cache(self, request_id: str) -> LayerCaches:
+        cache = self._own.get(request_id)
+        if cache is None:
+            raise PlanError(f"{request_id} has no cache of its own")
+        return cache
+
+    def _check_rows(self, request_ids: list[str]) -> None:
+        if request_ids != self.batch.ids:
+            raise PlanError(f"rows {request_ids} do not match the batch {self.batch.ids}")
+
+
+def kv_arrays(cache: LayerCaches) -> list[Any]:
+    """Every array and number of a cache's state, layer by layer (what replays
+    compare)."""
+    out: list[Any] = []
+    for layer in cache:
+        flat: list[tuple[str, Any]] = tree_flatten(layer.state)  # type: ignore[assignment]
+        out.extend(value for _, value in flat)
+    return out
