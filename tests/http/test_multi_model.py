@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from compat_serve.bootstrap import ServeOptions
 from compat_serve.engine.memory import weights_nbytes
@@ -213,6 +214,14 @@ def test_claude_code_names_route_to_their_models(tmp_path: Path) -> None:
             names = ["claude-sonnet-4-5", "claude-haiku-4-5"] * 2
             replies = list(pool.map(lambda m: _message(base, m, "Say yes."), names))
         assert [r.status_code for r in replies] == [200] * 4
+        # /metrics: both engines' series, one family each, labelled by model; a valid
+        # exposition (prometheus_client's parser rejects a family given twice).
+        families = {
+            f.name: f for f in text_string_to_metric_families(httpx.get(f"{base}/metrics").text)
+        }
+        requests = [s for s in families["compat_requests"].samples if s.value]
+        assert {s.labels["model"] for s in requests} == {"main", "fast"}
+        assert sum(s.value for s in requests) == 6  # every request above, once
     finally:
         running.stop()
 

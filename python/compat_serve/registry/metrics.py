@@ -63,3 +63,38 @@ class HubMetrics:
             )
             + "\n"
         )
+
+
+def merge_expositions(parts: list[tuple[str, str]]) -> str:
+    """Several engines' Prometheus texts as one: each family's HELP/TYPE once, every
+    sample labelled with its model (`model="<id>"`, unless it has a `model` label of its
+    own), the families in first-seen order."""
+    headers: dict[str, list[str]] = {}
+    samples: dict[str, list[str]] = {}
+    for model_id, text in parts:
+        family = ""
+        for line in text.splitlines():
+            if line.startswith(("# HELP ", "# TYPE ")):
+                family = line.split(" ", 3)[2]
+                seen = headers.setdefault(family, [])
+                samples.setdefault(family, [])
+                if line[:6] not in (h[:6] for h in seen):
+                    seen.append(line)
+            elif line and not line.startswith("#"):
+                samples.setdefault(family, []).append(_labelled(line, model_id))
+    lines = []
+    for family, rows in samples.items():
+        lines += headers.get(family, [])
+        lines += rows
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def _labelled(sample: str, model_id: str) -> str:
+    name_and_labels, _, value = sample.rpartition(" ")
+    label = format_labels([("model", model_id)])[1:-1]
+    if "{" in name_and_labels:
+        name, _, labels = name_and_labels.partition("{")
+        if 'model="' in labels.split("}")[0]:
+            return sample
+        return f"{name}{{{label},{labels} {value}"
+    return f"{name_and_labels}{{{label}}} {value}"

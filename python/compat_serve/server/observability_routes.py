@@ -11,6 +11,7 @@ from fastapi.responses import PlainTextResponse
 
 from compat_serve.engine.metrics import CONTENT_TYPE
 from compat_serve.registry.hub import ModelHub
+from compat_serve.registry.metrics import merge_expositions
 from compat_serve.server.generation import model_hub
 
 router = APIRouter()
@@ -47,12 +48,18 @@ async def status(request: Request) -> dict[str, Any]:
     if state is None:  # several models configured, none resident yet
         return {"model": None, "requests": [], **models}
     engine = state.engine
-    rows = engine.status.snapshot()
-    # Token counts and decode rate come from the metrics registry, which counts every
-    # token; the status board holds phase, prompt size and TTFT.
-    progress = engine.metrics.progress()
-    for row in rows:
-        row.update(progress.get(row["request_id"], {}))
+    rows = []
+    for slot in hub.resident() if len(hub.slots) > 1 else [hub.slots[hub.registry.default.id]]:
+        if slot.state is None:
+            continue
+        # Token counts and decode rate come from the metrics registry, which counts every
+        # token; the status board holds phase, prompt size and TTFT.
+        progress = slot.state.engine.metrics.progress()
+        for row in slot.state.engine.status.snapshot():
+            row.update(progress.get(row["request_id"], {}))
+            if len(hub.slots) > 1:
+                row["model"] = slot.entry.id
+            rows.append(row)
     queued, running = engine.metrics.counts()
     return {
         "model": state.served_model_name,
@@ -73,9 +80,18 @@ async def status(request: Request) -> dict[str, Any]:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> PlainTextResponse:
-    """The front model's engine series (the default model's, else the last used) and the
-    hub's per-model series."""
+    """The engines' series and the hub's per-model series. With several models configured,
+    every resident model's engine series, each sample labelled `model="<id>"`."""
     hub = model_hub(request)
-    state = hub.front_state()
-    body = (state.engine.metrics.render() if state is not None else "") + hub.metrics.render()
-    return PlainTextResponse(body, media_type=CONTENT_TYPE)
+    if len(hub.slots) == 1:  # single-model mode: the engine's series as they always were
+        state = hub.front_state()
+        engines = state.engine.metrics.render() if state is not None else ""
+    else:
+        engines = merge_expositions(
+            [
+                (slot.entry.id, slot.state.engine.metrics.render())
+                for slot in hub.resident()
+                if slot.state is not None
+            ]
+        )
+    return PlainTextResponse(engines + hub.metrics.render(), media_type=CONTENT_TYPE)
