@@ -145,7 +145,8 @@ def build_hub(base: ServeOptions, flags: ModelFlags) -> ModelHub:
         start=lambda state: state.engine.start(host),
     )
     if single_state is not None:
-        hub.adopt(registry.entries[0].id, single_state)
+        single = registry.entries[0]
+        hub.adopt(single.id, single_state, estimate_bytes(base, single))
     for entry in registry.entries:
         if (entry.preload or entry.pin) and hub.slots[entry.id].state is None:
             need = hub.estimate(hub.slots[entry.id])
@@ -154,7 +155,7 @@ def build_hub(base: ServeOptions, flags: ModelFlags) -> ModelHub:
                     f"{entry.origin}: model {entry.id!r} is pinned or preloaded but does not fit "
                     f"--memory-budget ({need} bytes needed, {budget - hub.resident_total()} left)"
                 )
-            hub.adopt(entry.id, build_state(entry_options(base, entry)))
+            hub.adopt(entry.id, build_state(entry_options(base, entry)), need)
     log.info(
         "models: %s (default %s)",
         ", ".join(f"{e.id} [{hub.slots[e.id].status}]" for e in registry.entries),

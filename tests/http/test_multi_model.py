@@ -304,3 +304,36 @@ def test_a_model_that_fails_to_load_answers_500_once_then_400(tmp_path: Path) ->
         assert status["state"] == "unloaded" and status["failure"]
     finally:
         running.stop()
+
+
+def test_no_room_beside_a_pinned_model_is_overloaded_in_each_api(
+    tmp_path: Path, embedded_model: LoadedModel
+) -> None:
+    file = tmp_path / "models.yaml"
+    path = embedded_model_path()
+    file.write_text(
+        f"models:\n  - id: main\n    path: {path}\n    pin: true\n  - id: fast\n    path: {path}\n"
+    )
+    one_model = weights_nbytes(embedded_model.model) + 2 * 64 * 10**6
+    running = _serve(
+        ServeOptions(kv_memory="64MB", cache_memory="64MB"),
+        ModelFlags(
+            models_file=str(file), memory_budget=str(int(one_model * 1.5)), wait_timeout_s=0.3
+        ),
+    )
+    base = running.base_url
+    try:
+        assert _states(base) == {"main": "loaded", "fast": "unloaded"}  # pinned: at start
+        anthropic = _message(base, "fast", "Hi")
+        assert anthropic.status_code == 529
+        assert anthropic.json()["error"]["type"] == "overloaded_error"
+        openai = httpx.post(
+            f"{base}/v1/chat/completions",
+            json={"model": "fast", "messages": [{"role": "user", "content": "Hi"}]},
+            timeout=60,
+        )
+        assert openai.status_code == 503 and "retry-after" in openai.headers
+        assert "no memory for model 'fast'" in openai.json()["error"]["message"]
+        assert _message(base, "main", "Hi").status_code == 200  # the pinned one serves
+    finally:
+        running.stop()
