@@ -23,15 +23,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from compat_serve.registry.entries import ModelEntry
 from compat_serve.registry.metrics import HubMetrics
 from compat_serve.registry.routing import ModelRegistry
+from compat_serve.registry.slots import (
+    ModelRequestError,
+    ModelSlot,
+    cannot_reload,
+    files_stamp,
+    gib,
+    parse_lifetime,
+    resident_bytes,
+)
+
+__all__ = ["ModelHub", "ModelRequestError", "ModelSlot", "parse_lifetime"]
 
 if TYPE_CHECKING:
     from compat_serve.server.state import ServerState
@@ -39,65 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("compat_serve.registry")
 
 _POLL_S = 0.05
-
-
-class ModelRequestError(Exception):
-    """Why a request cannot have its model: `status` is the OpenAI-side HTTP status;
-    `overloaded` marks a wait for memory that timed out (529 on Anthropic routes)."""
-
-    def __init__(
-        self, status: int, message: str, *, code: str | None = None, overloaded: bool = False
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.overloaded = status, message, code, overloaded
-
-
-@dataclass
-class ModelSlot:
-    entry: ModelEntry
-    state: ServerState | None = None
-    loading: asyncio.Task[ServerState] | None = None
-    unloading: bool = False
-    last_used: float = 0.0
-    loaded_at: float = 0.0
-    resident_bytes: int = 0
-    # Bytes measured at the last load (the next load's estimate).
-    measured_bytes: int | None = None
-    # Overrides from request bodies (Ollama keep_alive, LM Studio ttl).
-    ttl_s: float | None = None
-    pinned: bool = False
-    failure: str | None = None
-    failure_stamp: float | None = None
-    # HTTP requests routed here whose responses have not ended.
-    leases: int = 0
-
-    @property
-    def status(self) -> str:
-        if self.state is not None and not self.unloading:
-            return "loaded"
-        return "loading" if self.loading is not None else "unloaded"
-
-    @property
-    def in_flight(self) -> int:
-        return 0 if self.state is None else self.state.engine.in_flight
-
-    def busy(self) -> bool:
-        return self.in_flight > 0 or self.leases > 0
-
-    def expired(self, now: float) -> bool:
-        return self.ttl_s is not None and now - self.last_used >= self.ttl_s
-
-
-def _files_stamp(path: str | None) -> float | None:
-    """The newest modification time under a model path (None: the embedded model)."""
-    if path is None:
-        return None
-    try:
-        if os.path.isdir(path):
-            return max((e.stat().st_mtime for e in os.scandir(path)), default=0.0)
-        return os.stat(path).st_mtime
-    except OSError:
-        return None
 
 
 class ModelHub:
@@ -158,7 +108,7 @@ class ModelHub:
         )
         hub = cls(
             ModelRegistry([entry], strict=state.strict_model_names),
-            load=_cannot_reload,
+            load=cannot_reload,
             release=lambda s: s.engine.shutdown(),
             collect=lambda: None,
             estimate=lambda _: 0,
@@ -301,7 +251,7 @@ class ModelHub:
         if model_id in self._never_fits:
             raise ModelRequestError(400, self._never_fits[model_id], code="model_too_large")
         if slot.failure is not None:
-            if _files_stamp(slot.entry.path) == slot.failure_stamp:
+            if files_stamp(slot.entry.path) == slot.failure_stamp:
                 raise ModelRequestError(
                     400,
                     f"model {model_id!r} failed to load: {slot.failure}",
@@ -329,7 +279,7 @@ class ModelHub:
             state = await asyncio.to_thread(self._load_fn, entry)
         except Exception as exc:  # any loader failure: this model's, not the server's
             slot.resident_bytes = 0
-            slot.failure, slot.failure_stamp = str(exc), _files_stamp(entry.path)
+            slot.failure, slot.failure_stamp = str(exc), files_stamp(entry.path)
             log.error("model %s failed to load: %s", entry.id, exc)
             raise ModelRequestError(
                 500, f"model {entry.id!r} failed to load: {exc}", code="model_load_failed"
@@ -376,8 +326,8 @@ class ModelHub:
         need = self.estimate(slot)
         if need > budget:
             message = (
-                f"model {slot.entry.id!r} needs about {_gib(need)} (weights, KV and prefix "
-                f"cache) and can never fit the memory budget of {_gib(budget)} "
+                f"model {slot.entry.id!r} needs about {gib(need)} (weights, KV and prefix "
+                f"cache) and can never fit the memory budget of {gib(budget)} "
                 "(--memory-budget)"
             )
             self._never_fits[slot.entry.id] = message
@@ -395,7 +345,7 @@ class ModelHub:
                     raise ModelRequestError(
                         503,
                         f"no memory for model {slot.entry.id!r}: the resident models are "
-                        f"busy ({_gib(self.resident_total())} of {_gib(budget)}); retry later",
+                        f"busy ({gib(self.resident_total())} of {gib(budget)}); retry later",
                         overloaded=True,
                     )
                 self._room_waiters.setdefault(slot.entry.id, time.monotonic())
@@ -414,8 +364,8 @@ class ModelHub:
             if victim is None:
                 log.warning(
                     "resident models take %s, over the %s budget; all are busy or pinned",
-                    _gib(self.resident_total()),
-                    _gib(budget),
+                    gib(self.resident_total()),
+                    gib(budget),
                 )
                 return
             await self.unload(victim.entry.id, "lru")
@@ -467,45 +417,3 @@ class ModelHub:
                 if not slot.pinned and slot.expired(now) and not slot.busy():
                     with contextlib.suppress(ModelRequestError):  # busy again: next round
                         await self.unload(slot.entry.id, "ttl", wait_s=0)
-
-
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_lifetime(body: Mapping[str, Any]) -> float | None:
-    """Seconds a request asks its model to stay resident when idle (negative: forever):
-    Ollama's `keep_alive` (seconds, or a duration such as "5m"; 0 unloads once idle, -1
-    pins) or LM Studio's `ttl` (seconds). None when the body sets neither or a value is
-    not understood."""
-    value = body.get("keep_alive", body.get("ttl"))
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        text = value.strip().lower()
-        for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
-            if text.endswith(unit):
-                try:
-                    return float(text[: -len(unit)]) * _DURATION_UNITS[unit]
-                except ValueError:
-                    return None
-        try:
-            return float(text)
-        except ValueError:
-            return None
-    return None
-
-
-def _cannot_reload(entry: ModelEntry) -> ServerState:
-    raise RuntimeError(f"model {entry.id!r} was built by its embedder and cannot be reloaded")
-
-
-def resident_bytes(state: ServerState) -> int:
-    """What a model holds at most: its weights, its live-KV budget and its prefix cache."""
-    memory = state.engine.memory
-    return int(memory.weights + memory.kv + memory.cache)
-
-
-def _gib(size: int) -> str:
-    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
