@@ -172,6 +172,26 @@ def test_control_calls_name_models_by_id_and_refuse_unknown_ones(
     assert _states(base)["alpha"] == "unloaded"
 
 
+def test_cold_streams_on_every_route_keep_alive_then_answer(dir_server: RunningServer) -> None:
+    base = dir_server.base_url
+    dir_server.state.keepalive_s = 0.02  # type: ignore[attr-defined]
+    routes = [
+        # The cap ends the response as `incomplete` unless the model stops first.
+        ("/v1/responses", {"input": "Hi", "max_output_tokens": 16}, ("completed", "incomplete")),
+        ("/v1/completions", {"prompt": "Once upon", "max_tokens": 4}, ("[DONE]",)),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}, ("[DONE]",)),
+    ]
+    for path, fields, last in routes:
+        assert _states(base)["alpha"] == "unloaded"
+        body = {"model": "alpha", "stream": True, **fields}
+        with httpx.stream("POST", f"{base}{path}", json=body, timeout=120) as response:
+            assert response.status_code == 200
+            lines = [line for line in response.iter_lines() if line]
+        assert lines[0].startswith(":"), (path, lines[:3])  # a keep-alive comment first
+        assert any(end in lines[-1] for end in last), (path, lines[-3:])
+        assert httpx.post(f"{base}/models/unload", json={"model": "alpha"}).json()["success"]
+
+
 CLAUDE_MODELS = """\
 models:
   - id: main
@@ -249,6 +269,12 @@ def test_a_model_larger_than_the_budget_fails_fast_and_the_server_lives(
         chunks = _stream_events(base, "only", api="openai")
         error = json.loads(chunks[0])["error"]
         assert "can never fit" in error["message"] and chunks[-1] == "[DONE]"
+        body = {"model": "only", "stream": True, "input": "Hi"}
+        with httpx.stream("POST", f"{base}/v1/responses", json=body, timeout=60) as response:
+            frames = [line for line in response.iter_lines() if line.startswith("data: ")]
+        failed = json.loads(frames[-1].removeprefix("data: "))
+        assert failed["type"] == "response.failed"
+        assert "can never fit" in failed["response"]["error"]["message"]
         assert httpx.get(f"{base}/health").status_code == 200
         assert _loads(base, "only") == 0
     finally:

@@ -6,12 +6,14 @@ then ends the stream with the API's error event instead of an HTTP status."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Generic, TypeVar
 
 from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
 
 from compat_serve.registry.hub import ModelRequestError
+from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import model_hub
 
 T = TypeVar("T")
@@ -51,3 +53,33 @@ class Waiting(Generic[T]):
 
     def result(self) -> T:
         return self._task.result()
+
+
+async def stream_when_ready(
+    work: Awaitable[Response],
+    frame: str,
+    interval_s: float,
+    on_error: Callable[[ApiError], list[str]],
+) -> AsyncIterator[str | bytes]:
+    """Keep-alive frames while `work` (a route's own handler) gets its model, then the
+    body of the streamed response it returns; an ApiError becomes `on_error`'s frames."""
+    waiting = Waiting(work, frame, interval_s)
+    async for keepalive in waiting.frames():
+        yield keepalive
+    try:
+        response = waiting.result()
+    except ApiError as exc:
+        for line in on_error(exc):
+            yield line
+        return
+    if not isinstance(response, StreamingResponse):  # a route's non-streamed answer
+        yield bytes(response.body)
+        return
+    body = response.body_iterator
+    try:
+        async for chunk in body:
+            yield chunk if isinstance(chunk, str | bytes) else bytes(chunk)
+    finally:
+        close = getattr(body, "aclose", None)
+        if close is not None:
+            await close()  # a client that left: the route's own cleanup runs

@@ -28,7 +28,12 @@ from compat_serve.server.generation import (
 from compat_serve.server.images import reads_images
 from compat_serve.server.keys import cache_salt
 from compat_serve.server.lifecycle import shutdown_error
-from compat_serve.server.model_wait import OPENAI_KEEPALIVE, Waiting, model_is_cold
+from compat_serve.server.model_wait import (
+    OPENAI_KEEPALIVE,
+    Waiting,
+    model_is_cold,
+    stream_when_ready,
+)
 from compat_serve.server.openai import adapter
 from compat_serve.server.openai.logprobs import (
     TokenTexts,
@@ -185,6 +190,21 @@ def _final_chunks(
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Any:
+    if body.stream and model_is_cold(request, body.model):
+        return StreamingResponse(
+            stream_when_ready(
+                _completions(body, request),
+                OPENAI_KEEPALIVE,
+                model_hub(request).keepalive_s,
+                lambda exc: [sse.data_line(openai_error_body(exc)), sse.data_line("[DONE]")],
+            ),
+            media_type="text/event-stream",
+            headers=sse.SSE_HEADERS,
+        )
+    return await _completions(body, request)
+
+
+async def _completions(body: CompletionRequest, request: Request) -> Any:
     state = await model_state(request, body.model)
     if body.suffix:
         raise ApiError(400, "suffix: not supported", param="suffix")
