@@ -128,3 +128,30 @@ def test_stopping_one_engine_leaves_the_other_serving(embedded_model: LoadedMode
     while "compat-engine-stop-test" in [t.name for t in threading.enumerate()]:
         assert time.monotonic() < deadline, "the host thread outlived its engines"
         time.sleep(0.01)
+
+
+def test_an_engine_whose_loop_fails_ends_its_requests_and_the_other_goes_on(
+    embedded_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = EngineHost(name="compat-engine-fault-test")
+    broken, healthy = (
+        Engine(embedded_model, EngineConfig(prefill_chunk=64, prefix_cache=False)) for _ in range(2)
+    )
+
+    def scheduler_bug() -> bool:
+        raise RuntimeError("a scheduler bug")
+
+    monkeypatch.setattr(broken._executor, "step", scheduler_bug)
+    broken.start(host)
+    healthy.start(host)
+    ids = chat_ids(embedded_model, "Say hi.")
+
+    async def both() -> tuple[list[EngineEvent], list[int]]:
+        failed = [e async for e in broken.submit(EngineRequest("x", ids, GREEDY))]
+        return failed, await _tokens(healthy, "ok", ids, GREEDY)
+
+    failed, tokens = asyncio.run(both())
+    assert failed[-1].finish_reason is FinishReason.SHUTDOWN
+    assert tokens and healthy.running and not broken.running
+    healthy.shutdown()
+    broken.shutdown()
