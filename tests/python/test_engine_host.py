@@ -99,7 +99,10 @@ def test_a_background_request_is_not_starved_by_a_decoding_model(
     ]
     try:
         time.sleep(1.0)  # the four streams are decoding
-        busy = statistics.median(_first_token_s(background, f"busy{i}", short) for i in range(3))
+        # The best of three: a neighbour process on a shared CPU can slow one run; an
+        # unfair host (the decoding model stepped while others wait) slows every run by
+        # the whole decode (tens of seconds).
+        busy = min(_first_token_s(background, f"busy{i}", short) for i in range(3))
         assert main.in_flight == 4  # still decoding throughout
     finally:
         for stream in decoding:
