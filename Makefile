@@ -107,6 +107,8 @@ bench-python: build
 	$(PY) benches/json_object_ends.py
 	$(PY) benches/step_plan_size.py
 	$(PY) benches/distributed.py
+	$(PY) benches/multi_model.py
+	$(PY) benches/multi_model_replay.py
 
 clean:
 	cargo clean

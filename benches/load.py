@@ -97,6 +97,7 @@ class Spec:
     temperature: float
     abort_after_deltas: int | None = None  # streams: hang up after this many content deltas
     abort_after_s: float | None = None  # non-streamed: hang up after this many seconds
+    model: str = "bench"  # the request's model name (--model-names)
 
 
 @dataclass
@@ -124,7 +125,7 @@ def request_body(spec: Spec) -> tuple[str, dict[str, str], dict[str, Any]]:
     if spec.api == "openai":
         messages = [{"role": "system", "content": spec.system}, *spec.messages]
         body: dict[str, Any] = {
-            "model": "bench",
+            "model": spec.model,
             "messages": messages,
             "max_tokens": spec.max_tokens,
             "temperature": spec.temperature,
@@ -134,7 +135,7 @@ def request_body(spec: Spec) -> tuple[str, dict[str, str], dict[str, Any]]:
             body["stream_options"] = {"include_usage": True}
         return "/v1/chat/completions", OPENAI_HEADERS, body
     body = {
-        "model": "bench",
+        "model": spec.model,
         "system": spec.system,
         "messages": spec.messages,
         "max_tokens": spec.max_tokens,
@@ -425,7 +426,10 @@ async def wait_idle(client: httpx.AsyncClient, base: str, seconds: float) -> dic
 
 def is_idle(status: dict[str, Any]) -> bool:
     keys = ("queue_depth", "running", "kv_tokens_reserved")
-    return all(status.get(k) == 0 for k in keys) and not status.get("requests")
+    models = status.get("models", [])  # several models: none has requests in flight
+    if models and any(m.get("in_flight") for m in models):
+        return False
+    return all(status.get(k, 0) == 0 for k in keys) and not status.get("requests")
 
 
 def mib(n: float | None) -> str:
@@ -471,6 +475,7 @@ def make_spec(rng: random.Random, args: argparse.Namespace, cid: int, n: int) ->
         messages=messages,
         max_tokens=rng.randint(args.min_tokens, args.max_tokens),
         temperature=rng.choice((0.0, 0.7)),
+        model=rng.choice(args.model_names.split(",")),
     )
     if rng.random() < args.abort_fraction:
         if stream:
@@ -663,6 +668,12 @@ def main() -> None:
     parser.add_argument("--progress-every", type=float, default=15.0, help="seconds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=None, help="compat-serve --model (default embedded)")
+    parser.add_argument(
+        "--model-names",
+        default="bench",
+        help="comma-separated model names requests pick from at random (a server with "
+        "several models, e.g. --server-arg=--models-dir=DIR --model-names a,b)",
+    )
     parser.add_argument(
         "--server-arg",
         action="append",

@@ -44,15 +44,24 @@ class RunningServer:
 
 
 def start_server(loaded: LoadedModel, **options: object) -> RunningServer:
-    import uvicorn
-
     from compat_serve.bootstrap import ServeOptions, build_state
     from compat_serve.server.app import create_app
 
     state = build_state(ServeOptions(**options), loaded=loaded)  # type: ignore[arg-type]
+    return run_app(create_app(state), state)
+
+
+def run_app(app: object, state: object) -> RunningServer:
+    """Serve an app on a free loopback port from a background thread."""
+    import uvicorn
+
     port = free_port()
     config = uvicorn.Config(
-        create_app(state), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+        app,  # type: ignore[arg-type]
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)

@@ -163,8 +163,9 @@ def _disk_size(options: ServeOptions) -> int | None:
     return parse_memory_size(options.cache_disk_size, total=shutil.disk_usage(path).free)
 
 
-def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> ServerState:
-    """Build everything but do not start the engine (the app's lifespan starts it)."""
+def check_serve_options(options: ServeOptions) -> EngineConfig:
+    """The checks that need no model, so a typo fails before a multi-second load; the
+    engine configuration they yield."""
     if options.prefill_chunk < 1:
         raise ValueError("--prefill-chunk must be at least 1")
     if options.max_output_tokens is not None and options.max_output_tokens < 1:
@@ -178,10 +179,16 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
     if options.max_queue < 1:
         raise ValueError("--max-queue must be at least 1")
     engine_config = _engine_config(options)
-    # Cheap checks first: a typo must not wait for a multi-second model load.
+    context_length_option(options.context_length)
+    check_parser_choices(options.tool_parser, options.reasoning_parser)
+    return engine_config
+
+
+def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> ServerState:
+    """Build everything but do not start the engine (the app's lifespan starts it)."""
+    engine_config = check_serve_options(options)
     template = read_chat_template_file(options.chat_template) if options.chat_template else None
     context_length = context_length_option(options.context_length)
-    check_parser_choices(options.tool_parser, options.reasoning_parser)
     if loaded is None:
         loaded = load_model(options.model)
     if template is not None and options.chat_template is not None:

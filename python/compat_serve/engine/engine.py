@@ -27,6 +27,7 @@ from compat_serve.engine.detokenizer import IncrementalDetokenizer
 from compat_serve.engine.draft_model import with_draft_model
 from compat_serve.engine.errors import EngineOverloaded, EngineStopped, PromptTooLong
 from compat_serve.engine.executor import StepExecutor
+from compat_serve.engine.host import EngineHost, WakingInbox
 from compat_serve.engine.kv_events import open_kv_events
 from compat_serve.engine.kv_quant import KVFormat, check_head_dim
 from compat_serve.engine.memory import (
@@ -274,23 +275,35 @@ class Engine:
 
     # ---- called from other threads -------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, host: EngineHost | None = None) -> None:
+        """Start stepping: on a thread of its own, or on `host`'s thread with the other
+        engines it steps (engine/host.py)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="compat-engine", daemon=True)
-            self._thread.start()
+            if host is None:
+                self._thread = threading.Thread(target=self._run, name="compat-engine", daemon=True)
+                self._thread.start()
+            else:
+                self._host_wake = host.wake
+                self._hosted_done = threading.Event()
+                self._inbox = WakingInbox(host.wake)  # nothing is queued before start
+                self._thread = host.attach(self)
             log.info(
                 "engine: up to %d sequences per batch, %d tokens per step, prefill chunk %d, "
-                "KV room for %d tokens, KV stored as %s (%d bytes per token)",
+                "KV room for %d tokens, KV stored as %s (%d bytes per token)%s",
                 self.config.max_num_seqs,
                 self.config.batched_tokens,
                 self.config.prefill_chunk,
                 self.kv_capacity_tokens,
                 self.config.kv_format.describe(self.model.dtype),
                 self._kv_bytes_per_token,
+                "" if host is None else f", on the shared engine thread ({host.engines} models)",
             )
 
     @property
     def running(self) -> bool:
+        hosted_done = getattr(self, "_hosted_done", None)
+        if hosted_done is not None and hosted_done.is_set():
+            return False
         return self._thread is not None and self._thread.is_alive()
 
     @property
@@ -370,10 +383,15 @@ class Engine:
             return self._queued
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """End everything in flight (`FinishReason.SHUTDOWN`) and stop the thread."""
+        """End everything in flight (`FinishReason.SHUTDOWN`) and stop the thread (a
+        host's thread goes on stepping its other engines)."""
         self._stopping.set()
         self._inbox.put(_Stop())
-        if self._thread is not None:
+        hosted_done = getattr(self, "_hosted_done", None)
+        if hosted_done is not None:
+            self._host_wake.set()
+            hosted_done.wait(timeout)
+        elif self._thread is not None:
             self._thread.join(timeout)
         if self.kv_events is not None:
             self.kv_events.shutdown()
@@ -403,6 +421,10 @@ class Engine:
                     wait = _STALL_WAIT_S
         except Exception:  # a scheduler bug: fail every request loudly, never hang them
             log.exception("the engine loop failed; aborting every request")
+        self._end_leftovers()
+        log.info("engine thread stopped")
+
+    def _end_leftovers(self) -> None:
         leftover = []
         while True:  # submissions that raced with the stop command
             try:
@@ -411,10 +433,26 @@ class Engine:
                 break
             if isinstance(command, _Submit):
                 leftover.append(command.sequence)
-        executor.abort_all(leftover, FinishReason.SHUTDOWN)
+        self._executor.abort_all(leftover, FinishReason.SHUTDOWN)
         if self.on_stopped is not None:  # distributed: tell the other ranks, from this thread
             self.on_stopped()
-        log.info("engine thread stopped")
+
+    # On a host's thread (engine/host.py): the same loop, one turn at a time.
+
+    def _hosted_has_work(self) -> bool:
+        return self._executor.has_work
+
+    def _hosted_step(self) -> bool:
+        """One step; False when nothing could be computed (everyone waits for KV)."""
+        return self._executor.step()
+
+    def _hosted_finish(self, *, failed: bool) -> None:
+        """Stopped (or failed): end what is left, as `_run` does when its loop ends."""
+        if failed:
+            self._stopping.set()
+        self._end_leftovers()
+        self._hosted_done.set()
+        log.info("engine of %s stopped", self.model.name)
 
     def _drain_inbox(self, wait: float | None) -> bool:
         """Apply queued commands, waiting up to `wait` seconds (None: forever) for the

@@ -1,4 +1,9 @@
-"""Endpoints shared by both APIs: health and the model list."""
+"""Endpoints shared by both APIs: health and the model list.
+
+The list holds every configured model with its state (`unloaded`, `loading`, `loaded`);
+a resident model's card also carries its window, sampling defaults and parsers. Neither
+route loads a model.
+"""
 
 from __future__ import annotations
 
@@ -8,60 +13,78 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from compat_serve.registry.hub import ModelRequestError, ModelSlot
 from compat_serve.server.discovery import context_fields
 from compat_serve.server.errors import ApiError
-from compat_serve.server.generation import server_state
+from compat_serve.server.generation import model_hub
 
 router = APIRouter()
 health_router = APIRouter()
 _STARTED = int(time.time())
 
 
-def _model_card(request: Request) -> dict[str, Any]:
-    state = server_state(request)
-    return {
-        "id": state.served_model_name,
+def model_card(slot: ModelSlot) -> dict[str, Any]:
+    """One model as OpenAI- and Anthropic-style lists show it."""
+    card: dict[str, Any] = {
+        "id": slot.entry.id,
         "object": "model",
         "type": "model",
         "created": _STARTED,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(_STARTED)),
-        "display_name": state.served_model_name,
+        "display_name": slot.entry.id,
         "owned_by": "compat-serve",
-        **context_fields(state),
-        "inline_system_policy": state.inline_system_policy,
-        "sampling_defaults": state.sampling_defaults.as_dict(),
-        # The tool-call format and reasoning tags detected (or set) for this model.
-        "output_parsing": state.output_parsing.summary()
-        if state.output_parsing is not None
-        else {"tool_calls": "none", "reasoning": "none"},
     }
+    state = slot.state
+    if state is not None and slot.status == "loaded":
+        card.update(
+            {
+                **context_fields(state),
+                "inline_system_policy": state.inline_system_policy,
+                "sampling_defaults": state.sampling_defaults.as_dict(),
+                # The tool-call format and reasoning tags detected (or set) for this model.
+                "output_parsing": state.output_parsing.summary()
+                if state.output_parsing is not None
+                else {"tool_calls": "none", "reasoning": "none"},
+            }
+        )
+    # llama-server's router lists carry `status.value`; LM Studio's `state`.
+    card["state"] = slot.status
+    card["status"] = {"value": slot.status}
+    if slot.entry.aliases:
+        card["aliases"] = list(slot.entry.aliases)
+    return card
 
 
 @health_router.get("/health")
 async def health(request: Request) -> JSONResponse:
-    state = server_state(request)
-    ok = state.engine.running and not state.draining
-    status = "ok" if ok else "shutting down" if state.draining else "engine stopped"
+    hub = model_hub(request)
+    stopped = [
+        s.entry.id for s in hub.resident() if s.state is not None and not s.state.engine.running
+    ]
+    ok = not stopped and not hub.draining
+    status = "ok" if ok else "shutting down" if hub.draining else "engine stopped"
     return JSONResponse(
-        {"status": status, "model": state.served_model_name}, status_code=200 if ok else 503
+        {"status": status, "model": hub.registry.default.id}, status_code=200 if ok else 503
     )
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    card = _model_card(request)
+    cards = [model_card(slot) for slot in model_hub(request).slots.values()]
     return {
         "object": "list",
-        "data": [card],
+        "data": cards,
         "has_more": False,
-        "first_id": card["id"],
-        "last_id": card["id"],
+        "first_id": cards[0]["id"],
+        "last_id": cards[-1]["id"],
     }
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
-    card = _model_card(request)
-    if model_id != card["id"] and server_state(request).strict_model_names:
-        raise ApiError(404, f"model {model_id!r} not found", code="model_not_found")
-    return card
+    hub = model_hub(request)
+    try:
+        entry = hub.route(model_id)
+    except ModelRequestError as exc:
+        raise ApiError(404, f"model {model_id!r} not found", code="model_not_found") from exc
+    return model_card(hub.slots[entry.id])

@@ -16,8 +16,11 @@ Clients learn a local server's context window from different places:
   `model_info["<arch>.context_length"]`, tool/vision/thinking support is `capabilities`.
   Copilot refuses Ollama servers older than 0.6.4, so `/api/version` reports a recent one.
 
-Everything here describes the one loaded model; any requested name is that model unless
-`--strict-model-names`. Ollama's errors are `{"error": "..."}` with its own statuses.
+Lists (`/api/tags`, `/api/v0/models`) hold every configured model, loaded or not;
+`/api/ps` the resident ones. A name is routed as requests are (registry/routing.py):
+unknown names are the default model's unless `--strict-model-names`. Nothing here loads
+a model except `/api/show` of one that is not resident. Ollama's errors are
+`{"error": "..."}` with its own statuses.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from compat_serve import __version__
-from compat_serve.server.generation import server_state
+from compat_serve.registry.hub import ModelHub, ModelRequestError, ModelSlot
+from compat_serve.server.generation import model_error, model_hub, server_state
 from compat_serve.server.state import ServerState
 
 # Other servers' APIs, mirrored for their clients: not part of our OpenAPI document.
@@ -80,49 +84,52 @@ def _architecture(state: ServerState) -> str:
     return state.engine.model.model_type or "unknown"
 
 
-def _model_file_size(state: ServerState) -> int:
-    source = state.engine.model.source
+def _model_file_size(path: str | None) -> int:
     try:
-        if source.startswith("embedded:"):
+        if path is None or path.startswith("embedded:"):
             from compat_serve.models.embedded import embedded_model_path
 
-            source = str(embedded_model_path())
-        if os.path.isdir(source):
-            return sum(entry.stat().st_size for entry in os.scandir(source) if entry.is_file())
-        return os.path.getsize(source)
+            path = str(embedded_model_path())
+        if os.path.isdir(path):
+            return sum(entry.stat().st_size for entry in os.scandir(path) if entry.is_file())
+        return os.path.getsize(path)
     except OSError:
         return 0
 
 
-def _ollama_name(state: ServerState) -> str:
-    name = state.served_model_name
-    return name if ":" in name else f"{name}:latest"
+def _ollama_name(model_id: str) -> str:
+    return model_id if ":" in model_id else f"{model_id}:latest"
 
 
-def _requested_ok(state: ServerState, requested: str) -> bool:
-    if not state.strict_model_names:
-        return True
-    return requested in (state.served_model_name, _ollama_name(state))
+def _slot_for(hub: ModelHub, requested: str) -> ModelSlot | None:
+    """The slot a name routes to; None for an unknown name under --strict-model-names."""
+    try:
+        return hub.slots[hub.route(requested).id]
+    except ModelRequestError:
+        return None
 
 
 def _iso(ts: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-def _ollama_details(state: ServerState) -> dict[str, Any]:
-    arch = _architecture(state)
+def _ollama_details(slot: ModelSlot) -> dict[str, Any]:
+    state = slot.state
+    path = slot.entry.path or "embedded.gguf"
+    arch = _architecture(state) if state is not None else ""
     return {
         "parent_model": "",
-        "format": "gguf" if state.engine.model.source.lower().endswith(".gguf") else "mlx",
+        "format": "gguf" if path.lower().endswith(".gguf") else "mlx",
         "family": arch,
-        "families": [arch],
+        "families": [arch] if arch else [],
         "parameter_size": "",
-        "quantization_level": state.engine.model.dtype,
+        "quantization_level": state.engine.model.dtype if state is not None else "",
     }
 
 
-def _digest(state: ServerState) -> str:
-    return hashlib.sha256(state.engine.model.source.encode()).hexdigest()
+def _digest(slot: ModelSlot) -> str:
+    source = slot.state.engine.model.source if slot.state is not None else slot.entry.path
+    return hashlib.sha256(str(source).encode()).hexdigest()
 
 
 def _ollama_error(status: int, message: str) -> JSONResponse:
@@ -158,33 +165,49 @@ async def llama_props(request: Request) -> dict[str, Any]:
 # --- LM Studio ---------------------------------------------------------------------------
 
 
-def _lmstudio_card(state: ServerState) -> dict[str, Any]:
-    return {
-        "id": state.served_model_name,
+def _lmstudio_card(slot: ModelSlot) -> dict[str, Any]:
+    state = slot.state
+    path = slot.entry.path or ""
+    card: dict[str, Any] = {
+        "id": slot.entry.id,
         "object": "model",
-        "type": "vlm" if _vision(state) else "llm",
+        "type": "llm",
         "publisher": "compat-serve",
-        "arch": _architecture(state),
-        "compatibility_type": "mlx",
-        "quantization": state.engine.model.dtype,
-        "state": "loaded",
-        "max_context_length": state.context_length,
-        "loaded_context_length": state.context_length,
+        "arch": "unknown",
+        "compatibility_type": "gguf" if path.lower().endswith(".gguf") else "mlx",
+        "quantization": "",
+        # LM Studio's names for the two states.
+        "state": "loaded" if slot.status == "loaded" else "not-loaded",
         "capabilities": ["tool_use"],
     }
+    if state is not None and slot.status == "loaded":
+        card.update(
+            {
+                "type": "vlm" if _vision(state) else "llm",
+                "arch": _architecture(state),
+                "compatibility_type": "mlx",
+                "quantization": state.engine.model.dtype,
+                "max_context_length": state.context_length,
+                "loaded_context_length": state.context_length,
+            }
+        )
+    return card
 
 
 @router.get("/api/v0/models")
 async def lmstudio_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": [_lmstudio_card(server_state(request))]}
+    return {
+        "object": "list",
+        "data": [_lmstudio_card(s) for s in model_hub(request).slots.values()],
+    }
 
 
 @router.get("/api/v0/models/{model_id:path}", response_model=None)
 async def lmstudio_model(model_id: str, request: Request) -> dict[str, Any] | JSONResponse:
-    state = server_state(request)
-    if not _requested_ok(state, model_id):
+    slot = _slot_for(model_hub(request), model_id)
+    if slot is None:
         return JSONResponse({"error": f"model {model_id!r} not found"}, status_code=404)
-    return _lmstudio_card(state)
+    return _lmstudio_card(slot)
 
 
 # --- Ollama ------------------------------------------------------------------------------
@@ -195,42 +218,53 @@ async def ollama_version() -> dict[str, str]:
     return {"version": OLLAMA_API_VERSION}
 
 
-def _ollama_tag(state: ServerState) -> dict[str, Any]:
-    name = _ollama_name(state)
+def _ollama_tag(slot: ModelSlot) -> dict[str, Any]:
+    name = _ollama_name(slot.entry.id)
     return {
         "name": name,
         "model": name,
         "modified_at": _iso(_STARTED),
-        "size": _model_file_size(state),
-        "digest": _digest(state),
-        "details": _ollama_details(state),
+        "size": _model_file_size(slot.entry.path),
+        "digest": _digest(slot),
+        "details": _ollama_details(slot),
     }
 
 
 @router.get("/api/tags")
 async def ollama_tags(request: Request) -> dict[str, Any]:
-    return {"models": [_ollama_tag(server_state(request))]}
+    return {"models": [_ollama_tag(slot) for slot in model_hub(request).slots.values()]}
+
+
+# Ollama's `expires_at` for a model kept forever.
+_NEVER = "2318-01-01T00:00:00Z"
+
+
+def _expires_at(slot: ModelSlot) -> str:
+    if slot.pinned or slot.ttl_s is None:
+        return _NEVER
+    idle = time.monotonic() - slot.last_used
+    return _iso(int(time.time() + max(slot.ttl_s - idle, 0)))
 
 
 @router.get("/api/ps")
 async def ollama_ps(request: Request) -> dict[str, Any]:
-    state = server_state(request)
-    tag = _ollama_tag(state)
-    return {
-        "models": [
+    models = []
+    for slot in model_hub(request).resident():
+        assert slot.state is not None
+        models.append(
             {
-                **tag,
-                "expires_at": "2318-01-01T00:00:00Z",
+                **_ollama_tag(slot),
+                "expires_at": _expires_at(slot),
+                "size": slot.resident_bytes,
                 "size_vram": 0,
-                "context_length": state.context_length,
+                "context_length": slot.state.context_length,
             }
-        ]
-    }
+        )
+    return {"models": models}
 
 
 @router.post("/api/show", response_model=None)
 async def ollama_show(request: Request) -> dict[str, Any] | JSONResponse:
-    state = server_state(request)
     try:
         body = await request.json()
     except ValueError:
@@ -240,15 +274,22 @@ async def ollama_show(request: Request) -> dict[str, Any] | JSONResponse:
     requested = body.get("model", body.get("name"))
     if not isinstance(requested, str) or not requested:
         return _ollama_error(400, "model is required")
-    if not _requested_ok(state, requested):
+    hub = model_hub(request)
+    slot = _slot_for(hub, requested)
+    if slot is None:
         return _ollama_error(404, f"model '{requested}' not found")
+    try:  # its window and vocabulary are the loaded model's
+        state = await hub.ensure_loaded(slot.entry)
+    except ModelRequestError as exc:
+        error = model_error(exc)
+        return _ollama_error(error.status, error.message)
     arch = _architecture(state)
     return {
         "license": "",
         "modelfile": f"FROM {state.engine.model.source}\n",
         "parameters": f"num_ctx {state.context_length}",
         "template": state.engine.model.chat_template or "",
-        "details": _ollama_details(state),
+        "details": _ollama_details(slot),
         "model_info": {
             "general.architecture": arch,
             "general.basename": state.served_model_name,

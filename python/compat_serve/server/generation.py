@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -28,11 +29,13 @@ from compat_serve.engine.types import (
 )
 from compat_serve.parsers import OutputParser, ParsedTurn, RequestTools
 from compat_serve.parsers.setup import RequestParsing
+from compat_serve.registry.hub import ModelHub, ModelRequestError
 from compat_serve.server.clients import client_label
 from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError, generation_error
 from compat_serve.server.keys import cache_salt
 from compat_serve.server.lifecycle import check_admitting, shutdown_error
+from compat_serve.server.middleware import MODEL_LEASES
 from compat_serve.server.state import ServerState
 from compat_serve.server.tool_rounds import limit_tool_rounds
 from compat_serve.server.turn import TurnOutput
@@ -48,19 +51,55 @@ def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
+def model_hub(request: Request) -> ModelHub:
+    hub: ModelHub = request.app.state.hub
+    return hub
+
+
 def server_state(request: Request) -> ServerState:
-    state: ServerState = request.app.state.compat
+    """The state of the model routes without a model name show (the default model's, or
+    the last used resident one); 503 when no model is resident. Never loads one."""
+    state = model_hub(request).front_state()
+    if state is None:
+        raise ApiError(503, "no model is loaded yet; send a request naming one")
     return state
 
 
-def check_model_name(state: ServerState, requested: str) -> None:
-    if state.strict_model_names and requested != state.served_model_name:
-        raise ApiError(
-            404,
-            f"model {requested!r} not found; this server serves {state.served_model_name!r}",
-            param="model",
-            code="model_not_found",
-        )
+async def model_state(request: Request, name: str | None) -> ServerState:
+    """The state of the model a request names (id, alias, else the default model),
+    loaded first if it is cold: the start of every route that serves a model. A body's
+    `keep_alive` (Ollama) or `ttl` (LM Studio) sets how long the model stays idle."""
+    leases = getattr(request.state, MODEL_LEASES, None)
+    try:
+        return await model_hub(request).acquire(name, await _lifetime_fields(request), leases)
+    except ModelRequestError as exc:
+        raise model_error(exc) from exc
+
+
+async def _lifetime_fields(request: Request) -> dict[str, object] | None:
+    """The body's top-level `keep_alive` and `ttl` (fields the API models drop); the
+    body is parsed again only when it names one."""
+    raw = await request.body()
+    if b'"keep_alive"' not in raw and b'"ttl"' not in raw:
+        return None
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    return {key: body[key] for key in ("keep_alive", "ttl") if key in body}
+
+
+def model_error(exc: ModelRequestError) -> ApiError:
+    return ApiError(
+        exc.status,
+        exc.message,
+        param="model" if exc.status in (400, 404) else None,
+        code=exc.code,
+        headers={"retry-after": RETRY_AFTER_S} if exc.overloaded else None,
+        anthropic_status=529 if exc.overloaded else None,
+    )
 
 
 async def prepare_chat(state: ServerState, chat: ChatRequest) -> tuple[ChatRequest, Prompt]:
@@ -175,9 +214,8 @@ class Admitted:
 async def admit_chat(
     request: Request, model: str, chat: ChatRequest, id_prefix: str, call_id_prefix: str
 ) -> Admitted:
-    """The common start of every chat endpoint: model check, prompt, engine submission."""
-    state = server_state(request)
-    check_model_name(state, model)
+    """The common start of every chat endpoint: model routing, prompt, engine submission."""
+    state = await model_state(request, model)
     chat, prompt = await prepare_chat(state, chat)
     request_id = new_id(id_prefix)
     if state.output_parsing is None:

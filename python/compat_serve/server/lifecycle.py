@@ -18,6 +18,7 @@ from types import FrameType
 
 import uvicorn
 
+from compat_serve.registry.hub import ModelHub
 from compat_serve.server.errors import ApiError
 from compat_serve.server.state import ServerState
 
@@ -38,21 +39,20 @@ def shutdown_error() -> ApiError:
     return ApiError(503, SHUTTING_DOWN, headers={"retry-after": RETRY_AFTER_S})
 
 
-async def drain(state: ServerState, timeout_s: float) -> None:
+async def drain(hub: ModelHub, timeout_s: float) -> None:
     """Stop admitting, wait up to `timeout_s` for in-flight requests, cut the rest."""
-    state.draining = True
-    engine = state.engine
+    hub.set_draining()
     log.info(
         "shutting down: admitting nothing new; %d requests in flight, waiting up to %.0fs",
-        engine.in_flight,
+        hub.in_flight,
         timeout_s,
     )
     deadline = time.monotonic() + timeout_s
-    while engine.in_flight and time.monotonic() < deadline:
+    while hub.in_flight and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    if engine.in_flight:
-        log.warning("shutdown timeout: ending %d requests with an error", engine.in_flight)
-    await asyncio.to_thread(engine.shutdown)
+    if hub.in_flight:
+        log.warning("shutdown timeout: ending %d requests with an error", hub.in_flight)
+    await asyncio.to_thread(hub.shutdown)
 
 
 class DrainingServer(uvicorn.Server):
@@ -60,9 +60,9 @@ class DrainingServer(uvicorn.Server):
     exits; a second signal exits at once. Signals are not re-raised afterwards (uvicorn
     does by default), so a drained server exits 0."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState, timeout_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, hub: ModelHub, timeout_s: float) -> None:
         super().__init__(config)
-        self._state = state
+        self._hub = hub
         self._timeout_s = timeout_s
         self._draining = False
 
@@ -78,6 +78,6 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain_then_exit(self) -> None:
         try:
-            await drain(self._state, self._timeout_s)
+            await drain(self._hub, self._timeout_s)
         finally:
             self.should_exit = True

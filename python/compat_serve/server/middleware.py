@@ -1,4 +1,5 @@
-"""The request-id header and the body-size limit, as a plain ASGI middleware.
+"""The request-id header, the body-size limit and the request's model leases, as a
+plain ASGI middleware.
 
 Not Starlette's `@app.middleware("http")` (BaseHTTPMiddleware): that wraps `receive`, so
 a handler polling `request.is_disconnected()` never sees the client leave, and a
@@ -11,7 +12,12 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from compat_serve.registry.hub import ModelHub, ModelSlot
 from compat_serve.server.errors import ApiError, render_error, request_id
+
+# `request.state` key of the models a request holds resident (registry/hub.py), released
+# when its response, streamed or not, has ended.
+MODEL_LEASES = "model_leases"
 
 
 class RequestIdAndSize:
@@ -40,4 +46,9 @@ class RequestIdAndSize:
                 MutableHeaders(scope=message)["request-id"] = rid
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        leases: list[ModelSlot] = []
+        scope.setdefault("state", {})[MODEL_LEASES] = leases
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            ModelHub.release(leases)

@@ -1,4 +1,5 @@
-"""`GET /v1/status` (what the engine is doing now) and `GET /metrics` (Prometheus text)."""
+"""`GET /v1/status` (what the engine is doing now, and every configured model's state) and
+`GET /metrics` (Prometheus text). Neither loads a model nor resets its idle timer."""
 
 from __future__ import annotations
 
@@ -9,21 +10,56 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from compat_serve.engine.metrics import CONTENT_TYPE
-from compat_serve.server.generation import server_state
+from compat_serve.registry.hub import ModelHub
+from compat_serve.registry.metrics import merge_expositions
+from compat_serve.server.generation import model_hub
 
 router = APIRouter()
 
 
+def models_status(hub: ModelHub) -> list[dict[str, Any]]:
+    now = time.monotonic()
+    return [
+        {
+            "id": slot.entry.id,
+            "state": slot.status,
+            "default": slot.entry is hub.registry.default,
+            "aliases": list(slot.entry.aliases),
+            "resident_bytes": slot.resident_bytes,
+            "idle_s": round(now - slot.last_used, 3) if slot.state is not None else None,
+            "ttl_s": slot.ttl_s,
+            "pinned": slot.pinned,
+            "in_flight": slot.in_flight,
+            "failure": slot.failure,
+        }
+        for slot in hub.slots.values()
+    ]
+
+
 @router.get("/v1/status")
 async def status(request: Request) -> dict[str, Any]:
-    state = server_state(request)
+    hub = model_hub(request)
+    state = hub.front_state()
+    models = {
+        "models": models_status(hub),
+        "memory_budget_bytes": hub.budget_bytes,
+        "resident_bytes": hub.resident_total(),
+    }
+    if state is None:  # several models configured, none resident yet
+        return {"model": None, "requests": [], **models}
     engine = state.engine
-    rows = engine.status.snapshot()
-    # Token counts and decode rate come from the metrics registry, which counts every
-    # token; the status board holds phase, prompt size and TTFT.
-    progress = engine.metrics.progress()
-    for row in rows:
-        row.update(progress.get(row["request_id"], {}))
+    rows = []
+    for slot in hub.resident() if len(hub.slots) > 1 else [hub.slots[hub.registry.default.id]]:
+        if slot.state is None:
+            continue
+        # Token counts and decode rate come from the metrics registry, which counts every
+        # token; the status board holds phase, prompt size and TTFT.
+        progress = slot.state.engine.metrics.progress()
+        for row in slot.state.engine.status.snapshot():
+            row.update(progress.get(row["request_id"], {}))
+            if len(hub.slots) > 1:
+                row["model"] = slot.entry.id
+            rows.append(row)
     queued, running = engine.metrics.counts()
     return {
         "model": state.served_model_name,
@@ -38,6 +74,7 @@ async def status(request: Request) -> dict[str, Any]:
         "speculation": engine.speculation_status(),
         "sampling_defaults": state.sampling_defaults.as_dict(),
         "requests": rows,
+        **models,
     } | (
         {"distributed": engine.distributed_status()}
         if engine.distributed_status is not None
@@ -47,5 +84,18 @@ async def status(request: Request) -> dict[str, Any]:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> PlainTextResponse:
-    body = server_state(request).engine.metrics.render()
-    return PlainTextResponse(body, media_type=CONTENT_TYPE)
+    """The engines' series and the hub's per-model series. With several models configured,
+    every resident model's engine series, each sample labelled `model="<id>"`."""
+    hub = model_hub(request)
+    if len(hub.slots) == 1:  # single-model mode: the engine's series as they always were
+        state = hub.front_state()
+        engines = state.engine.metrics.render() if state is not None else ""
+    else:
+        engines = merge_expositions(
+            [
+                (slot.entry.id, slot.state.engine.metrics.render())
+                for slot in hub.resident()
+                if slot.state is not None
+            ]
+        )
+    return PlainTextResponse(engines + hub.metrics.render(), media_type=CONTENT_TYPE)

@@ -37,6 +37,8 @@ def _object(properties: dict[str, JsonSchema], *, optional: tuple[str, ...] = ()
     return {"type": "object", "properties": properties, "required": required}
 
 
+_MODEL_STATE = {"enum": ["unloaded", "loading", "loaded"]}
+
 # What requests that send no temperature / top_p / top_k get, and where each came from.
 _SAMPLING_DEFAULTS = _object(
     {
@@ -253,7 +255,24 @@ SCHEMAS: dict[str, JsonSchema] = {
             "inline_system_policy": _STR,
             "sampling_defaults": _SAMPLING_DEFAULTS,
             "output_parsing": _object({"tool_calls": _STR, "reasoning": _STR}),
-        }
+            "state": _MODEL_STATE,
+            "status": _object({"value": _MODEL_STATE}),
+            "aliases": {"type": "array", "items": _STR},
+        },
+        # A model not resident yet lists no window, defaults nor parsers (#27).
+        optional=(
+            "context_length",
+            "max_model_len",
+            "max_context_length",
+            "loaded_context_length",
+            "context_window",
+            "top_provider",
+            "meta",
+            "inline_system_policy",
+            "sampling_defaults",
+            "output_parsing",
+            "aliases",
+        ),
     ),
     "ModelList": _object(
         {
@@ -474,8 +493,10 @@ def truthful_openapi(
     return document
 
 
-def install_openapi(app: FastAPI, state: ServerState) -> None:
-    """Serve the truthful document at `/openapi.json` (built once, on first request)."""
+def install_openapi(app: FastAPI, state: ServerState | None) -> None:
+    """Serve the truthful document at `/openapi.json` (built once, on first request).
+    With several models and none resident at start (`state` None), the document does not
+    narrow token ids to one vocabulary nor drop image inputs."""
 
     def openapi() -> JsonSchema:
         if app.openapi_schema is None:
@@ -485,6 +506,9 @@ def install_openapi(app: FastAPI, state: ServerState) -> None:
                 summary="A local MLX model behind the Anthropic Messages and OpenAI APIs",
                 routes=app.routes,
             )
+            if state is None:
+                app.openapi_schema = truthful_openapi(document, None, vision=True)
+                return app.openapi_schema
             vocab = getattr(getattr(state.engine.model, "tokenizer", None), "vocab_size", None)
             app.openapi_schema = truthful_openapi(document, vocab, vision=reads_images(state))
         return app.openapi_schema

@@ -21,10 +21,9 @@ from compat_serve import __version__
 from compat_serve.engine.types import SamplingParams
 from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import (
-    check_model_name,
+    model_state,
     new_id,
     prepare_chat,
-    server_state,
 )
 from compat_serve.server.openai import adapter
 from compat_serve.server.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -73,8 +72,7 @@ def _generate_request(
 
 @router.post("/v1/chat/completions/render")
 async def render_chat(body: ChatCompletionRequest, request: Request) -> dict[str, Any]:
-    state = server_state(request)
-    check_model_name(state, body.model)
+    state = await model_state(request, body.model)
     chat = adapter.chat_request(body, default_max_tokens=state.context_length)
     _, prompt = await prepare_chat(state, chat)
     sampling = state.sampling_defaults.apply(chat.sampling)
@@ -83,8 +81,7 @@ async def render_chat(body: ChatCompletionRequest, request: Request) -> dict[str
 
 @router.post("/v1/completions/render")
 async def render_completion(body: CompletionRequest, request: Request) -> list[dict[str, Any]]:
-    state = server_state(request)
-    check_model_name(state, body.model)
+    state = await model_state(request, body.model)
     if body.suffix:  # as /v1/completions
         raise ApiError(400, "suffix: not supported", param="suffix")
     prompt = adapter.completion_prompt(body)

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from compat_serve.engine.types import FinishReason
 from compat_serve.server import sse
 from compat_serve.server.anthropic import adapter
+from compat_serve.server.anthropic.errors import error_type
 from compat_serve.server.anthropic.protocol import (
     AnthropicUsage,
     CountTokensRequest,
@@ -18,24 +19,36 @@ from compat_serve.server.anthropic.protocol import (
 )
 from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import (
+    Admitted,
     admit_chat,
-    check_model_name,
+    model_hub,
+    model_state,
     prepare_chat,
-    server_state,
 )
 from compat_serve.server.images import reads_images
+from compat_serve.server.model_wait import Waiting, model_is_cold
 from compat_serve.server.turn import TurnOutput, collect_turn
 
 router = APIRouter()
 
 
-@router.post("/v1/messages")
-async def create_message(body: MessagesRequest, request: Request) -> Any:
-    state = server_state(request)
+async def _admit(body: MessagesRequest, request: Request) -> Admitted:
+    state = await model_state(request, body.model)
     chat = adapter.to_chat_request(
         body, default_max_tokens=state.context_length, vision=reads_images(state)
     )
-    admitted = await admit_chat(request, body.model, chat, "msg_", "toolu_")
+    return await admit_chat(request, body.model, chat, "msg_", "toolu_")
+
+
+@router.post("/v1/messages")
+async def create_message(body: MessagesRequest, request: Request) -> Any:
+    if body.stream and model_is_cold(request, body.model):
+        return StreamingResponse(
+            _cold_message_events(body, request),
+            media_type="text/event-stream",
+            headers=sse.SSE_HEADERS,
+        )
+    admitted = await _admit(body, request)
     message_id = admitted.request_id
     if body.stream:
         encoder = adapter.MessageStreamEncoder(message_id, body.model)
@@ -63,6 +76,27 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
     )
 
 
+async def _cold_message_events(body: MessagesRequest, request: Request) -> AsyncIterator[str]:
+    """A stream whose model is not resident: pings while it loads (or waits for memory),
+    then the message as usual; a failure to get the model is the stream's error event."""
+    encoder = adapter.MessageStreamEncoder("", body.model)
+    waiting = Waiting(_admit(body, request), encoder.ping(), model_hub(request).keepalive_s)
+    async for frame in waiting.frames():
+        yield frame
+    try:
+        admitted = waiting.result()
+    except ApiError as exc:
+        status = exc.anthropic_status or exc.status
+        yield encoder.error(error_type(status), exc.anthropic_message or exc.message)
+        return
+    encoder = adapter.MessageStreamEncoder(admitted.request_id, body.model)
+    prompt_tokens = len(admitted.prompt.token_ids)
+    async for frame in _message_events(
+        admitted.output(), encoder, prompt_tokens, admitted.state.ping_interval_s
+    ):
+        yield frame
+
+
 async def _message_events(
     output: TurnOutput,
     encoder: adapter.MessageStreamEncoder,
@@ -85,8 +119,7 @@ async def _message_events(
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
-    state = server_state(request)
-    check_model_name(state, body.model)
+    state = await model_state(request, body.model)
     chat = adapter.to_chat_request(
         body, default_max_tokens=state.context_length, vision=reads_images(state)
     )

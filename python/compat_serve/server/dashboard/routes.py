@@ -25,7 +25,7 @@ from fastapi.responses import HTMLResponse, Response
 from compat_serve.server.dashboard.log_ring import LINES_KEPT, log_ring
 from compat_serve.server.dashboard.snapshot import dashboard_snapshot
 from compat_serve.server.errors import ApiError
-from compat_serve.server.generation import server_state
+from compat_serve.server.generation import model_hub, server_state
 
 page_router = APIRouter(include_in_schema=False)
 data_router = APIRouter(include_in_schema=False)
@@ -78,7 +78,7 @@ def _static_text(name: str) -> str:
 
 @page_router.get("/dashboard")
 async def page(request: Request) -> HTMLResponse:
-    key_required = server_state(request).api_key is not None
+    key_required = model_hub(request).api_key is not None
     html = _static_text("index.html").replace(
         'data-key-required="false"', f'data-key-required="{str(key_required).lower()}"', 1
     )

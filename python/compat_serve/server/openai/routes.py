@@ -17,16 +17,23 @@ from compat_serve.server import sse
 from compat_serve.server.clients import client_label
 from compat_serve.server.errors import ApiError, generation_error, openai_error_body
 from compat_serve.server.generation import (
+    Admitted,
     admit_chat,
-    check_model_name,
     collect,
+    model_hub,
+    model_state,
     new_id,
-    server_state,
     submit,
 )
 from compat_serve.server.images import reads_images
 from compat_serve.server.keys import cache_salt
 from compat_serve.server.lifecycle import shutdown_error
+from compat_serve.server.model_wait import (
+    OPENAI_KEEPALIVE,
+    Waiting,
+    model_is_cold,
+    stream_when_ready,
+)
 from compat_serve.server.openai import adapter
 from compat_serve.server.openai.logprobs import (
     TokenTexts,
@@ -41,17 +48,29 @@ from compat_serve.server.turn import TurnOutput, TurnStep, collect_turn
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-    state = server_state(request)
+async def _admit(
+    body: ChatCompletionRequest, request: Request
+) -> tuple[Admitted, TokenTexts | None]:
+    state = await model_state(request, body.model)
     chat = adapter.chat_request(
         body, default_max_tokens=state.context_length, vision=reads_images(state)
     )
-    texts = await _token_texts(request) if chat.sampling.logprobs is not None else None
-    admitted = await admit_chat(request, body.model, chat, "chatcmpl-", "call_")
+    texts = await _token_texts(state) if chat.sampling.logprobs is not None else None
+    return await admit_chat(request, body.model, chat, "chatcmpl-", "call_"), texts
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream and model_is_cold(request, body.model):
+        return StreamingResponse(
+            _cold_chat_sse(body, request, include_usage),
+            media_type="text/event-stream",
+            headers=sse.SSE_HEADERS,
+        )
+    admitted, texts = await _admit(body, request)
     response_id = admitted.request_id
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
         output = admitted.output()
         return StreamingResponse(
             _chat_sse(output, response_id, body.model, include_usage, texts),
@@ -73,9 +92,28 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     )
 
 
-async def _token_texts(request: Request) -> TokenTexts:
-    engine = server_state(request).engine
+async def _token_texts(state: ServerState) -> TokenTexts:
+    engine = state.engine
     return await asyncio.to_thread(token_texts, engine.model.tokenizer, engine.logits_width)
+
+
+async def _cold_chat_sse(
+    body: ChatCompletionRequest, request: Request, include_usage: bool
+) -> AsyncIterator[str]:
+    """A stream whose model is not resident: SSE comments while it loads (or waits for
+    memory), then the completion as usual; a failure is the stream's error chunk."""
+    waiting = Waiting(_admit(body, request), OPENAI_KEEPALIVE, model_hub(request).keepalive_s)
+    async for frame in waiting.frames():
+        yield frame
+    try:
+        admitted, texts = waiting.result()
+    except ApiError as exc:
+        yield sse.data_line(openai_error_body(exc))
+        yield sse.data_line("[DONE]")
+        return
+    output = admitted.output()
+    async for frame in _chat_sse(output, admitted.request_id, body.model, include_usage, texts):
+        yield frame
 
 
 async def _chat_sse(
@@ -152,8 +190,22 @@ def _final_chunks(
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Any:
-    state = server_state(request)
-    check_model_name(state, body.model)
+    if body.stream and model_is_cold(request, body.model):
+        return StreamingResponse(
+            stream_when_ready(
+                _completions(body, request),
+                OPENAI_KEEPALIVE,
+                model_hub(request).keepalive_s,
+                lambda exc: [sse.data_line(openai_error_body(exc)), sse.data_line("[DONE]")],
+            ),
+            media_type="text/event-stream",
+            headers=sse.SSE_HEADERS,
+        )
+    return await _completions(body, request)
+
+
+async def _completions(body: CompletionRequest, request: Request) -> Any:
+    state = await model_state(request, body.model)
     if body.suffix:
         raise ApiError(400, "suffix: not supported", param="suffix")
     prompt = adapter.completion_prompt(body)
@@ -163,7 +215,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     texts = None
     if body.logprobs is not None:
         sampling = dataclasses.replace(sampling, logprobs=body.logprobs)
-        texts = await _token_texts(request)
+        texts = await _token_texts(state)
     prompt_ids = await completion_ids(state, prompt)
     response_id = new_id("cmpl-")
     salt = cache_salt(request, per_key=state.cache_salt_per_key)

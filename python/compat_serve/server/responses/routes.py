@@ -12,14 +12,16 @@ from compat_serve.engine.types import FinishReason
 from compat_serve.server import sse
 from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError, generation_error
-from compat_serve.server.generation import admit_chat, server_state
+from compat_serve.server.generation import admit_chat, model_hub, model_state
 from compat_serve.server.images import reads_images
 from compat_serve.server.lifecycle import shutdown_error
+from compat_serve.server.model_wait import model_is_cold, stream_when_ready
 from compat_serve.server.responses.adapter import plan_request
 from compat_serve.server.responses.encoder import Event, ResponseBuilder, base_response, item_id
 from compat_serve.server.responses.protocol import ResponsesRequest
 from compat_serve.server.responses.sealed_reasoning import ReasoningSeal
 from compat_serve.server.responses.store import ResponseStore, Stored
+from compat_serve.server.responses.tools import ResponseTools
 from compat_serve.server.turn import TurnOutput
 
 router = APIRouter()
@@ -57,7 +59,35 @@ def _sse(event: Event) -> str:
 
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request) -> Any:
-    state = server_state(request)
+    if body.stream and model_is_cold(request, body.model):
+        # The stream starts now, with keep-alives while the model loads.
+        return StreamingResponse(
+            stream_when_ready(
+                _create_response(body, request),
+                KEEP_ALIVE,
+                model_hub(request).keepalive_s,
+                lambda exc: _failed_stream(body, exc),
+            ),
+            media_type="text/event-stream",
+            headers=sse.SSE_HEADERS,
+        )
+    return await _create_response(body, request)
+
+
+def _failed_stream(body: ResponsesRequest, exc: ApiError) -> list[str]:
+    """A stream whose model could not be had: created, then failed (as a prompt that
+    does not fit is reported)."""
+    builder = ResponseBuilder(
+        base_response(item_id("resp"), body, body.tool_choice), ResponseTools()
+    )
+    return [
+        _sse(event)
+        for event in [*builder.start(), *builder.fail(exc.code or "server_error", exc.message)]
+    ]
+
+
+async def _create_response(body: ResponsesRequest, request: Request) -> Any:
+    state = await model_state(request, body.model)
     store, seal = _store(request.app), _seal(request.app)
     history: list[Any] = []
     if body.previous_response_id is not None:

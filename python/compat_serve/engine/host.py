@@ -1,0 +1,133 @@
+"""One thread that steps several engines (#27 item 3): every resident model keeps its own
+scheduler, KV pool and prefix cache (its `Engine`), and this host's thread is the only
+one that runs their steps, so one MLX stream serves them all.
+
+Each turn the host applies every engine's queued commands, then takes one step of the
+engine with work that has used the least step time (its virtual time), so a background
+model's request is not starved by a main model that decodes without pause: a model that
+was idle re-enters at the busy ones' floor rather than with a head start of credit.
+When every engine with work is stalled (waiting for KV), the host sleeps a moment; with
+no work at all it sleeps until a submission wakes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from compat_serve.engine.engine import Engine
+
+log = logging.getLogger("compat_serve.engine")
+
+_STALL_WAIT_S = 0.01
+T = TypeVar("T")
+
+
+class WakingInbox(queue.SimpleQueue[T]):
+    """A hosted engine's inbox: a put (submission, abort, stop) wakes the host."""
+
+    def __init__(self, wake: threading.Event) -> None:
+        super().__init__()
+        self._wake = wake
+
+    def put(self, item: T, block: bool = True, timeout: Any = None) -> None:
+        super().put(item, block, timeout)
+        self._wake.set()
+
+
+@dataclass(eq=False)
+class _Hosted:
+    engine: Engine
+    # Seconds of steps taken, the fairness clock.
+    virtual_s: float = 0.0
+    was_busy: bool = False
+    stalled: bool = False
+
+
+class EngineHost:
+    def __init__(self, name: str = "compat-engine-host") -> None:
+        self._name = name
+        self._hosted: list[_Hosted] = []
+        self._lock = threading.Lock()
+        self.wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def attach(self, engine: Engine) -> threading.Thread:
+        """Step `engine` from now on; the host thread (started on first use)."""
+        with self._lock:
+            floor = min((h.virtual_s for h in self._hosted), default=0.0)
+            self._hosted.append(_Hosted(engine, virtual_s=floor))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            thread = self._thread
+        self.wake.set()
+        return thread
+
+    @property
+    def engines(self) -> int:
+        with self._lock:
+            return len(self._hosted)
+
+    def _run(self) -> None:
+        while True:
+            self.wake.clear()  # before reading the inboxes: a later put sets it again
+            with self._lock:
+                hosted = list(self._hosted)
+                if not hosted:  # the last engine stopped: so does the thread
+                    self._thread = None
+                    return
+            busy = [h for h in hosted if self._poll(h)]
+            if not busy:
+                self.wake.wait()
+                continue
+            floor = (
+                min(h.virtual_s for h in busy if h.was_busy)
+                if any(h.was_busy for h in busy)
+                else min(h.virtual_s for h in busy)
+            )
+            for h in busy:
+                if not h.was_busy:  # back from idle: no credit for the time it slept
+                    h.virtual_s = max(h.virtual_s, floor)
+                    h.was_busy = True
+            chosen = min(busy, key=lambda h: (h.stalled, h.virtual_s))
+            started = time.monotonic()
+            try:
+                progressed = chosen.engine._hosted_step()
+            except Exception:  # a scheduler bug: that model's requests fail, others go on
+                log.exception("the engine loop of %s failed", chosen.engine.model.name)
+                self._detach(chosen, failed=True)
+                continue
+            chosen.virtual_s += time.monotonic() - started
+            chosen.stalled = not progressed
+            if all(h.stalled for h in busy):
+                self.wake.wait(_STALL_WAIT_S)
+                for h in busy:
+                    h.stalled = False
+
+    def _poll(self, hosted: _Hosted) -> bool:
+        """Apply the engine's commands; whether it has work. An engine asked to stop is
+        finished and detached here."""
+        try:
+            alive = hosted.engine._drain_inbox(0.0)
+        except Exception:
+            log.exception("the engine inbox of %s failed", hosted.engine.model.name)
+            alive = False
+        if not alive:
+            self._detach(hosted, failed=False)
+            return False
+        busy = hosted.engine._hosted_has_work()
+        if not busy:
+            hosted.was_busy = hosted.stalled = False
+        return busy
+
+    def _detach(self, hosted: _Hosted, *, failed: bool) -> None:
+        with self._lock:
+            self._hosted.remove(hosted)
+        hosted.engine._hosted_finish(failed=failed)
+        self.wake.set()  # look again: with no engine left the thread ends

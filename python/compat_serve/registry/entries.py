@@ -1,0 +1,95 @@
+"""One configured model: where it is, the names it answers to, and its serve options.
+
+An entry is configuration only; whether it is loaded lives in the hub (registry/hub.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The options a model may set for itself in a --models file, with the CLI's names (as
+# ServeOptions spells them) and the YAML types each accepts. Server-wide options
+# (host, port, api key, request size, strictness) are the command line's alone.
+PER_MODEL_OPTIONS: dict[str, tuple[type, ...]] = {
+    "served_model_name": (str,),
+    "chat_template": (str,),
+    "inline_system": (str,),
+    "reply_history": (str,),
+    "context_length": (int, str),
+    "prefill_chunk": (int,),
+    "decode_prefill_chunk": (int,),
+    "max_num_seqs": (int,),
+    "speculative": (str,),
+    "speculative_tokens": (int,),
+    "ngram_min": (int,),
+    "ngram_max": (int,),
+    "draft_model": (str,),
+    "max_num_batched_tokens": (int,),
+    "kv_memory": (str,),
+    "kv_bits": (int, str),
+    "kv_group_size": (int, str),
+    "prefix_cache": (bool,),
+    "block_size": (int,),
+    "cache_memory": (str,),
+    "cache_hash": (str,),
+    "cache_dir": (str,),
+    "cache_disk_size": (str,),
+    "max_queue": (int,),
+    "max_output_tokens": (int,),
+    "max_tool_rounds": (int,),
+    "default_temperature": (float, int),
+    "default_top_p": (float, int),
+    "default_top_k": (int,),
+    "generation_config": (str,),
+    "tool_parser": (str,),
+    "reasoning_parser": (str,),
+}
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A configured model. `path` None is the embedded default model."""
+
+    id: str
+    path: str | None
+    aliases: tuple[str, ...] = ()
+    # Seconds idle before the model may be unloaded first (None: only under pressure).
+    ttl_s: float | None = None
+    # Never evicted (still unloadable by an explicit unload request).
+    pin: bool = False
+    # Loaded at start rather than on its first request.
+    preload: bool = False
+    default: bool = False
+    # Per-model serve options (PER_MODEL_OPTIONS' names) over the command line's.
+    options: dict[str, Any] = field(default_factory=dict)
+    # Where the entry was declared ("models.yaml:12"), for messages.
+    origin: str = ""
+
+
+def is_model_path(path: Path) -> bool:
+    """A `.gguf` file, or a directory holding an MLX/HF model (its config.json)."""
+    if path.is_file():
+        return path.suffix.lower() == ".gguf"
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def entries_from_dir(directory: str) -> list[ModelEntry]:
+    """`--models-dir DIR`: one entry per model subdirectory or `.gguf` file, its id the
+    directory name or the file name without `.gguf`, in name order."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise ValueError(f"--models-dir {directory}: not a directory")
+    entries = []
+    for child in sorted(root.iterdir(), key=lambda p: p.name):
+        if child.name.startswith(".") or not is_model_path(child):
+            continue
+        model_id = child.stem if child.is_file() else child.name
+        entries.append(ModelEntry(model_id, str(child), origin=f"--models-dir {directory}"))
+    if not entries:
+        raise ValueError(
+            f"--models-dir {directory}: no models in it (a model is a .gguf file or a "
+            "directory with a config.json)"
+        )
+    return entries

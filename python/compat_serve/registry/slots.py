@@ -1,0 +1,118 @@
+"""A configured model's place in the hub: its state and lease counts (`ModelSlot`), the
+error a request gets when it cannot have its model, and the small helpers the hub and
+its routes share (lifetimes in request bodies, resident sizes)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from compat_serve.registry.entries import ModelEntry
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from compat_serve.server.state import ServerState
+
+
+class ModelRequestError(Exception):
+    """Why a request cannot have its model: `status` is the OpenAI-side HTTP status;
+    `overloaded` marks a wait for memory that timed out (529 on Anthropic routes)."""
+
+    def __init__(
+        self, status: int, message: str, *, code: str | None = None, overloaded: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.overloaded = status, message, code, overloaded
+
+
+@dataclass
+class ModelSlot:
+    entry: ModelEntry
+    state: ServerState | None = None
+    loading: asyncio.Task[ServerState] | None = None
+    unloading: bool = False
+    last_used: float = 0.0
+    loaded_at: float = 0.0
+    resident_bytes: int = 0
+    # Bytes measured at the last load (the next load's estimate).
+    measured_bytes: int | None = None
+    # Overrides from request bodies (Ollama keep_alive, LM Studio ttl).
+    ttl_s: float | None = None
+    pinned: bool = False
+    failure: str | None = None
+    failure_stamp: float | None = None
+    # HTTP requests routed here whose responses have not ended.
+    leases: int = 0
+
+    @property
+    def status(self) -> str:
+        if self.state is not None and not self.unloading:
+            return "loaded"
+        return "loading" if self.loading is not None else "unloaded"
+
+    @property
+    def in_flight(self) -> int:
+        return 0 if self.state is None else self.state.engine.in_flight
+
+    def busy(self) -> bool:
+        return self.in_flight > 0 or self.leases > 0
+
+    def expired(self, now: float) -> bool:
+        return self.ttl_s is not None and now - self.last_used >= self.ttl_s
+
+
+def files_stamp(path: str | None) -> float | None:
+    """The newest modification time under a model path (None: the embedded model)."""
+    if path is None:
+        return None
+    try:
+        if os.path.isdir(path):
+            return max((e.stat().st_mtime for e in os.scandir(path)), default=0.0)
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_lifetime(body: Mapping[str, Any]) -> float | None:
+    """Seconds a request asks its model to stay resident when idle (negative: forever):
+    Ollama's `keep_alive` (seconds, or a duration such as "5m"; 0 unloads once idle, -1
+    pins) or LM Studio's `ttl` (seconds). None when the body sets neither or a value is
+    not understood."""
+    value = body.get("keep_alive", body.get("ttl"))
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
+            if text.endswith(unit):
+                try:
+                    return float(text[: -len(unit)]) * _DURATION_UNITS[unit]
+                except ValueError:
+                    return None
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    return None
+
+
+def cannot_reload(entry: ModelEntry) -> ServerState:
+    raise RuntimeError(f"model {entry.id!r} was built by its embedder and cannot be reloaded")
+
+
+def resident_bytes(state: ServerState) -> int:
+    """What a model holds at most: its weights, its live-KV budget and its prefix cache."""
+    memory = state.engine.memory
+    return int(memory.weights + memory.kv + memory.cache)
+
+
+def gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"

@@ -1,0 +1,168 @@
+"""Turn serve options and the model flags (`--model`, `--models-dir`, `--models`,
+`--memory-budget`) into a `ModelHub`: the registry, the models loaded at start, and the
+MLX work of loading and releasing a model for the hub to call.
+
+Single-model mode is a hub of one: `--model PATH` (or nothing: the embedded model) is
+loaded at start as before, pinned, and the default for every unknown name. Every
+model's engine is stepped by one `EngineHost` thread (engine/host.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import os
+from pathlib import Path
+
+from compat_serve.bootstrap import ServeOptions, build_state, check_serve_options
+from compat_serve.engine.host import EngineHost
+from compat_serve.engine.memory import device_memory, headroom_bytes, parse_memory_size, plan_memory
+from compat_serve.registry.config_file import load_models_file
+from compat_serve.registry.entries import ModelEntry, entries_from_dir
+from compat_serve.registry.hub import ModelHub
+from compat_serve.registry.routing import ModelRegistry
+from compat_serve.server.state import ServerState
+
+log = logging.getLogger("compat_serve")
+
+SINGLE_ORIGIN = "--model"
+# Shares of the device's spare memory a model's KV and prefix cache take by default (as
+# bootstrap's --kv-memory and --cache-memory defaults).
+_KV_SHARE, _CACHE_SHARE = 0.30, 0.20
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFlags:
+    models_dir: str | None = None
+    models_file: str | None = None
+    # Bytes or a share of the device ("60%"); None: the device less its headroom.
+    memory_budget: str | None = None
+    # Seconds a request waits for memory before it is answered overloaded.
+    wait_timeout_s: float = 300.0
+
+
+def entry_options(base: ServeOptions, entry: ModelEntry) -> ServeOptions:
+    """The serve options of one model: the command line's, its own on top. Each model
+    of a registry keeps its disk tier in its own directory under --cache-dir."""
+    overrides = dict(entry.options)
+    if (
+        "cache_dir" not in overrides
+        and base.cache_dir is not None
+        and entry.origin != SINGLE_ORIGIN
+    ):
+        overrides["cache_dir"] = str(Path(base.cache_dir) / entry.id)
+    name = base.served_model_name if entry.origin == SINGLE_ORIGIN else entry.id
+    return dataclasses.replace(base, model=entry.path, served_model_name=name, **overrides)
+
+
+def memory_budget(text: str | None) -> int:
+    """--memory-budget in bytes; by default the device's memory less its headroom."""
+    device, _ = device_memory()
+    if text is None:
+        return device - headroom_bytes(device)
+    return parse_memory_size(text, total=device)
+
+
+def model_files_bytes(path: str | None) -> int:
+    """Bytes of a model's files (the embedded model's GGUF for None)."""
+    if path is None:
+        from compat_serve.models.embedded import embedded_model_path
+
+        path = str(embedded_model_path())
+    if os.path.isdir(path):
+        return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+    return os.path.getsize(path)
+
+
+def estimate_bytes(base: ServeOptions, entry: ModelEntry) -> int:
+    """What a model will hold before it is loaded: its files as weights, and its KV and
+    prefix-cache budgets as the engine will plan them. After a load the hub uses what
+    the engine measured instead."""
+    options = entry_options(base, entry)
+    weights = model_files_bytes(entry.path)
+    kv = None if options.kv_memory == "30%" else parse_memory_size(options.kv_memory)
+    cache = None if options.cache_memory == "20%" else parse_memory_size(options.cache_memory)
+    if not options.prefix_cache:
+        cache = 0
+    plan = plan_memory(weights, kv, cache, _KV_SHARE, _CACHE_SHARE)
+    return plan.weights + plan.kv + plan.cache
+
+
+def release_state(state: ServerState) -> None:
+    """Stop a model's engine (its disk tier is flushed and kept for the next load)."""
+    state.engine.shutdown()
+
+
+def collect_memory() -> None:
+    """Return freed arrays' memory: Python's references first, then MLX's buffer cache."""
+    import mlx.core as mx
+
+    gc.collect()
+    mx.clear_cache()
+
+
+def build_hub(
+    base: ServeOptions, flags: ModelFlags, single_state: ServerState | None = None
+) -> ModelHub:
+    """The registry, with `--model` (or, with no model flags at all, the embedded model)
+    and every pinned or preloaded model loaded now. `single_state`: that model already
+    built (rank 0 of `--distributed`, on its sharded weights)."""
+    entries: list[ModelEntry] = []
+    if flags.models_file is not None:
+        entries += load_models_file(flags.models_file)
+    if flags.models_dir is not None:
+        entries += entries_from_dir(flags.models_dir)
+    for entry in entries:  # every model's options, checked before anything loads
+        try:
+            check_serve_options(entry_options(base, entry))
+        except (ValueError, RuntimeError) as exc:
+            raise ValueError(f"{entry.origin}: model {entry.id!r}: {exc}") from exc
+    budget = memory_budget(flags.memory_budget) if entries else None
+    if single_state is None and (base.model is not None or not entries):
+        single_state = build_state(base)
+    if single_state is not None:
+        entries.insert(
+            0,
+            ModelEntry(
+                single_state.served_model_name,
+                base.model,
+                pin=True,
+                preload=True,
+                default=not any(e.default for e in entries),
+                origin=SINGLE_ORIGIN,
+            ),
+        )
+    registry = ModelRegistry(entries, strict=base.strict_model_names)
+    host = EngineHost()  # one thread steps every resident model
+    hub = ModelHub(
+        registry,
+        load=lambda entry: build_state(entry_options(base, entry)),
+        release=release_state,
+        collect=collect_memory,
+        estimate=lambda entry: estimate_bytes(base, entry),
+        api_key=base.api_key,
+        max_request_bytes=base.max_request_bytes,
+        budget_bytes=budget,
+        wait_timeout_s=flags.wait_timeout_s,
+        # An engine with distributed hooks keeps its own loop (the beats live there).
+        start=lambda state: state.engine.start(None if state.engine.on_idle else host),
+    )
+    if single_state is not None:
+        single = registry.entries[0]
+        hub.adopt(single.id, single_state, estimate_bytes(base, single))
+    for entry in registry.entries:
+        if (entry.preload or entry.pin) and hub.slots[entry.id].state is None:
+            need = hub.estimate(hub.slots[entry.id])
+            if budget is not None and hub.resident_total() + need > budget:
+                raise ValueError(
+                    f"{entry.origin}: model {entry.id!r} is pinned or preloaded but does not fit "
+                    f"--memory-budget ({need} bytes needed, {budget - hub.resident_total()} left)"
+                )
+            hub.adopt(entry.id, build_state(entry_options(base, entry)), need)
+    log.info(
+        "models: %s (default %s)",
+        ", ".join(f"{e.id} [{hub.slots[e.id].status}]" for e in registry.entries),
+        registry.default.id,
+    )
+    return hub

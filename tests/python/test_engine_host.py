@@ -1,0 +1,160 @@
+"""One thread stepping two engines (engine/host.py) on the real embedded model: the same
+tokens as an engine on its own thread, a background request's first token while the
+other model decodes (#27: at most 2x its solo TTFT + 250 ms), and one engine stopping
+while the other serves."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+from compat_serve.engine.config import EngineConfig
+from compat_serve.engine.engine import Engine
+from compat_serve.engine.host import EngineHost
+from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
+from tests.chat_prompts import chat_ids
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def hosted(embedded_model: LoadedModel) -> Iterator[tuple[EngineHost, Engine, Engine]]:
+    host = EngineHost(name="compat-engine-host-test")
+    main, background = (
+        Engine(embedded_model, EngineConfig(prefill_chunk=64, prefix_cache=False)) for _ in range(2)
+    )
+    main.start(host)
+    background.start(host)
+    yield host, main, background
+    main.shutdown()
+    background.shutdown()
+
+
+async def _tokens(
+    engine: Engine, rid: str, ids: tuple[int, ...], sampling: SamplingParams
+) -> list[int]:
+    events: list[EngineEvent] = [e async for e in engine.submit(EngineRequest(rid, ids, sampling))]
+    assert events[-1].finish_reason is not FinishReason.ERROR, events[-1]
+    return [t for e in events for t in e.token_ids]
+
+
+def test_a_hosted_engine_writes_the_tokens_of_an_engine_on_its_own_thread(
+    embedded_model: LoadedModel, hosted: tuple[EngineHost, Engine, Engine]
+) -> None:
+    _, main, background = hosted
+    ids = chat_ids(embedded_model, "Name three colours.")
+    alone = Engine(embedded_model, EngineConfig(prefill_chunk=64, prefix_cache=False))
+    alone.start()
+    try:
+        reference = asyncio.run(_tokens(alone, "ref", ids, GREEDY))
+    finally:
+        alone.shutdown()
+
+    async def both() -> list[list[int]]:
+        return await asyncio.gather(
+            _tokens(main, "m", ids, GREEDY), _tokens(background, "b", ids, GREEDY)
+        )
+
+    assert asyncio.run(both()) == [reference, reference]
+    names = [t.name for t in threading.enumerate()]
+    assert names.count("compat-engine-host-test") == 1
+    assert main.running and background.running
+
+
+def _first_token_s(engine: Engine, rid: str, ids: tuple[int, ...]) -> float:
+    async def run() -> float:
+        started = time.monotonic()
+        async for event in engine.submit(EngineRequest(rid, ids, GREEDY)):
+            if event.token_ids:
+                elapsed = time.monotonic() - started
+                engine.abort(rid)
+                return elapsed
+        raise AssertionError("no token")
+
+    return asyncio.run(run())
+
+
+def test_a_background_request_is_not_starved_by_a_decoding_model(
+    embedded_model: LoadedModel, hosted: tuple[EngineHost, Engine, Engine]
+) -> None:
+    _, main, background = hosted
+    short = chat_ids(embedded_model, "Write a title for: fixing the login bug.")
+    solo = statistics.median(_first_token_s(background, f"solo{i}", short) for i in range(3))
+    long_run = SamplingParams(max_tokens=400, temperature=0.0, stop_at_eos=False)
+    loop = asyncio.new_event_loop()
+    decoding = [
+        main.submit(
+            EngineRequest(f"main{i}", chat_ids(embedded_model, f"Story {i}"), long_run), loop
+        )
+        for i in range(4)
+    ]
+    try:
+        time.sleep(1.0)  # the four streams are decoding
+        # The best of three: a neighbour process on a shared CPU can slow one run; an
+        # unfair host (the decoding model stepped while others wait) slows every run by
+        # the whole decode (tens of seconds).
+        busy = min(_first_token_s(background, f"busy{i}", short) for i in range(3))
+        assert main.in_flight == 4  # still decoding throughout
+    finally:
+        for stream in decoding:
+            main.abort(stream.request_id)
+        deadline = time.monotonic() + 30
+        while main.in_flight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        loop.close()
+    assert busy <= 2 * solo + 0.25, (busy, solo)
+
+
+def test_stopping_one_engine_leaves_the_other_serving(embedded_model: LoadedModel) -> None:
+    host = EngineHost(name="compat-engine-stop-test")
+    first, second = (
+        Engine(embedded_model, EngineConfig(prefill_chunk=64, prefix_cache=False)) for _ in range(2)
+    )
+    first.start(host)
+    second.start(host)
+    first.shutdown()
+    assert not first.running and second.running
+    ids = chat_ids(embedded_model, "Say hi.")
+    assert len(asyncio.run(_tokens(second, "after", ids, GREEDY))) > 0
+    second.shutdown()
+    assert host.engines == 0
+    deadline = time.monotonic() + 5
+    while "compat-engine-stop-test" in [t.name for t in threading.enumerate()]:
+        assert time.monotonic() < deadline, "the host thread outlived its engines"
+        time.sleep(0.01)
+
+
+def test_an_engine_whose_loop_fails_ends_its_requests_and_the_other_goes_on(
+    embedded_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = EngineHost(name="compat-engine-fault-test")
+    broken, healthy = (
+        Engine(embedded_model, EngineConfig(prefill_chunk=64, prefix_cache=False)) for _ in range(2)
+    )
+
+    def scheduler_bug() -> bool:
+        raise RuntimeError("a scheduler bug")
+
+    monkeypatch.setattr(broken._executor, "step", scheduler_bug)
+    broken.start(host)
+    healthy.start(host)
+    ids = chat_ids(embedded_model, "Say hi.")
+
+    async def both() -> tuple[list[EngineEvent], list[int]]:
+        failed = [e async for e in broken.submit(EngineRequest("x", ids, GREEDY))]
+        return failed, await _tokens(healthy, "ok", ids, GREEDY)
+
+    failed, tokens = asyncio.run(both())
+    assert failed[-1].finish_reason is FinishReason.SHUTDOWN
+    assert tokens and healthy.running and not broken.running
+    healthy.shutdown()
+    broken.shutdown()
