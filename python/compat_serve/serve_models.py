@@ -145,8 +145,7 @@ def build_hub(
         max_request_bytes=base.max_request_bytes,
         budget_bytes=budget,
         wait_timeout_s=flags.wait_timeout_s,
-        # An engine with distributed hooks keeps its own loop (the beats live there).
-        start=lambda state: state.engine.start(None if state.engine.on_idle else host),
+        start=lambda state: state.engine.start(host),
     )
     if single_state is not None:
         single = registry.entries[0]

@@ -277,7 +277,10 @@ class Engine:
 
     def start(self, host: EngineHost | None = None) -> None:
         """Start stepping: on a thread of its own, or on `host`'s thread with the other
-        engines it steps (engine/host.py)."""
+        engines it steps (engine/host.py). An engine with distributed hooks (`on_idle`)
+        always runs its own loop: the beats to the other ranks live there."""
+        if self.on_idle is not None:
+            host = None
         if self._thread is None:
             if host is None:
                 self._thread = threading.Thread(target=self._run, name="compat-engine", daemon=True)
