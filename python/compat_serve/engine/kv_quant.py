@@ -175,6 +175,16 @@ def pad_rows(
     return k, v
 
 
+def keep_rows(cache: Any, batch_indices: Any) -> None:
+    """Keep the rows `batch_indices` of a left-padded batch of quantized K/V (arrays,
+    offsets and padding); the caches' `filter` starts here."""
+    if cache.keys is not None:
+        cache.keys = tree_map(lambda a: a[batch_indices], cache.keys)
+        cache.values = tree_map(lambda a: a[batch_indices], cache.values)
+    cache.offset = cache.offset[batch_indices]
+    cache.left_padding = cache.left_padding[batch_indices]
+
+
 class BatchQuantKV(_BaseCache):
     """Left-padded rows of quantized K/V (see mlx-lm's `BatchKVCache` for the layout)."""
 
@@ -253,11 +263,7 @@ class BatchQuantKV(_BaseCache):
         return mask
 
     def filter(self, batch_indices: Any) -> None:
-        if self.keys is not None:
-            self.keys = tree_map(lambda a: a[batch_indices], self.keys)
-            self.values = tree_map(lambda a: a[batch_indices], self.values)
-        self.offset = self.offset[batch_indices]
-        self.left_padding = self.left_padding[batch_indices]
+        keep_rows(self, batch_indices)
         padding: list[int] = self.left_padding.tolist()  # type: ignore[assignment]
         shared = min(padding)
         if shared > 0:

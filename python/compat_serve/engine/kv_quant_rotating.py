@@ -20,10 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_map
 from mlx_lm.models.cache import BatchRotatingKVCache, RotatingKVCache, dynamic_roll
 
-from compat_serve.engine.kv_quant import QuantArrays, pad_rows, zeros_positions
+from compat_serve.engine.kv_quant import QuantArrays, keep_rows, pad_rows, zeros_positions
 
 
 def _quantize(x: mx.array, group_size: int, bits: int) -> QuantArrays:
@@ -262,11 +261,7 @@ class BatchQuantRotatingKV(BatchRotatingKVCache):
             self._lengths = None
 
     def filter(self, batch_indices: Any) -> None:
-        if self.keys is not None:
-            self.keys = tree_map(lambda a: a[batch_indices], self.keys)
-            self.values = tree_map(lambda a: a[batch_indices], self.values)
-        self.offset = self.offset[batch_indices]
-        self.left_padding = self.left_padding[batch_indices]
+        keep_rows(self, batch_indices)
 
     def extend(self, other: BatchQuantRotatingKV) -> None:
         if self.keys is None and other.keys is None:
