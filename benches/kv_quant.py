@@ -31,7 +31,9 @@ import asyncio
 import math
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 from compat_serve.models.blas import ensure_fast_blas
 
@@ -47,14 +49,10 @@ from compat_serve.engine.types import EngineRequest, SamplingParams  # noqa: E40
 from compat_serve.models.loader import load_model  # noqa: E402
 from compat_serve.models.types import LoadedModel  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.python.kv_quant_reference import SHORT_PROMPTS, mlx_lm_greedy  # noqa: E402
+
 FORMATS = {"none": KVFormat(), "8-bit": KVFormat(8, 64), "4-bit": KVFormat(4, 64)}
-SHORT_PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time",
-    "List three colors:",
-    "2 + 2 =",
-]
 # Chat-formatted, so the model writes an answer instead of ending at once.
 STREAM_PROMPTS = [
     f"<|im_start|>user\nTell me a long story about a fox and the number {i}.<|im_end|>\n"
@@ -152,23 +150,6 @@ def greedy(engine: Engine, prompts: list[tuple[int, ...]]) -> list[list[int]]:
     return asyncio.run(go())
 
 
-def mlx_lm_greedy(loaded: LoadedModel, kv_format: KVFormat, prompt: tuple[int, ...]) -> list[int]:
-    """The reference: greedy through mlx-lm's own caches, one sequence, no engine."""
-    from mlx_lm.models.cache import KVCache, QuantizedKVCache
-
-    def layer_cache() -> KVCache | QuantizedKVCache:
-        if kv_format.bits is None:
-            return KVCache()
-        return QuantizedKVCache(kv_format.group_size, kv_format.bits)
-
-    cache = [layer_cache() for _ in loaded.model.layers]
-    inputs, tokens = mx.array([prompt]), []
-    for _ in range(16):
-        tokens.append(int(mx.argmax(loaded.model(inputs, cache=cache)[0, -1]).item()))
-        inputs = mx.array([[tokens[-1]]])
-    return tokens
-
-
 def cache_reads(
     loaded: LoadedModel, kv_format: KVFormat, prompt: tuple[int, ...], mib: float
 ) -> int:
@@ -252,7 +233,7 @@ def main() -> None:
             tokens = greedy(engine, short)
             same = sum(a == b for a, b in zip(reference, tokens, strict=True))
             rows[name]["greedy = none"] = f"{same}/5"
-            mlx_lm = [mlx_lm_greedy(loaded, FORMATS[name], p) for p in short]
+            mlx_lm = [mlx_lm_greedy(loaded, FORMATS[name], p, 16) for p in short]
             same = sum(a == b for a, b in zip(mlx_lm, tokens, strict=True))
             rows[name]["greedy = mlx-lm same format"] = f"{same}/5"
         streams = [tuple(encode(p)) for p in STREAM_PROMPTS]

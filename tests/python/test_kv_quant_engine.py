@@ -16,19 +16,13 @@ from compat_serve.engine.engine import Engine
 from compat_serve.engine.kv_quant import KVFormat
 from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
+from tests.python.kv_quant_reference import SHORT_PROMPTS, mlx_lm_greedy
 from tests.python.test_prefix_cache import TEXT, run, started
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
 
 Q8 = KVFormat(8, 64)
-SHORT_PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time",
-    "List three colors:",
-    "2 + 2 =",
-]
 _ids = iter(range(10**9))
 
 
@@ -88,19 +82,6 @@ def test_eight_bit_greedy_matches_unquantized_and_repeats_from_cache(
     assert eight_bit._kv_bytes_per_token * 3.5 <= native._kv_bytes_per_token
 
 
-def mlx_lm_greedy(model: LoadedModel, prompt: tuple[int, ...], steps: int) -> list[int]:
-    """Greedy tokens from mlx-lm's own `QuantizedKVCache` (one sequence, no engine)."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import QuantizedKVCache
-
-    cache = [QuantizedKVCache(Q8.group_size, Q8.bits) for _ in model.model.layers]
-    inputs, tokens = mx.array([prompt]), []
-    for _ in range(steps):
-        tokens.append(int(mx.argmax(model.model(inputs, cache=cache)[0, -1]).item()))
-        inputs = mx.array([[tokens[-1]]])
-    return tokens
-
-
 def test_eight_bit_batched_greedy_is_mlx_lm_quantized_kv_greedy(
     eight_bit: Engine, embedded_model: LoadedModel
 ) -> None:
@@ -109,7 +90,7 @@ def test_eight_bit_batched_greedy_is_mlx_lm_quantized_kv_greedy(
     where 8-bit departs from unquantized on a near tie (two of these five)."""
     prompts = [encode(embedded_model, p) for p in SHORT_PROMPTS]
     batched = [tokens for tokens, _ in together(eight_bit, prompts, max_tokens=16)]
-    assert batched == [mlx_lm_greedy(embedded_model, p, 16) for p in prompts]
+    assert batched == [mlx_lm_greedy(embedded_model, Q8, p, 16) for p in prompts]
 
 
 def test_a_budget_that_holds_part_of_a_prompt_holds_all_of_it_at_eight_bit(
