@@ -40,6 +40,20 @@ WAIT_FOR_SERVER = """for _ in $(seq 1 120); do
   sleep 0.5
 done
 """
+
+
+def scripted_server(flags: str = "") -> str:
+    """Shell lines that start `tests.e2e.scripted_serve` inside the namespace (replies from
+    `$WORK/replies.json`, then `flags`) and wait until it answers /health."""
+    start = (
+        '\nset -u\nip link set lo up\ncd "$REPO"\n'
+        '"$PYTHON" -m tests.e2e.scripted_serve --port {port} --template "$TEMPLATE" \\\n'
+        f'  --replies "$WORK/replies.json"{flags} \\\n'
+        '  > "$WORK/server.log" 2>&1 &\nserver=$!\n'
+    )
+    return start + WAIT_FOR_SERVER
+
+
 SCRIPT = (
     """
 set -u

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_claude_code import RECIPE_ENV, WAIT_FOR_SERVER, claude_binary
+from tests.e2e.test_claude_code import RECIPE_ENV, WAIT_FOR_SERVER, claude_binary, scripted_server
 from tests.shared_data import templates_dir
 
 PORT = 8124
@@ -31,15 +31,7 @@ FINAL = "The command printed: hi"
 # The final answer only once the tool's output ("hi") is in the prompt.
 REPLIES = [["<tool_response>\nhi\n</tool_response>", FINAL], ["", CALL]]
 SCRIPT = (
-    """
-set -u
-ip link set lo up
-cd "$REPO"
-"$PYTHON" -m tests.e2e.scripted_serve --port {port} --template "$TEMPLATE" \
-  --replies "$WORK/replies.json" > "$WORK/server.log" 2>&1 &
-server=$!
-"""
-    + WAIT_FOR_SERVER
+    scripted_server()
     + """home=$(mktemp -d -p "$WORK")
 cd "$home"
 HOME="$home" ANTHROPIC_BASE_URL=http://127.0.0.1:{port} timeout 300 "$CLAUDE" \

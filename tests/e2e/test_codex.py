@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_claude_code import WAIT_FOR_SERVER
+from tests.e2e.test_claude_code import WAIT_FOR_SERVER, scripted_server
 from tests.shared_data import templates_dir
 
 PORT = 8130
@@ -107,16 +107,7 @@ CODEX_RUN = """run_codex() {{
 }}
 """
 SCRIPTED = (
-    """
-set -u
-ip link set lo up
-cd "$REPO"
-"$PYTHON" -m tests.e2e.scripted_serve --port {port} --template "$TEMPLATE" \
-  --replies "$WORK/replies.json" --capture "$WORK/capture" --context-length {context} \
-  > "$WORK/server.log" 2>&1 &
-server=$!
-"""
-    + WAIT_FOR_SERVER
+    scripted_server(' --capture "$WORK/capture" --context-length {context}')
     + CODEX_RUN
     + """run_codex known "$(cat "$WORK/known/prompt")"
 run_codex unknown "$(cat "$WORK/unknown/prompt")"

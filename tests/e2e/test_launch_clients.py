@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.test_claude_code import RECIPE_ENV, WAIT_FOR_SERVER, claude_binary
+from tests.e2e.test_claude_code import RECIPE_ENV, claude_binary, scripted_server
 from tests.e2e.test_codex import _need_namespace, codex_binary
 from tests.shared_data import templates_dir
 
@@ -25,16 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 PORT = 8152
 ANSWER = "Hello from the scripted model."
 SCRIPT = (
-    """
-set -u
-ip link set lo up
-cd "$REPO"
-"$PYTHON" -m tests.e2e.scripted_serve --port {port} --template "$TEMPLATE" \
-  --replies "$WORK/replies.json" --capture "$WORK/capture" --context-length 32768 \
-  > "$WORK/server.log" 2>&1 &
-server=$!
-"""
-    + WAIT_FOR_SERVER
+    scripted_server(' --capture "$WORK/capture" --context-length 32768')
     + """mkdir -p "$WORK/claude" "$WORK/codex"
 cd "$WORK/claude"
 HOME="$WORK/claude" timeout 300 compat-serve launch claude --url http://127.0.0.1:{port} -- \

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from compat_serve.chat.tool_injection import tools_prompt
-from tests.e2e.test_claude_code import WAIT_FOR_SERVER
+from tests.e2e.test_claude_code import scripted_server
 from tests.shared_data import templates_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,16 +91,7 @@ LAUNCH_RUN = """launch_run() {{
 }}
 """
 SCRIPTED = (
-    """
-set -u
-ip link set lo up
-cd "$REPO"
-"$PYTHON" -m tests.e2e.scripted_serve --port {port} --template "$TEMPLATE" \
-  --replies "$WORK/replies.json" --capture "$WORK/capture" --context-length 32768 \
-  > "$WORK/server.log" 2>&1 &
-server=$!
-"""
-    + WAIT_FOR_SERVER
+    scripted_server(' --capture "$WORK/capture" --context-length 32768')
     + LAUNCH_RUN
     + """for api in {apis}; do
   launch_run "$api" --url http://127.0.0.1:{port} --api "$api" -- \
