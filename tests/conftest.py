@@ -7,6 +7,7 @@ uvicorn server on a free loopback port, in a background thread.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -72,6 +73,16 @@ def run_app(app: object, state: object) -> RunningServer:
             raise RuntimeError("test server did not start")
         time.sleep(0.05)
     return RunningServer(f"http://127.0.0.1:{port}", state, thread, server)
+
+
+@pytest.fixture(scope="module")
+def info_logs() -> Iterator[None]:
+    """The server's INFO lines reach the log ring (the CLI sets INFO; tests leave WARNING)."""
+    logger = logging.getLogger("compat_serve")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    yield
+    logger.setLevel(level)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ path is printed.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Iterator
@@ -77,15 +76,6 @@ def browser() -> Iterator[Browser]:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
         yield launched
         launched.close()
-
-
-@pytest.fixture(scope="module")
-def info_logs() -> Iterator[None]:
-    logger = logging.getLogger("compat_serve")
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    yield
-    logger.setLevel(level)
 
 
 @pytest.fixture(scope="module")

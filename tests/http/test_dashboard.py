@@ -4,7 +4,6 @@ real browser by tests/browser/test_dashboard_browser.py."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -20,16 +19,6 @@ if TYPE_CHECKING:
 KEY = "dashboard-secret"
 CLAUDE_SESSION = "2fa7b109-13cc-4825-8e11-9db81c282c5f"
 QUESTION = [{"role": "user", "content": "Name three prime numbers and say why they are prime."}]
-
-
-@pytest.fixture(scope="module")
-def info_logs() -> Iterator[None]:
-    """The server's INFO lines reach the log ring (the CLI sets INFO; tests leave WARNING)."""
-    logger = logging.getLogger("compat_serve")
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    yield
-    logger.setLevel(level)
 
 
 @pytest.fixture(scope="module")
