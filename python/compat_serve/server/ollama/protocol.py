@@ -1,0 +1,77 @@
+"""Ollama's `/api/chat` and `/api/generate` request bodies. Lenient like the other
+APIs: unknown fields (and options this server has no use for, such as `num_ctx`) are
+ignored; a known field of the wrong type is a 400 naming it."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ToolCallFunction(_Lenient):
+    name: str
+    # Ollama sends the arguments as an object (never JSON text).
+    arguments: dict[str, Any] = {}
+
+
+class ToolCall(_Lenient):
+    function: ToolCallFunction
+
+
+class Message(_Lenient):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    # Base64 image data, no media type (vision-language models only).
+    images: list[str] | None = None
+    tool_calls: list[ToolCall] | None = None
+    # The tool a `tool` message answers.
+    tool_name: str | None = None
+    # An assistant turn's earlier thinking.
+    thinking: str | None = None
+
+
+class Options(_Lenient):
+    """The sampling options this server applies (the rest of Ollama's are ignored)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    # -1: no limit; -2: fill the context. Either way, up to the context window.
+    num_predict: int | None = None
+    stop: list[str] | str | None = None
+
+
+class _Common(_Lenient):
+    model: str = ""
+    # "json", or a JSON schema (object); "" is free text.
+    format: str | dict[str, Any] | None = None
+    options: Options | None = None
+    # Ollama streams unless told not to.
+    stream: bool = True
+    # Seconds, or a duration ("5m"); 0 unloads after the request, negative pins.
+    keep_alive: Any = None  # checked by ollama/lifetime.py, which names the field
+    # True / False, or an effort level ("low", "medium", "high") for models that take one.
+    think: bool | Literal["low", "medium", "high"] | None = None
+    logprobs: bool | None = None
+
+
+class ChatBody(_Common):
+    messages: list[Message] = []
+    tools: list[dict[str, Any]] | None = None
+
+
+class GenerateBody(_Common):
+    prompt: str = ""
+    system: str | None = None
+    suffix: str | None = None
+    images: list[str] | None = None
+    # The prompt is sent as is, without the chat template.
+    raw: bool = False
+    template: str | None = None
+    context: list[int] | None = None
