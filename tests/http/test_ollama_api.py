@@ -61,8 +61,13 @@ def reply_tokens(server: RunningServer, text: str) -> int:
     return len(server.state.engine.model.tokenizer.encode(text)) + 1  # type: ignore[attr-defined]
 
 
-def ndjson(base: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    with httpx.stream("POST", f"{base}{path}", json=body, timeout=60) as response:
+def ndjson(
+    base: str, path: str, body: dict[str, Any] | str, headers: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    content = body if isinstance(body, str) else json.dumps(body)
+    with httpx.stream(
+        "POST", f"{base}{path}", content=content, headers=headers, timeout=60
+    ) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"] == "application/x-ndjson"
         return [json.loads(line) for line in response.iter_lines() if line]
@@ -78,8 +83,11 @@ def check_final(final: dict[str, Any], eval_count: int) -> None:
 
 
 def test_chat_streams_by_default(scripted: RunningServer) -> None:
-    """What curl and Ollama's CLI send: no `stream` field."""
-    lines = ndjson(scripted.base_url, "/api/chat", {"model": MODEL, "messages": HI})
+    """What curl sends with Ollama's own examples (`curl URL -d '{...}'`): no `stream`
+    field, and a form content type."""
+    body = json.dumps({"model": MODEL, "messages": HI})
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    lines = ndjson(scripted.base_url, "/api/chat", body, form)
     *chunks, final = lines
     assert len(chunks) > 1
     for chunk in chunks:
@@ -184,3 +192,119 @@ def test_a_json_schema_format_constrains_the_real_model(server: RunningServer) -
     ).json()
     assert reply["done_reason"] == "stop", reply
     assert set(json.loads(reply["message"]["content"])) == {"capital"}
+
+
+BAD_BODIES: list[tuple[str, Any, int, str]] = [
+    ("/api/chat", {"messages": HI}, 400, "model is required"),
+    ("/api/chat", {"model": "", "messages": HI}, 400, "model is required"),
+    ("/api/generate", {"prompt": "Hi"}, 400, "model is required"),
+    ("/api/chat", {"model": "llama3.2", "messages": HI}, 404, "not found"),
+    ("/api/generate", {"model": "llama3.2", "prompt": "Hi"}, 404, "not found"),
+    ("/api/chat", {"model": "llama3.2", "messages": [], "keep_alive": 0}, 404, "not found"),
+    ("/api/chat", {"model": MODEL, "messages": "Hi"}, 400, "messages"),
+    ("/api/chat", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
+    ("/api/chat", {"model": MODEL, "messages": [{"content": "x"}]}, 400, "role"),
+    ("/api/chat", {"model": 7, "messages": HI}, 400, "model"),
+    ("/api/chat", {"model": MODEL, "messages": HI, "stream": "maybe"}, 400, "stream"),
+    ("/api/chat", {"model": MODEL, "messages": HI, "options": []}, 400, "options"),
+    (
+        "/api/chat",
+        {"model": MODEL, "messages": HI, "options": {"temperature": "hot"}},
+        400,
+        "options.temperature",
+    ),
+    (
+        "/api/chat",
+        {"model": MODEL, "messages": HI, "options": {"num_predict": 0}},
+        400,
+        "options.num_predict",
+    ),
+    ("/api/chat", {"model": MODEL, "messages": HI, "keep_alive": "forever"}, 400, "keep_alive"),
+    ("/api/chat", {"model": MODEL, "messages": HI, "keep_alive": True}, 400, "keep_alive"),
+    ("/api/chat", {"model": MODEL, "messages": HI, "format": "xml"}, 400, "format"),
+    ("/api/chat", {"model": MODEL, "messages": HI, "format": 3}, 400, "format"),
+    (
+        "/api/chat",
+        {"model": MODEL, "messages": HI, "format": {"type": "object", "properties": 5}},
+        400,
+        "format",
+    ),
+    ("/api/chat", {"model": MODEL, "messages": HI, "think": "maximum"}, 400, "think"),
+    ("/api/chat", {"model": MODEL, "messages": HI, "tools": [{"type": "x"}]}, 400, "tools[0]"),
+    ("/api/chat", {"model": MODEL, "messages": HI, "logprobs": True}, 400, "logprobs"),
+    (
+        "/api/chat",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x", "images": ["iVBO"]}]},
+        400,
+        "text-only",
+    ),
+    ("/api/generate", {"model": MODEL, "prompt": "Hi", "images": ["iVBO"]}, 400, "text-only"),
+    ("/api/generate", {"model": MODEL, "prompt": "Hi", "suffix": "end"}, 400, "suffix"),
+    (
+        "/api/generate",
+        {"model": MODEL, "prompt": "Hi", "template": "{{ .Prompt }}"},
+        400,
+        "template",
+    ),
+    ("/api/generate", {"model": MODEL, "prompt": "Hi", "context": [1, 2]}, 400, "context"),
+    (
+        "/api/generate",
+        {"model": MODEL, "prompt": "Hi", "raw": True, "images": ["iVBO"]},
+        400,
+        "images",
+    ),
+    ("/api/generate", {"model": MODEL, "prompt": ["Hi"]}, 400, "prompt"),
+    ("/api/generate", [MODEL], 400, "invalid request body"),
+    ("/api/generate", "Hi", 400, "invalid request body"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "needle"), BAD_BODIES)
+def test_bad_input_is_ollamas_error_shape(
+    scripted: RunningServer, path: str, body: Any, status: int, needle: str
+) -> None:
+    response = httpx.post(f"{scripted.base_url}{path}", json=body, timeout=30)
+    assert response.status_code == status, response.text
+    error = response.json()
+    assert list(error) == ["error"] and needle in error["error"], error
+
+
+def test_a_body_that_is_not_json_is_a_400(scripted: RunningServer) -> None:
+    for path in ("/api/chat", "/api/generate"):
+        response = httpx.post(
+            f"{scripted.base_url}{path}",
+            content=b"{",
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
+        assert response.status_code == 400
+        assert "not valid JSON" in response.json()["error"]
+
+
+def test_the_ollama_client_raises_our_errors(client: ollama.Client) -> None:
+    with pytest.raises(ollama.ResponseError) as raised:
+        client.chat(model="llama3.2", messages=HI)
+    assert raised.value.status_code == 404 and "not found" in raised.value.error
+    with pytest.raises(ollama.ResponseError) as raised:
+        bad_schema = {"type": "object", "properties": 5}
+        list(client.generate(model=MODEL, prompt="Hi", format=bad_schema, stream=True))
+    assert raised.value.status_code == 400 and "format" in raised.value.error
+
+
+def test_load_and_unload_idioms_in_single_model_mode(scripted: RunningServer) -> None:
+    """A model pinned by the server (--model) loads at once and stays: keep_alive 0 answers
+    `unload` as Ollama does, and the model keeps serving."""
+    base = scripted.base_url
+    for path, body, field in (
+        ("/api/chat", {"model": MODEL, "messages": []}, "message"),
+        ("/api/generate", {"model": MODEL}, "response"),
+    ):
+        loaded = httpx.post(f"{base}{path}", json=body).json()
+        assert loaded["done"] is True and loaded["done_reason"] == "load", loaded
+        assert field in loaded
+        unloaded = httpx.post(f"{base}{path}", json={**body, "keep_alive": 0}).json()
+        assert unloaded["done_reason"] == "unload"
+    (ps,) = httpx.get(f"{base}/api/ps").json()["models"]
+    assert ps["name"] == f"{MODEL}:latest" and ps["expires_at"].startswith("2318")
+    reply = httpx.post(f"{base}/api/chat", json={"model": MODEL, "messages": HI, "stream": False})
+    assert reply.json()["message"]["content"] == HELLO

@@ -4,9 +4,14 @@ ignored; a known field of the wrong type is a 400 naming it."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from compat_serve.server.errors import ApiError, validation_error
 
 
 class _Lenient(BaseModel):
@@ -75,3 +80,19 @@ class GenerateBody(_Common):
     raw: bool = False
     template: str | None = None
     context: list[int] | None = None
+
+
+Body = TypeVar("Body", ChatBody, GenerateBody)
+
+
+async def read_body(request: Request, model: type[Body]) -> Body:
+    """The body as JSON whatever its content type: `curl -d`, as in Ollama's own
+    examples, sends it as a form."""
+    try:
+        data = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from exc
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(RequestValidationError(exc.errors())) from exc

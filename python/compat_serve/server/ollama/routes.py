@@ -27,7 +27,7 @@ from compat_serve.server.keys import cache_salt
 from compat_serve.server.lifecycle import shutdown_error
 from compat_serve.server.ollama import adapter, lifetime
 from compat_serve.server.ollama.adapter import Piece, Timer
-from compat_serve.server.ollama.protocol import ChatBody, GenerateBody
+from compat_serve.server.ollama.protocol import ChatBody, GenerateBody, read_body
 from compat_serve.server.openai.routes import completion_ids
 from compat_serve.server.turn import TurnOutput
 
@@ -58,8 +58,9 @@ def _generate_shape(model: str) -> Shape:
 
 
 @router.post("/api/chat", response_model=None)
-async def chat(body: ChatBody, request: Request) -> JSONResponse | StreamingResponse:
+async def chat(request: Request) -> JSONResponse | StreamingResponse:
     timer = Timer(time.monotonic())
+    body = await read_body(request, ChatBody)
     lifetime.require_model(body.model)
     keep = lifetime.keep_alive_seconds(body.keep_alive)
     shape = _chat_shape(body.model)
@@ -76,8 +77,9 @@ async def chat(body: ChatBody, request: Request) -> JSONResponse | StreamingResp
 
 
 @router.post("/api/generate", response_model=None)
-async def generate(body: GenerateBody, request: Request) -> JSONResponse | StreamingResponse:
+async def generate(request: Request) -> JSONResponse | StreamingResponse:
     timer = Timer(time.monotonic())
+    body = await read_body(request, GenerateBody)
     lifetime.require_model(body.model)
     keep = lifetime.keep_alive_seconds(body.keep_alive)
     shape = _generate_shape(body.model)
