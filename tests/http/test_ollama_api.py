@@ -201,6 +201,7 @@ BAD_BODIES: list[tuple[str, Any, int, str]] = [
     ("/api/chat", {"model": "llama3.2", "messages": HI}, 404, "not found"),
     ("/api/generate", {"model": "llama3.2", "prompt": "Hi"}, 404, "not found"),
     ("/api/chat", {"model": "llama3.2", "messages": [], "keep_alive": 0}, 404, "not found"),
+    ("/api/generate", {"model": "llama3.2"}, 404, "not found"),
     ("/api/chat", {"model": MODEL, "messages": "Hi"}, 400, "messages"),
     ("/api/chat", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
     ("/api/chat", {"model": MODEL, "messages": [{"content": "x"}]}, 400, "role"),

@@ -47,9 +47,10 @@ def require_model(name: str) -> None:
 
 
 async def load(request: Request, name: str) -> None:
-    """Ollama's preload: the model a request for `name` would use, made resident (its
-    lifetime from the body's keep_alive)."""
-    await model_state(request, name)
+    """Ollama's preload: a configured model made resident (its lifetime from the body's
+    keep_alive). Like an unload, it needs a name that matches a configured model."""
+    entry = _configured(request, name)
+    await model_state(request, entry.id)
 
 
 async def unload(request: Request, name: str) -> None:
