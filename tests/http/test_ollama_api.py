@@ -309,3 +309,23 @@ def test_load_and_unload_idioms_in_single_model_mode(scripted: RunningServer) ->
     assert ps["name"] == f"{MODEL}:latest" and ps["expires_at"].startswith("2318")
     reply = httpx.post(f"{base}/api/chat", json={"model": MODEL, "messages": HI, "stream": False})
     assert reply.json()["message"]["content"] == HELLO
+
+
+def test_a_call_cut_by_num_predict_is_still_sent(scripted: RunningServer) -> None:
+    """Ends inside the call's arguments: the call goes out once, as far as it was written,
+    streamed or not."""
+    cut = reply_tokens(scripted, THINK_AND_CALL) - 6
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "weather in Paris?"}],
+        "tools": WEATHER_TOOLS,
+        "options": {"num_predict": cut},
+    }
+    lines = ndjson(scripted.base_url, "/api/chat", body)
+    calls = [c for line in lines for c in line["message"].get("tool_calls", [])]
+    whole = httpx.post(f"{scripted.base_url}/api/chat", json={**body, "stream": False}).json()
+    for final, found in ((lines[-1], calls), (whole, whole["message"]["tool_calls"])):
+        assert final["done_reason"] == "length" and final["eval_count"] == cut
+        (call,) = found
+        assert call["function"]["name"] == "get_weather"
+        assert call["function"]["arguments"]["city"] == "Paris"

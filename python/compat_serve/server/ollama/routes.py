@@ -164,6 +164,7 @@ async def _lines(output: TurnOutput, shape: Shape, timer: Timer) -> AsyncIterato
 async def _pieces(output: TurnOutput, timer: Timer) -> AsyncIterator[Piece | EngineEvent]:
     """The output's pieces as they are parsed, then its final engine event; nothing more
     if the request was aborted (its client left)."""
+    sent: set[int] = set()  # the tool calls already sent
     while not output.finished:
         step = await output.next()
         if step is None:
@@ -172,8 +173,12 @@ async def _pieces(output: TurnOutput, timer: Timer) -> AsyncIterator[Piece | Eng
         for event in step.output:
             piece = adapter.piece(event, output.turn)
             if piece is not None:
+                sent.update(call["function"]["index"] for call in piece.tool_calls or [])
                 yield piece
         if step.finished:
+            unsent = [call for call in output.turn.tool_calls if call.index not in sent]
+            if unsent:  # a call the output ended inside, never closed by the parser
+                yield Piece(tool_calls=adapter.tool_calls_json(unsent))
             yield step.engine
         elif output.stream.finished:
             return  # aborted
