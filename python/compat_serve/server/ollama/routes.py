@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 
 from compat_serve.engine.types import EngineEvent, FinishReason
 from compat_serve.parsers import OutputParser
@@ -73,7 +74,8 @@ async def chat(request: Request) -> JSONResponse | StreamingResponse:
     )
     admitted = await admit_chat(request, body.model, chat_request, "ollama-", "call_")
     timer.submitted = time.monotonic()
-    return await _respond(admitted.output(), body.stream, shape, timer, request)
+    response = await _respond(admitted.output(), body.stream, shape, timer, request)
+    return _then_unload(response, request, body.model, keep)
 
 
 @router.post("/api/generate", response_model=None)
@@ -109,7 +111,8 @@ async def generate(request: Request) -> JSONResponse | StreamingResponse:
         admitted = await admit_chat(request, body.model, chat_request, "ollama-", "call_")
         output = admitted.output()
     timer.submitted = time.monotonic()
-    return await _respond(output, body.stream, shape, timer, request)
+    response = await _respond(output, body.stream, shape, timer, request)
+    return _then_unload(response, request, body.model, keep)
 
 
 async def _load_or_unload(
@@ -123,6 +126,15 @@ async def _load_or_unload(
         await lifetime.load(request, model)
         reason = "load"
     return JSONResponse(shape("", "", None, {"done": True, "done_reason": reason}))
+
+
+def _then_unload(
+    response: JSONResponse | StreamingResponse, request: Request, model: str, keep: float | None
+) -> JSONResponse | StreamingResponse:
+    """keep_alive 0: the model goes once the response has been sent."""
+    if keep == 0:
+        response.background = BackgroundTask(lifetime.unload_when_released, request, model)
+    return response
 
 
 async def _respond(
