@@ -329,3 +329,30 @@ def test_a_call_cut_by_num_predict_is_still_sent(scripted: RunningServer) -> Non
         (call,) = found
         assert call["function"]["name"] == "get_weather"
         assert call["function"]["arguments"]["city"] == "Paris"
+
+
+def test_a_body_full_of_nulls_as_langchain_sends_it(scripted: RunningServer) -> None:
+    """LangChain's ChatOllama and Open WebUI send every option, unset ones as null, and
+    options this server does not use (num_ctx, mirostat)."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hi!", "images": None}],
+        "stream": True,
+        "format": None,
+        "keep_alive": None,
+        "think": None,
+        "tools": [],
+        "options": {
+            "mirostat": None,
+            "num_ctx": 4096,
+            "num_predict": None,
+            "repeat_penalty": None,
+            "stop": None,
+            "temperature": 0.8,
+            "top_k": None,
+            "top_p": None,
+        },
+    }
+    lines = ndjson(scripted.base_url, "/api/chat", body)
+    assert "".join(line["message"]["content"] for line in lines) == HELLO
+    assert lines[-1]["done_reason"] == "stop"
