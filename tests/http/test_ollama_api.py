@@ -232,7 +232,12 @@ BAD_BODIES: list[tuple[str, Any, int, str]] = [
     ),
     ("/api/chat", {"model": MODEL, "messages": HI, "think": "maximum"}, 400, "think"),
     ("/api/chat", {"model": MODEL, "messages": HI, "tools": [{"type": "x"}]}, 400, "tools[0]"),
-    ("/api/chat", {"model": MODEL, "messages": HI, "logprobs": True}, 400, "logprobs"),
+    (
+        "/api/chat",
+        {"model": MODEL, "messages": HI, "logprobs": True, "top_logprobs": 99},
+        400,
+        "top_logprobs",
+    ),
     (
         "/api/chat",
         {"model": MODEL, "messages": [{"role": "user", "content": "x", "images": ["iVBO"]}]},
@@ -356,3 +361,21 @@ def test_a_body_full_of_nulls_as_langchain_sends_it(scripted: RunningServer) -> 
     lines = ndjson(scripted.base_url, "/api/chat", body)
     assert "".join(line["message"]["content"] for line in lines) == HELLO
     assert lines[-1]["done_reason"] == "stop"
+
+
+def test_logprobs_streamed_and_not(client: ollama.Client, scripted: RunningServer) -> None:
+    """Every shown token's log probability (not the end-of-turn token's, as on the OpenAI
+    routes), with the alternatives asked for; the scripted model is certain of each."""
+    reply = client.chat(model=MODEL, messages=HI, logprobs=True, top_logprobs=2)
+    assert reply.logprobs is not None and len(reply.logprobs) == reply.eval_count - 1
+    assert "".join(item.token for item in reply.logprobs) == HELLO
+    for item in reply.logprobs:
+        assert item.logprob > -1e-3
+        assert item.top_logprobs is not None and len(item.top_logprobs) == 2
+        assert item.top_logprobs[0].token == item.token
+    lines = ndjson(
+        scripted.base_url, "/api/generate", {"model": MODEL, "prompt": "Hi!", "logprobs": True}
+    )
+    streamed = [item for line in lines for item in line.get("logprobs", [])]
+    assert [item["token"] for item in streamed] == [item.token for item in reply.logprobs]
+    assert all(item["top_logprobs"] == [] for item in streamed)

@@ -4,6 +4,7 @@ route serves), parsed output and usage back into Ollama's NDJSON objects."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,13 @@ from typing import Any
 from compat_serve.chat.images import ImageRef, join_parts, marker
 from compat_serve.chat.types import ChatRequest
 from compat_serve.chat.types import Message as ChatMessage
-from compat_serve.engine.types import FinishReason, Grammar, SamplingParams, Usage
+from compat_serve.engine.types import (
+    MAX_TOP_LOGPROBS,
+    FinishReason,
+    Grammar,
+    SamplingParams,
+    Usage,
+)
 from compat_serve.parsers import OutputEvent, ParsedTurn, ReasoningDelta, TextDelta
 from compat_serve.parsers.events import ToolCall as ParsedCall
 from compat_serve.parsers.events import ToolCallEnd
@@ -113,18 +120,23 @@ def chat_messages(messages: list[Message], images: list[ImageRef] | None) -> lis
     return out
 
 
-def _check_common(body: ChatBody | GenerateBody) -> None:
-    if body.logprobs:
-        raise bad("logprobs", "not supported on the Ollama routes (use /v1/chat/completions)")
+def _sampling(body: ChatBody | GenerateBody, context_length: int) -> SamplingParams:
+    """`options`, and `logprobs` / `top_logprobs` (alternatives per token)."""
+    sampling = sampling_params(body.options, context_length=context_length)
+    if not body.logprobs:
+        return sampling
+    top = body.top_logprobs or 0
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad("top_logprobs", f"must be between 0 and {MAX_TOP_LOGPROBS}, not {top}")
+    return dataclasses.replace(sampling, logprobs=top)
 
 
 def chat_request(body: ChatBody, *, context_length: int, vision: bool) -> ChatRequest:
-    _check_common(body)
     images: list[ImageRef] | None = [] if vision else None
     tools = [_tool(t, i) for i, t in enumerate(body.tools)] if body.tools else None
     return ChatRequest(
         messages=chat_messages(body.messages, images),
-        sampling=sampling_params(body.options, context_length=context_length),
+        sampling=_sampling(body, context_length),
         tools=tools,
         template_kwargs=template_kwargs(body.think),
         grammar=output_grammar(body.format),
@@ -134,7 +146,6 @@ def chat_request(body: ChatBody, *, context_length: int, vision: bool) -> ChatRe
 
 def generate_request(body: GenerateBody, *, context_length: int, vision: bool) -> ChatRequest:
     """A templated `/api/generate`: the system and prompt as a one-turn chat."""
-    _check_common(body)
     for field in ("suffix", "template"):
         if getattr(body, field):
             raise bad(field, "not supported by this server")
@@ -148,7 +159,7 @@ def generate_request(body: GenerateBody, *, context_length: int, vision: bool) -
     messages.append({"role": "user", "content": join_parts([*parts, body.prompt])})
     return ChatRequest(
         messages=messages,
-        sampling=sampling_params(body.options, context_length=context_length),
+        sampling=_sampling(body, context_length),
         template_kwargs=template_kwargs(body.think),
         grammar=output_grammar(body.format),
         images=images or [],
@@ -183,6 +194,8 @@ class Piece:
     content: str = ""
     thinking: str = ""
     tool_calls: list[dict[str, Any]] | None = None
+    # Ollama's `logprobs` of the tokens behind this piece (when the request asked).
+    logprobs: list[dict[str, Any]] | None = None
 
 
 def piece(event: OutputEvent, turn: ParsedTurn) -> Piece | None:

@@ -64,6 +64,8 @@ class _Common(_Lenient):
     # True / False, or an effort level ("low", "medium", "high") for models that take one.
     think: bool | Literal["low", "medium", "high"] | None = None
     logprobs: bool | None = None
+    # Alternatives per token (with logprobs).
+    top_logprobs: int | None = None
 
 
 class ChatBody(_Common):

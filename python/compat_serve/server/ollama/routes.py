@@ -8,6 +8,7 @@ list, `/api/ps` and `/api/show` are in server/discovery.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -17,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from compat_serve.engine.types import EngineEvent, FinishReason
+from compat_serve.engine.types import EngineEvent, FinishReason, TokenLogprob
 from compat_serve.parsers import OutputParser
 from compat_serve.server.clients import client_label
 from compat_serve.server.disconnect import aborting_on_disconnect
@@ -29,7 +30,9 @@ from compat_serve.server.lifecycle import shutdown_error
 from compat_serve.server.ollama import adapter, lifetime
 from compat_serve.server.ollama.adapter import Piece, Timer
 from compat_serve.server.ollama.protocol import ChatBody, GenerateBody, read_body
+from compat_serve.server.openai.logprobs import TokenTexts, chat_logprobs, token_texts
 from compat_serve.server.openai.routes import completion_ids
+from compat_serve.server.state import ServerState
 from compat_serve.server.turn import TurnOutput
 
 # Other servers' APIs, mirrored for their clients: not part of our OpenAPI document.
@@ -72,9 +75,10 @@ async def chat(request: Request) -> JSONResponse | StreamingResponse:
     chat_request = adapter.chat_request(
         body, context_length=state.context_length, vision=reads_images(state)
     )
+    texts = await _token_texts(state, chat_request.sampling.logprobs)
     admitted = await admit_chat(request, body.model, chat_request, "ollama-", "call_")
     timer.submitted = time.monotonic()
-    response = await _respond(admitted.output(), body.stream, shape, timer, request)
+    response = await _respond(admitted.output(), body.stream, shape, timer, request, texts)
     return _then_unload(response, request, body.model, keep)
 
 
@@ -94,6 +98,7 @@ async def generate(request: Request) -> JSONResponse | StreamingResponse:
     chat_request = adapter.generate_request(
         body, context_length=state.context_length, vision=reads_images(state) and not body.raw
     )
+    texts = await _token_texts(state, chat_request.sampling.logprobs)
     if body.raw:
         # The prompt as the client wrote it: no template, no tool or reasoning parsing.
         request_id = new_id("ollama-")
@@ -111,7 +116,7 @@ async def generate(request: Request) -> JSONResponse | StreamingResponse:
         admitted = await admit_chat(request, body.model, chat_request, "ollama-", "call_")
         output = admitted.output()
     timer.submitted = time.monotonic()
-    response = await _respond(output, body.stream, shape, timer, request)
+    response = await _respond(output, body.stream, shape, timer, request, texts)
     return _then_unload(response, request, body.model, keep)
 
 
@@ -137,31 +142,51 @@ def _then_unload(
     return response
 
 
+async def _token_texts(state: ServerState, logprobs: int | None) -> TokenTexts | None:
+    """The token table behind `logprobs`, when the request asked for them."""
+    if logprobs is None:
+        return None
+    engine = state.engine
+    return await asyncio.to_thread(token_texts, engine.model.tokenizer, engine.logits_width)
+
+
 async def _respond(
-    output: TurnOutput, stream: bool, shape: Shape, timer: Timer, request: Request
+    output: TurnOutput,
+    stream: bool,
+    shape: Shape,
+    timer: Timer,
+    request: Request,
+    texts: TokenTexts | None,
 ) -> JSONResponse | StreamingResponse:
     if stream:
-        return StreamingResponse(_lines(output, shape, timer), media_type=NDJSON)
+        return StreamingResponse(_lines(output, shape, timer, texts), media_type=NDJSON)
     text: list[str] = []
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
+    logprobs: list[dict[str, Any]] = []
     async with aborting_on_disconnect(output.stream, request):
-        async for item in _pieces(output, timer):
+        async for item in _pieces(output, timer, texts):
             if isinstance(item, Piece):
                 text.append(item.content)
                 thinking.append(item.thinking)
                 calls.extend(item.tool_calls or [])
+                logprobs.extend(item.logprobs or [])
                 continue
             final = _final_fields(item, timer)
+            if texts is not None:
+                final["logprobs"] = logprobs
             return JSONResponse(shape("".join(text), "".join(thinking), calls or None, final))
     raise ApiError(499, "client closed the request")
 
 
-async def _lines(output: TurnOutput, shape: Shape, timer: Timer) -> AsyncIterator[str]:
+async def _lines(
+    output: TurnOutput, shape: Shape, timer: Timer, texts: TokenTexts | None
+) -> AsyncIterator[str]:
     try:
-        async for item in _pieces(output, timer):
+        async for item in _pieces(output, timer, texts):
             if isinstance(item, Piece):
-                yield _line(shape(item.content, item.thinking, item.tool_calls, {}))
+                extra = {"logprobs": item.logprobs} if item.logprobs else {}
+                yield _line(shape(item.content, item.thinking, item.tool_calls, extra))
                 continue
             try:
                 final = _final_fields(item, timer)
@@ -173,24 +198,41 @@ async def _lines(output: TurnOutput, shape: Shape, timer: Timer) -> AsyncIterato
         output.stream.abort()  # no-op when finished; a client that left stops generation
 
 
-async def _pieces(output: TurnOutput, timer: Timer) -> AsyncIterator[Piece | EngineEvent]:
+async def _pieces(
+    output: TurnOutput, timer: Timer, texts: TokenTexts | None
+) -> AsyncIterator[Piece | EngineEvent]:
     """The output's pieces as they are parsed, then its final engine event; nothing more
-    if the request was aborted (its client left)."""
+    if the request was aborted (its client left). With `texts`, each piece carries the
+    logprobs of the tokens generated since the previous one."""
     sent: set[int] = set()  # the tool calls already sent
+    pending: list[TokenLogprob] = []
+
+    def take() -> list[dict[str, Any]] | None:
+        if texts is None or not pending:
+            return None
+        out: list[dict[str, Any]] = chat_logprobs(texts, pending)["content"]
+        pending.clear()
+        return out
+
     while not output.finished:
         step = await output.next()
         if step is None:
             continue
         timer.mark_output()
+        pending.extend(step.engine.logprobs)
         for event in step.output:
             piece = adapter.piece(event, output.turn)
             if piece is not None:
                 sent.update(call["function"]["index"] for call in piece.tool_calls or [])
+                piece.logprobs = take()
                 yield piece
         if step.finished:
             unsent = [call for call in output.turn.tool_calls if call.index not in sent]
             if unsent:  # a call the output ended inside, never closed by the parser
-                yield Piece(tool_calls=adapter.tool_calls_json(unsent))
+                yield Piece(tool_calls=adapter.tool_calls_json(unsent), logprobs=take())
+            rest = take()  # tokens that showed no text (the end-of-turn token)
+            if rest:
+                yield Piece(logprobs=rest)
             yield step.engine
         elif output.stream.finished:
             return  # aborted
