@@ -379,3 +379,24 @@ def test_logprobs_streamed_and_not(client: ollama.Client, scripted: RunningServe
     streamed = [item for line in lines for item in line.get("logprobs", [])]
     assert [item["token"] for item in streamed] == [item.token for item in reply.logprobs]
     assert all(item["top_logprobs"] == [] for item in streamed)
+
+
+def test_an_engine_fault_is_the_streams_last_line_or_a_500(
+    scripted: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = scripted.state.engine._runner  # type: ignore[attr-defined]
+
+    def broken(*_args: Any) -> Any:
+        raise RuntimeError("injected decode fault")
+
+    monkeypatch.setattr(runner, "decode_logits", broken)
+    lines = ndjson(scripted.base_url, "/api/chat", {"model": MODEL, "messages": HI})
+    assert list(lines[-1]) == ["error"] and "injected decode fault" in lines[-1]["error"]
+    assert not any(line.get("done") for line in lines)
+    whole = httpx.post(
+        f"{scripted.base_url}/api/generate", json={"model": MODEL, "prompt": "Hi", "stream": False}
+    )
+    assert whole.status_code == 500 and "injected decode fault" in whole.json()["error"]
+    monkeypatch.undo()
+    again = httpx.post(f"{scripted.base_url}/api/chat", json={"model": MODEL, "messages": HI})
+    assert again.status_code == 200 and json.loads(again.text.splitlines()[-1])["done"]
