@@ -400,3 +400,40 @@ def test_an_engine_fault_is_the_streams_last_line_or_a_500(
     monkeypatch.undo()
     again = httpx.post(f"{scripted.base_url}/api/chat", json={"model": MODEL, "messages": HI})
     assert again.status_code == 200 and json.loads(again.text.splitlines()[-1])["done"]
+
+
+def _cache_hits(server: RunningServer) -> float:
+    needle = "compat_prefix_cache_hit_tokens "
+    text = httpx.get(f"{server.base_url}/metrics").text
+    (line,) = [line for line in text.splitlines() if line.startswith(needle)]
+    return float(line.removeprefix(needle))
+
+
+def test_an_echoed_reply_with_its_call_ids_is_read_from_the_cache(scripted: RunningServer) -> None:
+    """Calls carry ids (as Ollama 0.12.10+ gives them). A client that sends the reply back
+    with them, even without its thinking (which the Qwen3 template then renders
+    differently), lets the server recognise its own reply and read all of it from the
+    prefix cache on the next turn; without the ids, only the template's rendering."""
+    ask = [{"role": "user", "content": "weather in Paris?"}]
+    url = f"{scripted.base_url}/api/chat"
+    body = {"model": MODEL, "messages": ask, "tools": WEATHER_TOOLS, "stream": False}
+    first = httpx.post(url, json=body).json()
+    message = first["message"]
+    (call,) = message["tool_calls"]
+    assert call["id"].startswith("call_") and call["function"]["index"] == 0
+    echo = {key: value for key, value in message.items() if key != "thinking"}
+    result = {"role": "tool", "content": "18 C", "tool_name": "get_weather"}
+    whole_reply = first["prompt_eval_count"] + first["eval_count"] - 1  # but its end token
+
+    def hits_of(echoed: dict[str, Any]) -> float:
+        before = _cache_hits(scripted)
+        second = httpx.post(
+            url,
+            json={**body, "messages": [*ask, echoed, result], "options": {"num_predict": 1}},
+        ).json()
+        assert second["done"] is True
+        return _cache_hits(scripted) - before
+
+    assert hits_of(echo) >= whole_reply
+    without_ids = {**echo, "tool_calls": [{"function": call["function"]}]}
+    assert hits_of(without_ids) < whole_reply

@@ -106,7 +106,7 @@ def chat_messages(messages: list[Message], images: list[ImageRef] | None) -> lis
         if m.tool_calls:
             msg["tool_calls"] = [
                 {
-                    "id": f"call_{i}_{k}",
+                    "id": call.id or f"call_{i}_{k}",
                     "type": "function",
                     "function": {"name": call.function.name, "arguments": call.function.arguments},
                 }
@@ -114,6 +114,8 @@ def chat_messages(messages: list[Message], images: list[ImageRef] | None) -> lis
             ]
         if m.role == "tool" and m.tool_name:
             msg["name"] = m.tool_name
+        if m.role == "tool" and m.tool_call_id:
+            msg["tool_call_id"] = m.tool_call_id
         if m.thinking:
             msg["reasoning_content"] = m.thinking
         out.append(msg)
@@ -180,9 +182,16 @@ def done_reason(finish: FinishReason) -> str:
 
 
 def tool_calls_json(calls: list[ParsedCall]) -> list[dict[str, Any]]:
-    """Ollama's calls: the arguments as an object, not JSON text."""
+    """Ollama's calls: an id (as Ollama 0.12.10+ gives), the arguments as an object."""
     return [
-        {"function": {"index": call.index, "name": call.name, "arguments": call.parsed_arguments()}}
+        {
+            "id": call.id,
+            "function": {
+                "index": call.index,
+                "name": call.name,
+                "arguments": call.parsed_arguments(),
+            },
+        }
         for call in calls
     ]
 

@@ -25,6 +25,9 @@ class ToolCallFunction(_Lenient):
 
 
 class ToolCall(_Lenient):
+    # Ollama 0.12.10+ returns ids; clients that echo them let the server recognise
+    # its own reply (chat/reply_history.py), others get ids made up from positions.
+    id: str | None = None
     function: ToolCallFunction
 
 
@@ -34,8 +37,9 @@ class Message(_Lenient):
     # Base64 image data, no media type (vision-language models only).
     images: list[str] | None = None
     tool_calls: list[ToolCall] | None = None
-    # The tool a `tool` message answers.
+    # The tool (and, from clients that keep ids, the call) a `tool` message answers.
     tool_name: str | None = None
+    tool_call_id: str | None = None
     # An assistant turn's earlier thinking.
     thinking: str | None = None
 
