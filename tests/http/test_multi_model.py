@@ -208,6 +208,11 @@ def test_ollama_keep_alive_loads_pins_and_unloads(dir_server: RunningServer) -> 
     keep_alive 0 unloads, -1 pins, 0 on a generation unloads once it is over. Beta is
     resident after the tests above (loaded here if the test runs alone)."""
     base = dir_server.base_url
+    # A bad body for a cold model is refused without loading it.
+    bad = {"model": "alpha", "messages": [{"role": "user", "content": "Hi"}], "format": "xml"}
+    refused = httpx.post(f"{base}/api/chat", json=bad, timeout=60)
+    assert refused.status_code == 400 and "format" in refused.json()["error"]
+    assert _states(base)["alpha"] == "unloaded"
     preload = {"model": "beta", "messages": [], "keep_alive": "5m"}
     loaded = httpx.post(f"{base}/api/chat", json=preload, timeout=120).json()
     assert loaded["done"] is True and loaded["done_reason"] == "load", loaded

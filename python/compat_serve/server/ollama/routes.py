@@ -70,6 +70,7 @@ async def chat(request: Request) -> JSONResponse | StreamingResponse:
     shape = _chat_shape(body.model)
     if not body.messages:
         return await _load_or_unload(request, body.model, keep, shape)
+    adapter.chat_request(body, context_length=1, vision=True)  # 400s before any load
     state = await model_state(request, body.model)
     timer.loaded = time.monotonic()
     chat_request = adapter.chat_request(
@@ -93,6 +94,7 @@ async def generate(request: Request) -> JSONResponse | StreamingResponse:
         return await _load_or_unload(request, body.model, keep, shape)
     if body.raw and body.images:
         raise ApiError(400, "images: not supported with raw: true", param="images")
+    adapter.generate_request(body, context_length=1, vision=True)  # 400s before any load
     state = await model_state(request, body.model)
     timer.loaded = time.monotonic()
     chat_request = adapter.generate_request(
