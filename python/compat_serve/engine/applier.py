@@ -14,7 +14,7 @@ request's text needs stay with the deciding side (`StepExecutor`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -22,6 +22,7 @@ from mlx.utils import tree_flatten
 from compat_serve.engine.batch import DecodeBatch, LayerCaches
 from compat_serve.engine.runner import ModelRunner
 from compat_serve.engine.step_plan import (
+    PREFIX_OPS,
     ClearBatch,
     Decode,
     Drop,
@@ -38,8 +39,8 @@ from compat_serve.engine.step_plan import (
 )
 from compat_serve.engine.vision import VisionInput
 
-# Fills a request's fresh cache from this rank's prefix-cache blocks (`Restore`).
-Restorer = Callable[[Restore, LayerCaches], None]
+if TYPE_CHECKING:
+    from compat_serve.engine.prefix.shard import ShardPrefix
 
 
 class StepApplier:
@@ -87,6 +88,11 @@ class StepApplier:
     def restored(self, op: Restore) -> None:
         """The deciding side's prefix cache has filled the request's fresh cache (it
         holds the blocks in this process); only the record is made here."""
+        self._ops.append(op)
+
+    def record(self, op: PlanOp) -> None:
+        """An op the deciding side's prefix cache applies itself (it holds the blocks in
+        this process: `PrefixCaching.record`); only the record is made here."""
         self._ops.append(op)
 
     def prefill(
@@ -165,15 +171,15 @@ class StepApplier:
 
     # ---- a follower ----------------------------------------------------------------------
 
-    def apply(self, plan: StepPlan, restorer: Restorer | None = None) -> list[mx.array]:
+    def apply(self, plan: StepPlan, prefix: ShardPrefix | None = None) -> list[mx.array]:
         """Run a recorded plan's ops here; the logits of its forwards (decode, verify,
-        last prefill chunks, batched prefills), evaluated, in order. `restorer` fills a
-        restored request's cache from this rank's prefix-cache blocks."""
+        last prefill chunks, batched prefills), evaluated, in order. `prefix` holds this
+        rank's shard of the prefix cache (its ops and restores go there)."""
         if plan.step != self._plans:
             raise PlanError(f"plan {plan.step} arrived, expected plan {self._plans}")
         outputs: list[mx.array] = []
         for op in plan.ops:
-            logits = self._apply_op(op, restorer)
+            logits = self._apply_op(op, prefix)
             if logits is not None:
                 mx.eval(logits)
                 outputs.append(logits)
@@ -181,16 +187,17 @@ class StepApplier:
         self._plans += 1
         return outputs
 
-    def _apply_op(self, op: PlanOp, restorer: Restorer | None) -> mx.array | None:
+    def _apply_op(self, op: PlanOp, prefix: ShardPrefix | None) -> mx.array | None:
         if isinstance(op, Prefill | Restore) and op.request_id not in self._own:
             raise PlanError(f"{op.kind} for {op.request_id}, which has no cache here")
+        if isinstance(op, (Restore, *PREFIX_OPS)):
+            if prefix is None:
+                raise PlanError(f"{op.kind}: this follower has no prefix cache")
+            prefix.apply(op, self)  # type: ignore[arg-type]
+            return None
         match op:
             case NewCache():
                 self.new_cache(op.request_id)
-            case Restore():
-                if restorer is None:
-                    raise PlanError(f"{op.request_id}: restoring needs the prefix-cache blocks")
-                restorer(op, self._own[op.request_id])
             case Prefill(vision=True):
                 raise PlanError(f"{op.request_id}: the plan has no image inputs")
             case Prefill(logits=True):
