@@ -76,7 +76,8 @@ def test_sharded_logits_match_one_rank(model_dirs: Path, tmp_path: Path) -> None
 
 # ---- a server on rank 0 --------------------------------------------------------------------
 
-SERVER_ARGS = ["--no-prefix-cache", "--prefill-chunk", str(CHUNK), "--log-level", "info"]
+# The prefix cache is on (the default): rank 0 keeps its index, both ranks their blocks.
+SERVER_ARGS = ["--prefill-chunk", str(CHUNK), "--log-level", "info"]
 # (family, mode, --speculative): ngram speculation's verify and rollback ops on one.
 LAYOUTS = [("llama", "tensor", "ngram"), ("deepseek_v3", "pipeline", "off")]
 
@@ -95,9 +96,9 @@ def _chat(base_url: str, messages: list[dict[str, str]], **extra: Any) -> dict[s
     return result
 
 
-def _session(base_url: str) -> list[tuple[str, int, str, int]]:
+def _session(base_url: str) -> list[tuple[str, int, str, int, int]]:
     """Four concurrent first turns, then four concurrent second turns: each turn's text
-    and prompt tokens."""
+    and prompt tokens, and the second turn's cached (prefix-cache read) tokens."""
 
     def first(i: int) -> dict[str, Any]:
         return _chat(base_url, [{"role": "user", "content": _prompt(i)}])
@@ -122,6 +123,7 @@ def _session(base_url: str) -> list[tuple[str, int, str, int]]:
             a["usage"]["prompt_tokens"],
             b["choices"][0]["message"]["content"],
             b["usage"]["prompt_tokens"],
+            b["usage"]["prompt_tokens_details"]["cached_tokens"],
         )
         for a, b in zip(turns, seconds, strict=True)
     ]
@@ -140,9 +142,7 @@ def servers(
         2,
         ["--model", str(path), "--distributed", mode, "--speculative", speculative, *SERVER_ARGS],
     )
-    one = start_server(
-        load_model(str(path)), prefix_cache=False, prefill_chunk=CHUNK, speculative=speculative
-    )
+    one = start_server(load_model(str(path)), prefill_chunk=CHUNK, speculative=speculative)
     try:
         yield group, one
     finally:
@@ -160,8 +160,10 @@ def test_server_session_matches_one_rank(
     with ThreadPoolExecutor(2) as pool:
         distributed, single = pool.map(_session, [group.base_url, one.base_url])
     assert distributed == single
-    assert all(prompt > CHUNK for _, prompt, _, _ in distributed)
-    assert len({text for text, _, _, _ in distributed}) > 1  # the prompts lead apart
+    assert all(prompt > CHUNK for _, prompt, _, _, _ in distributed)
+    assert len({text for text, _, _, _, _ in distributed}) > 1  # the prompts lead apart
+    # Second turns read their first turn's blocks (and tails) back, on both ranks.
+    assert all(CHUNK < cached < prompt for _, first, _, prompt, cached in distributed)
     speculation = httpx.get(f"{group.base_url}/v1/status", timeout=10).json()["speculation"]
     if speculation["mode"] == "ngram":  # drafts were verified, some rejected (rolled back)
         assert 0 < speculation["accepted_tokens"] < speculation["draft_tokens"], speculation
@@ -247,8 +249,6 @@ def test_each_misconfiguration_exits_before_loading(model_dirs: Path, tmp_path: 
         ([["--model", str(bare), "--distributed", "tensor", *plain],
           ["--model", str(bare), "--distributed", "tensor", *plain, "--max-num-seqs", "8"]],
          "rank 1 was started with a different model or flags than rank 0"),
-        ([["--model", str(bare), "--distributed", "tensor"]] * 2,
-         "needs --no-prefix-cache"),
         ([["--model", str(bare), "--distributed", "tensor", *plain, "--speculative", "draft",
            "--draft-model", str(bare)]] * 2,
          "does not run --speculative draft yet"),

@@ -32,6 +32,8 @@ class Leader:
         self._applier.runner.one_forward_per_eval = True
         # A forward's ops go out before it runs, so the other ranks join its collectives.
         self._applier.before_forward = self._flush
+        if executor.prefix is not None:  # disk entries: served only if every rank has them
+            executor.prefix.vote = self._vote
         engine.on_stopped = self.stop
         engine.on_idle = self.idle
         engine.metrics.extra_renderers.append(self.render_metrics)
@@ -57,9 +59,24 @@ class Leader:
         try:
             self.link.send(kind, payload)
         except RuntimeError as exc:
-            self.lost = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            log.error("distributed: lost a rank (%s); ending requests and stopping", self.lost)
-            os.kill(os.getpid(), signal.SIGTERM)  # the graceful drain, then exit
+            self._lose(exc)
+            raise
+
+    def _lose(self, exc: RuntimeError) -> None:
+        self.lost = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        log.error("distributed: lost a rank (%s); ending requests and stopping", self.lost)
+        os.kill(os.getpid(), signal.SIGTERM)  # the graceful drain, then exit
+
+    def _vote(self, yes: bool) -> bool:
+        """The plan so far (ending with a `Stage` of disk entries), then every rank's
+        answer: did it find them."""
+        self._flush()
+        if self.lost is not None:
+            return False
+        try:
+            return self.link.vote(yes)
+        except RuntimeError as exc:
+            self._lose(exc)
             raise
 
     def _stuck(self, quiet: float) -> None:
