@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -129,34 +130,42 @@ def _session(base_url: str) -> list[tuple[str, int, str, int, int]]:
     ]
 
 
+@dataclass
+class Servers:
+    group: DistributedServer  # two ranks, with a disk tier (--cache-dir)
+    one: RunningServer  # one rank, in this process
+    args: list[str]  # the group's arguments
+    mode: str
+    cache_dir: Path
+
+
 @pytest.fixture(scope="module", params=LAYOUTS, ids=[f"{f}-{m}-{s}" for f, m, s in LAYOUTS])
 def servers(
     request: pytest.FixtureRequest, model_dirs: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[DistributedServer, RunningServer]]:
+) -> Iterator[Servers]:
     from compat_serve.models.loader import load_model
 
     family, mode, speculative = request.param
     path = model_dirs / family
-    group = start_distributed_server(
-        tmp_path_factory.mktemp("ranks"),
-        2,
-        ["--model", str(path), "--distributed", mode, "--speculative", speculative, *SERVER_ARGS],
-    )
+    cache_dir = tmp_path_factory.mktemp("disk-tier")
+    args = ["--model", str(path), "--speculative", speculative, *SERVER_ARGS]
+    args += ["--cache-dir", str(cache_dir)]
+    directory = tmp_path_factory.mktemp("ranks")
+    group = start_distributed_server(directory, 2, [*args, "--distributed", mode])
     one = start_server(load_model(str(path)), prefill_chunk=CHUNK, speculative=speculative)
     try:
-        yield group, one
+        yield Servers(group, one, args, mode, cache_dir)
     finally:
         one.stop()
         exits = group.stop()
         # SIGTERM on rank 0: it drains, stops the follower, and both exit cleanly.
         assert [code for code, _ in exits] == [0, 0], exits
         assert "rank 0 stopped; exiting" in exits[1][1]
+        assert "prefix cache op" not in exits[1][1]  # no op of rank 0's was skipped
 
 
-def test_server_session_matches_one_rank(
-    servers: tuple[DistributedServer, RunningServer],
-) -> None:
-    group, one = servers
+def test_server_session_matches_one_rank(servers: Servers) -> None:
+    group, one = servers.group, servers.one
     with ThreadPoolExecutor(2) as pool:
         distributed, single = pool.map(_session, [group.base_url, one.base_url])
     assert distributed == single
@@ -167,6 +176,46 @@ def test_server_session_matches_one_rank(
     speculation = httpx.get(f"{group.base_url}/v1/status", timeout=10).json()["speculation"]
     if speculation["mode"] == "ngram":  # drafts were verified, some rejected (rolled back)
         assert 0 < speculation["accepted_tokens"] < speculation["draft_tokens"], speculation
+
+
+def test_a_restart_reads_each_ranks_own_disk_tier(
+    servers: Servers, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Each rank writes its shard under its own layout directory, with the same keys. A
+    second group on the same --cache-dir: in the same layout (tensor) a second turn
+    reads the first turn's blocks from both ranks' disks (the cached count of one rank,
+    which reads them from RAM); in another layout (the pipeline model restarted as
+    tensor) it is a miss. The texts equal one rank's either way."""
+    first = [{"role": "user", "content": _prompt(30)}]
+    reply = _chat(servers.group.base_url, first)["choices"][0]["message"]["content"]
+    assert reply == _chat(servers.one.base_url, first)["choices"][0]["message"]["content"]
+    second = [*first, {"role": "assistant", "content": reply}]
+    second.append({"role": "user", "content": "Go on. " + _prompt(31)})
+    expected = _chat(servers.one.base_url, second)
+    same_layout = servers.mode == "tensor"
+    ranks = [servers.cache_dir / f"{servers.mode}-2ranks-rank{rank}" for rank in (0, 1)]
+    deadline = time.monotonic() + 30  # the writes are queued: wait until both ranks wrote
+    while True:
+        keys = [sorted(p.name for p in rank.glob("*/*.kv")) for rank in ranks]
+        if keys[0] and keys[0] == keys[1]:
+            break
+        assert time.monotonic() < deadline, keys
+        time.sleep(0.2)
+    restarted = start_distributed_server(
+        tmp_path_factory.mktemp("restart"), 2, [*servers.args, "--distributed", "tensor"]
+    )
+    try:
+        answer = _chat(restarted.base_url, second)
+    finally:
+        exits = restarted.stop()
+    assert [code for code, _ in exits] == [0, 0], exits
+    assert answer["choices"] == expected["choices"]
+    cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+    if same_layout:
+        assert cached == expected["usage"]["prompt_tokens_details"]["cached_tokens"] > CHUNK
+    else:
+        assert cached == 0
+        assert (servers.cache_dir / "tensor-2ranks-rank1").is_dir()
 
 
 def _aborted(base_url: str) -> int:
@@ -181,10 +230,8 @@ def _phases(base_url: str) -> list[str]:
     return [row["phase"] for row in status["requests"]]
 
 
-def test_disconnects_leave_both_ranks_serving(
-    servers: tuple[DistributedServer, RunningServer],
-) -> None:
-    group, one = servers
+def test_disconnects_leave_both_ranks_serving(servers: Servers) -> None:
+    group, one = servers.group, servers.one
     body = {
         "model": "m",
         "messages": [{"role": "user", "content": _prompt(3) * 6}],  # ~20 prefill chunks
