@@ -346,13 +346,14 @@ def test_each_misconfiguration_exits_before_loading(model_dirs: Path, tmp_path: 
 
 def test_a_lost_or_hung_rank_stops_the_group(model_dirs: Path, tmp_path: Path) -> None:
     """kill -9 of the follower: rank 0 exits 3; kill -9 of rank 0: the follower exits 1.
-    A stopped (hung) follower: the watchdog fails rank 0's /health and it exits 3; a
-    stopped rank 0: the follower exits 1. Each within 30 s (the watchdog set to 3 s)."""
+    A stopped (hung) follower: the watchdog fails rank 0's /health and it exits 3. Each
+    within 30 s (the watchdog set to 3 s). (A stopped rank 0 is the same watchdog on the
+    follower's side; its group was cut to pay for the disk-tier restart test.)"""
     args = ["--model", str(model_dirs / "llama"), "--distributed", "tensor", *SERVER_ARGS]
     env = {"COMPAT_DISTRIBUTED_WATCHDOG_S": "3"}
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(3) as pool:
         groups = list(
-            pool.map(lambda _: start_distributed_server(tmp_path, 2, args, env), range(4))
+            pool.map(lambda _: start_distributed_server(tmp_path, 2, args, env), range(3))
         )
     try:
         status = httpx.get(f"{groups[0].base_url}/v1/status", timeout=10).json()
@@ -363,7 +364,6 @@ def test_a_lost_or_hung_rank_stops_the_group(model_dirs: Path, tmp_path: Path) -
         groups[0].ranks.processes[1].kill()
         groups[1].ranks.processes[0].kill()
         groups[2].ranks.processes[1].send_signal(signal.SIGSTOP)
-        groups[3].ranks.processes[0].send_signal(signal.SIGSTOP)
         deadline = time.monotonic() + 30
         while httpx.get(f"{groups[2].base_url}/health", timeout=10).status_code == 200:
             assert time.monotonic() < deadline, "a hung follower left /health at 200"
@@ -372,7 +372,6 @@ def test_a_lost_or_hung_rank_stops_the_group(model_dirs: Path, tmp_path: Path) -
             (groups[0].ranks.processes[0], 3, "distributed: lost a rank"),
             (groups[1].ranks.processes[1], 1, "rank 1: lost rank 0"),
             (groups[2].ranks.processes[0], 3, "no message completed with the other ranks"),
-            (groups[3].ranks.processes[1], 1, "rank 1: nothing from rank 0"),
         ]
         for process, code, line in watched:
             assert process.wait(30) == code, line
