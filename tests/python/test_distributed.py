@@ -151,7 +151,10 @@ def servers(
     args = ["--model", str(path), "--speculative", speculative, *SERVER_ARGS]
     args += ["--cache-dir", str(cache_dir)]
     directory = tmp_path_factory.mktemp("ranks")
-    group = start_distributed_server(directory, 2, [*args, "--distributed", mode])
+    # A RAM tier of ~15 blocks (rank 0's shard): the session evicts, and reads evicted
+    # blocks back from the disk tier (every rank its own shard).
+    small = ["--cache-memory", "64000"]
+    group = start_distributed_server(directory, 2, [*args, *small, "--distributed", mode])
     one = start_server(load_model(str(path)), prefill_chunk=CHUNK, speculative=speculative)
     try:
         yield Servers(group, one, args, mode, cache_dir)
@@ -171,8 +174,11 @@ def test_server_session_matches_one_rank(servers: Servers) -> None:
     assert distributed == single
     assert all(prompt > CHUNK for _, prompt, _, _, _ in distributed)
     assert len({text for text, _, _, _, _ in distributed}) > 1  # the prompts lead apart
-    # Second turns read their first turn's blocks (and tails) back, on both ranks.
+    # Second turns read their first turn's blocks (and tails) back, on both ranks: from
+    # RAM, and from disk where RAM evicted them (one rank keeps everything in RAM).
     assert all(CHUNK < cached < prompt for _, first, _, prompt, cached in distributed)
+    assert _metric(group.base_url, "compat_prefix_cache_evictions") > 0
+    assert _metric(group.base_url, "compat_prefix_cache_disk_hit_tokens") > 0
     speculation = httpx.get(f"{group.base_url}/v1/status", timeout=10).json()["speculation"]
     if speculation["mode"] == "ngram":  # drafts were verified, some rejected (rolled back)
         assert 0 < speculation["accepted_tokens"] < speculation["draft_tokens"], speculation
@@ -218,11 +224,15 @@ def test_a_restart_reads_each_ranks_own_disk_tier(
         assert (servers.cache_dir / "tensor-2ranks-rank1").is_dir()
 
 
-def _aborted(base_url: str) -> int:
+def _metric(base_url: str, name: str) -> float:
     for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
-        if line.startswith('compat_requests_total{outcome="aborted"}'):
-            return int(float(line.split()[-1]))
-    raise AssertionError("no aborted counter in /metrics")
+        if line.startswith(f"{name} ") or line.startswith(name + "{"):
+            return float(line.split()[-1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def _aborted(base_url: str) -> int:
+    return int(_metric(base_url, 'compat_requests_total{outcome="aborted"}'))
 
 
 def _phases(base_url: str) -> list[str]:
