@@ -179,7 +179,12 @@ def test_server_session_matches_one_rank(servers: Servers) -> None:
     assert all(CHUNK < cached < prompt for _, first, _, prompt, cached in distributed)
     assert _metric(group.base_url, "compat_prefix_cache_evictions") > 0
     assert _metric(group.base_url, "compat_prefix_cache_disk_hit_tokens") > 0
-    speculation = httpx.get(f"{group.base_url}/v1/status", timeout=10).json()["speculation"]
+    status = httpx.get(f"{group.base_url}/v1/status", timeout=10).json()
+    # The plan channel's time and the forwards' (the model's collectives inside) apart.
+    timing = status["distributed"]
+    assert timing["forwards"] > 0 and timing["forward_seconds"] > 0 < timing["plan_seconds"]
+    assert _metric(group.base_url, "compat_distributed_forward_seconds_total") > 0
+    speculation = status["speculation"]
     if speculation["mode"] == "ngram":  # drafts were verified, some rejected (rolled back)
         assert 0 < speculation["accepted_tokens"] < speculation["draft_tokens"], speculation
 

@@ -131,7 +131,9 @@ def record(
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0, stop_at_eos=False)
 
     async def run_all() -> None:
-        streams = [engine.submit(EngineRequest(rid, ids, sampling)) for rid, ids in prompts.items()]
+        streams = [
+            engine.submit(EngineRequest(rid, tuple(ids), sampling)) for rid, ids in prompts.items()
+        ]
 
         async def drain(rid: str, stream: Any) -> None:
             events = [event async for event in stream]
@@ -142,7 +144,9 @@ def record(
 
     async def one_by_one() -> None:
         for rid, ids in prompts.items():
-            events = [event async for event in engine.submit(EngineRequest(rid, ids, sampling))]
+            events = [
+                event async for event in engine.submit(EngineRequest(rid, tuple(ids), sampling))
+            ]
             out.tokens[rid] = [t for event in events for t in event.token_ids]
             out.finish[rid] = events[-1].finish_reason
 

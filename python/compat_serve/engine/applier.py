@@ -13,6 +13,7 @@ request's text needs stay with the deciding side (`StepExecutor`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,12 @@ class StepApplier:
         # recorded and before it runs, to send the plan so far; each forward's logits are
         # then evaluated at once, so every rank runs the model's collectives in one order.
         self.before_forward: Callable[[], None] | None = None
+        # With it set: the forwards run and the seconds they took (evaluated in the op:
+        # the model's compute with its own collectives, the wait for the other ranks
+        # included; the plan channel's time is not in it).
+        self.forwards = 0
+        self.forward_seconds = 0.0
+        self._forward_started = 0.0
 
     # ---- reading (the deciding side's prefix cache and metrics) --------------------
 
@@ -100,7 +107,9 @@ class StepApplier:
     ) -> None:
         self._ops.append(Prefill(request_id, start, tuple(tokens), False, vision is not None))
         self._forward_next()
-        self.runner.prefill(self._cache(request_id), tokens, vision, start)
+        self.runner.prefill(self._cache(request_id), tokens, vision, start)  # evaluated
+        if self.before_forward is not None:
+            self._forward_done()
 
     def last_logits(
         self, request_id: str, start: int, tokens: list[int], vision: VisionInput | None = None
@@ -230,11 +239,17 @@ class StepApplier:
     def _forward_next(self) -> None:
         if self.before_forward is not None:
             self.before_forward()
+            self._forward_started = time.perf_counter()
 
     def _ran(self, logits: mx.array) -> mx.array:
         if self.before_forward is not None:
             mx.eval(logits)
+            self._forward_done()
         return logits
+
+    def _forward_done(self) -> None:
+        self.forwards += 1
+        self.forward_seconds += time.perf_counter() - self._forward_started
 
     def _cache(self, request_id: str) -> LayerCaches:
         cache = self._own.get(request_id)
