@@ -176,7 +176,7 @@ def test_server_session_matches_one_rank(servers: Servers) -> None:
     assert len({text for text, _, _, _, _ in distributed}) > 1  # the prompts lead apart
     # Second turns read their first turn's blocks (and tails) back, on both ranks: from
     # RAM, and from disk where RAM evicted them (one rank keeps everything in RAM).
-    assert all(CHUNK < cached < prompt for _, first, _, prompt, cached in distributed)
+    assert all(CHUNK < cached < prompt for _, _, _, prompt, cached in distributed)
     assert _metric(group.base_url, "compat_prefix_cache_evictions") > 0
     assert _metric(group.base_url, "compat_prefix_cache_disk_hit_tokens") > 0
     status = httpx.get(f"{group.base_url}/v1/status", timeout=10).json()
