@@ -18,20 +18,31 @@ import pytest
 from compat_serve.engine.applier import StepApplier, kv_arrays
 from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
+from compat_serve.engine.prefix.shard import ShardPrefix
+from compat_serve.engine.prefix.store import PrefixStore
 from compat_serve.engine.runner import ModelRunner
 from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.step_plan import (
     ClearBatch,
     Decode,
+    DiskPut,
     Drop,
+    DropBlocks,
+    DropTails,
+    Hold,
     Join,
     NewCache,
     PlanError,
     Prefill,
     PrefillTogether,
+    PutBlock,
     Restore,
     Rollback,
+    Stage,
     StepPlan,
+    StoreBlock,
+    StoreTail,
+    Unhold,
     Verify,
 )
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams
@@ -41,6 +52,7 @@ if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
 
 CHUNK = 64  # prompts below are longer than one chunk
+BLOCK = 16  # EngineConfig's default block size
 MAX_TOKENS = 10
 
 Snapshot = dict[str, Any]
@@ -52,19 +64,32 @@ class Recording:
     snapshots: list[Snapshot] = field(default_factory=list)
     tokens: dict[str, list[int]] = field(default_factory=dict)
     finish: dict[str, FinishReason | None] = field(default_factory=dict)
+    blocks: dict[int, list[bytes]] = field(default_factory=dict)  # prefix blocks at the end
+    # Run one after another instead of all at once (turns of a conversation).
+    sequential: bool = False
 
 
-def snapshot(applier: StepApplier) -> Snapshot:
+def snapshot(applier: StepApplier, blocks: list[int]) -> Snapshot:
     """Every KV array the applier holds, copied out (own caches by request, the batch
-    with its row order)."""
+    with its row order), and the ids of the prefix-cache blocks with K/V."""
     own = {rid: [np.array(a) for a in kv_arrays(c)] for rid, c in applier.own_caches.items()}
     batch = applier.batch
     rows = [np.array(a) for a in kv_arrays(batch.cache)] if len(batch) else []
-    return {"own": own, "batch_ids": batch.ids, "batch": rows}
+    return {"own": own, "batch_ids": batch.ids, "batch": rows, "blocks": sorted(blocks)}
+
+
+def block_bytes(store: PrefixStore) -> dict[int, list[bytes]]:
+    """Each prefix block's K/V bytes, layer by layer."""
+    blocks = store._blocks
+    return {
+        block_id: [np.array(a).tobytes() for layer in kv if layer is not None for a in layer]
+        for block_id, kv in blocks.items()
+    }
 
 
 def assert_same_kv(follower: Snapshot, leader: Snapshot, step: int) -> None:
     assert follower["batch_ids"] == leader["batch_ids"], step
+    assert follower["blocks"] == leader["blocks"], f"prefix blocks differ after plan {step}"
     assert follower["own"].keys() == leader["own"].keys(), step
     pairs = list(zip(follower["batch"], leader["batch"], strict=True))
     for rid, arrays in leader["own"].items():
@@ -80,6 +105,7 @@ def record(
     config: EngineConfig,
     abort_after: dict[str, tuple[str, int]] | None = None,
     max_tokens: int = MAX_TOKENS,
+    sequential: bool = False,
 ) -> Recording:
     """Run `prompts` concurrently (greedy) and record every plan (as bytes) with the
     engine's KV after it. `abort_after[rid] = (kind, n)`: abort `rid` after the n-th plan
@@ -88,10 +114,12 @@ def record(
     engine = Engine(loaded, config)
     out = Recording()
     seen: dict[str, int] = {}
+    prefix = engine._executor.prefix
+    assert prefix is not None
 
     def on_plan(plan: StepPlan) -> None:
         out.plans.append(plan.to_bytes())
-        out.snapshots.append(snapshot(engine._executor.applier))
+        out.snapshots.append(snapshot(engine._executor.applier, list(prefix.store._blocks)))
         for rid, (kind, n) in (abort_after or {}).items():
             if any(op.kind == kind and rid in _rows(op) for op in plan.ops):
                 seen[rid] = seen.get(rid, 0) + 1
@@ -103,7 +131,9 @@ def record(
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0, stop_at_eos=False)
 
     async def run_all() -> None:
-        streams = [engine.submit(EngineRequest(rid, ids, sampling)) for rid, ids in prompts.items()]
+        streams = [
+            engine.submit(EngineRequest(rid, tuple(ids), sampling)) for rid, ids in prompts.items()
+        ]
 
         async def drain(rid: str, stream: Any) -> None:
             events = [event async for event in stream]
@@ -112,10 +142,19 @@ def record(
 
         await asyncio.gather(*(drain(rid, s) for rid, s in zip(prompts, streams, strict=True)))
 
+    async def one_by_one() -> None:
+        for rid, ids in prompts.items():
+            events = [
+                event async for event in engine.submit(EngineRequest(rid, tuple(ids), sampling))
+            ]
+            out.tokens[rid] = [t for event in events for t in event.token_ids]
+            out.finish[rid] = events[-1].finish_reason
+
     try:
-        asyncio.run(run_all())
+        asyncio.run(one_by_one() if sequential else run_all())
     finally:
         engine.shutdown()
+    out.blocks = block_bytes(prefix.store)
     return out
 
 
@@ -124,10 +163,11 @@ def replay(loaded: LoadedModel, recording: Recording) -> dict[str, list[int]]:
     model, checking its KV after each; returns the greedy tokens its logits give."""
     twin = tiny_model("llama", loaded)  # same seed, same weights, nothing shared
     follower = StepApplier(ModelRunner(twin))
+    prefix = ShardPrefix(BLOCK)
     tokens: dict[str, list[int]] = {}
     for step, (data, leader) in enumerate(zip(recording.plans, recording.snapshots, strict=True)):
         plan = StepPlan.from_bytes(data)
-        logits = iter(follower.apply(plan))
+        logits = iter(follower.apply(plan, prefix))
         for op in plan.ops:
             if isinstance(op, Prefill) and op.logits:
                 tokens.setdefault(op.request_id, []).append(_argmax(next(logits))[0])
@@ -139,7 +179,9 @@ def replay(loaded: LoadedModel, recording: Recording) -> dict[str, list[int]]:
                 for rid, row, target in zip(op.request_ids, op.rows, targets, strict=True):
                     tokens.setdefault(rid, []).extend(_greedy(row[1:], target))
         assert next(logits, None) is None
-        assert_same_kv(snapshot(follower), leader, step)
+        assert_same_kv(snapshot(follower, list(prefix.store._blocks)), leader, step)
+    assert block_bytes(prefix.store) == recording.blocks, "prefix blocks' K/V differ"
+    assert prefix.faults == 0
     return tokens
 
 
@@ -225,35 +267,37 @@ def test_a_replay_with_speculation_reproduces_verify_and_rollback(
     assert replay(tiny_llama_model, recording) == recording.tokens
 
 
-def test_a_prefix_cache_hit_is_a_restore_op_a_bare_follower_refuses(
+def test_a_prefix_cache_hit_replays_from_the_followers_own_blocks(
     tiny_llama_model: LoadedModel,
 ) -> None:
+    """Two turns of one conversation, then a third that shares only part of a block: the
+    follower restores from the blocks and tails it stored itself, bit for bit."""
     prompt = random_prompts(tiny_llama_model, {"first": 100}, seed=11)["first"]
-    engine = Engine(tiny_llama_model, EngineConfig(prefill_chunk=CHUNK, max_num_seqs=4))
-    plans: list[StepPlan] = []
-    engine._executor.on_plan = plans.append
-    engine.start()
-    sampling = SamplingParams(max_tokens=2, temperature=0, stop_at_eos=False)
-
-    async def two_turns() -> None:
-        for rid in ("turn1", "turn2"):
-            async for _ in engine.submit(EngineRequest(rid, [*prompt, 5, 6, 7], sampling)):
-                pass
-
-    try:
-        asyncio.run(two_turns())
-    finally:
-        engine.shutdown()
+    prompts = {
+        "turn1": [*prompt, 5, 6, 7],
+        "turn2": [*prompt, 5, 6, 7],
+        "branch": [*prompt[:40], 9, 9, *prompt[:30]],  # a child block's first 8 tokens
+    }
+    config = EngineConfig(prefill_chunk=CHUNK, max_num_seqs=4)
+    recording = record(tiny_llama_model, prompts, config, max_tokens=2, sequential=True)
+    plans = [StepPlan.from_bytes(data) for data in recording.plans]
     restores = [op for plan in plans for op in plan.ops if isinstance(op, Restore)]
-    assert [op.request_id for op in restores] == ["turn2"]
+    assert [op.request_id for op in restores] == ["turn2", "branch"]
     # Whole blocks of 16 from RAM, the rest of the prompt but its last token from a tail.
     assert restores[0].tokens == len(prompt) + 2
-    assert len(restores[0].block_ids) == restores[0].tokens // 16
-    assert restores[0].tail_tokens == restores[0].tokens % 16
-    follower = StepApplier(ModelRunner(tiny_llama_model))
-    with pytest.raises(PlanError, match="restoring needs the prefix-cache blocks"):
+    assert len(restores[0].block_ids) == restores[0].tokens // BLOCK
+    assert restores[0].tail_tokens == restores[0].tokens % BLOCK
+    # Two whole blocks, then 8 tokens of the third one (a child block, not a tail).
+    assert (len(restores[1].block_ids), restores[1].tail_tokens) == (2, 8)
+    holds = [op for plan in plans for op in plan.ops if isinstance(op, Hold)]
+    assert [[piece[0] for piece in op.pieces] for op in holds] == [["tail"], ["block"]]
+    kinds = {op.kind for plan in plans for op in plan.ops}
+    assert {"block", "tail", "hold"} <= kinds
+    assert replay(tiny_llama_model, recording) == recording.tokens
+    bare = StepApplier(ModelRunner(tiny_llama_model))
+    with pytest.raises(PlanError, match="has no prefix cache"):
         for plan in plans:
-            follower.apply(plan)
+            bare.apply(plan)
 
 
 def test_every_op_survives_bytes_and_bad_bytes_are_refused() -> None:
@@ -272,6 +316,15 @@ def test_every_op_survives_bytes_and_bad_bytes_are_refused() -> None:
             Join(("a", "b")),
             Drop(("c",)),
             ClearBatch(),
+            StoreBlock(7, "a", 0, 16),
+            PutBlock(8, ("disk", "ab12")),
+            DropBlocks((7, 8)),
+            StoreTail(3, "a", 32, 37),
+            DropTails((3,)),
+            Stage((("block", "9"), ("disk", "cd34"))),
+            Hold("a", (("tail", "3", 5), ("block", "9", 4))),
+            Unhold("a"),
+            DiskPut("ef56", "0a", ("range", "a", 0, 16)),
         ),
     )
     assert StepPlan.from_bytes(plan.to_bytes()) == plan

@@ -6,9 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
 
-from compat_serve.distributed.loading import load_sharded
 from compat_serve.distributed.transport import (
     IDLE,
     IDLE_BEAT_S,
@@ -20,8 +18,10 @@ from compat_serve.distributed.transport import (
 from compat_serve.distributed.watchdog import start_watchdog
 from compat_serve.engine.applier import StepApplier
 from compat_serve.engine.kv_quant import KVFormat, check_head_dim
+from compat_serve.engine.prefix.shard import ShardPrefix
 from compat_serve.engine.runner import ModelRunner
 from compat_serve.engine.step_plan import PlanError, StepPlan
+from compat_serve.models.types import LoadedModel
 
 log = logging.getLogger("compat_serve")
 
@@ -39,13 +39,28 @@ def _stuck(link: PlanLink, quiet: float) -> None:
     os._exit(1)  # the main thread is blocked in a collective
 
 
-def run_follower(path: Path, mode: str, link: PlanLink, kv_format: KVFormat) -> int:
-    """The follower's whole life; its exit status."""
-    loaded = load_sharded(path, mode, link.group)
+def run_follower(
+    loaded: LoadedModel,
+    link: PlanLink,
+    kv_format: KVFormat,
+    prefix: ShardPrefix | None,
+) -> int:
+    """The follower's whole life, on its loaded shard; its exit status. `prefix`: its
+    shard of the prefix cache (None: off)."""
     runner = ModelRunner(loaded, kv_format)
     runner.one_forward_per_eval = True  # as rank 0's (distributed/leader.py)
     start_runner(runner, kv_format)
     applier = StepApplier(runner)
+    if prefix is not None:
+        prefix.vote = link.vote
+    try:
+        return _follow(link, applier, prefix)
+    finally:
+        if prefix is not None:
+            prefix.close()  # queued disk writes
+
+
+def _follow(link: PlanLink, applier: StepApplier, prefix: ShardPrefix | None) -> int:
     start_watchdog(link, lambda quiet: _stuck(link, quiet))
     log.info("rank %d of %d: applying rank 0's step plans", link.rank, link.world_size)
     while True:
@@ -64,7 +79,7 @@ def run_follower(path: Path, mode: str, link: PlanLink, kv_format: KVFormat) -> 
             log.error("rank %d: unknown message kind %d; exiting", link.rank, kind)
             return 1
         try:
-            applier.apply(StepPlan.from_bytes(payload))
+            applier.apply(StepPlan.from_bytes(payload), prefix)
         except PlanError as exc:
             log.error("rank %d: out of step with rank 0 (%s); exiting", link.rank, exc)
             return 1

@@ -32,6 +32,8 @@ class Leader:
         self._applier.runner.one_forward_per_eval = True
         # A forward's ops go out before it runs, so the other ranks join its collectives.
         self._applier.before_forward = self._flush
+        if executor.prefix is not None:  # disk entries: served only if every rank has them
+            executor.prefix.vote = self._vote
         engine.on_stopped = self.stop
         engine.on_idle = self.idle
         engine.metrics.extra_renderers.append(self.render_metrics)
@@ -57,9 +59,24 @@ class Leader:
         try:
             self.link.send(kind, payload)
         except RuntimeError as exc:
-            self.lost = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            log.error("distributed: lost a rank (%s); ending requests and stopping", self.lost)
-            os.kill(os.getpid(), signal.SIGTERM)  # the graceful drain, then exit
+            self._lose(exc)
+            raise
+
+    def _lose(self, exc: RuntimeError) -> None:
+        self.lost = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        log.error("distributed: lost a rank (%s); ending requests and stopping", self.lost)
+        os.kill(os.getpid(), signal.SIGTERM)  # the graceful drain, then exit
+
+    def _vote(self, yes: bool) -> bool:
+        """The plan so far (ending with a `Stage` of disk entries), then every rank's
+        answer: did it find them."""
+        self._flush()
+        if self.lost is not None:
+            return False
+        try:
+            return self.link.vote(yes)
+        except RuntimeError as exc:
+            self._lose(exc)
             raise
 
     def _stuck(self, quiet: float) -> None:
@@ -85,9 +102,13 @@ class Leader:
                 self.link.send(STOP)
 
     def status(self) -> dict[str, object]:
-        """/v1/status's `distributed`: the layout, and the plan channel's traffic and
-        time (the model's own collectives run inside each forward and are not split out)."""
+        """/v1/status's `distributed`: the layout, the plan channel's traffic and time,
+        and the forwards' time. The model's own collectives run inside each forward's
+        lazy graph, so their time is in the forwards' (with the compute and the wait for
+        the other ranks), not split out: timing them alone would take an evaluation at
+        every collective."""
         link = self.link
+        applier = self._applier
         return {
             "mode": self.mode,
             "world_size": link.world_size,
@@ -97,6 +118,11 @@ class Leader:
             "plan_bytes_sent": link.bytes_sent,
             "plan_seconds": round(self.plan_seconds, 6),
             "plan_ms_per_plan": round(1000 * self.plan_seconds / max(self.steps, 1), 4),
+            "forwards": applier.forwards,
+            "forward_seconds": round(applier.forward_seconds, 6),
+            "forward_ms_per_forward": round(
+                1000 * applier.forward_seconds / max(applier.forwards, 1), 4
+            ),
             "lost_rank": self.lost,
         }
 
@@ -121,4 +147,11 @@ class Leader:
             "collectives, with the wait for the other ranks to join them).",
             "# TYPE compat_distributed_plan_seconds_total counter",
             f"compat_distributed_plan_seconds_total {self.plan_seconds:.6f}",
+            "# HELP compat_distributed_forward_seconds_total Seconds in rank 0's forwards "
+            "(compute and the model's own collectives, waits included; not the plans).",
+            "# TYPE compat_distributed_forward_seconds_total counter",
+            f"compat_distributed_forward_seconds_total {self._applier.forward_seconds:.6f}",
+            "# HELP compat_distributed_forwards_total Forwards rank 0 ran.",
+            "# TYPE compat_distributed_forwards_total counter",
+            f"compat_distributed_forwards_total {self._applier.forwards}",
         ]

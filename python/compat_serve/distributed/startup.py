@@ -29,11 +29,6 @@ log = logging.getLogger("compat_serve")
 def unsupported(settings: dict[str, Any]) -> str | None:
     """The first serve option distributed mode cannot run with yet, as its refusal."""
     mode = settings["distributed"]
-    if settings.get("prefix_cache", True):
-        return (
-            f"--distributed {mode} needs --no-prefix-cache: prefix-cache blocks are not "
-            "mirrored on the other ranks yet"
-        )
     # ngram speculation is plan ops only (verify, rollback); a draft model would run
     # unsharded on rank 0 and is not tested in distributed mode.
     if settings.get("speculative") == "draft":
@@ -102,15 +97,24 @@ class RankBuilder:
 
     def __call__(self, options: ServeOptions) -> ServerState | None:
         from compat_serve.bootstrap import _kv_format, build_state
+        from compat_serve.distributed.caching import (
+            check_prefix_cache,
+            follower_prefix,
+            for_this_rank,
+        )
         from compat_serve.distributed.follower import run_follower
         from compat_serve.distributed.leader import Leader
 
         pre = self.pre
         link = PlanLink(pre.group)
+        options = for_this_rank(options, pre.mode, link.world_size, link.rank)
+        loaded = load_sharded(pre.path, pre.mode, pre.group)
+        check_prefix_cache(loaded, options, pre.mode)
         if link.rank != 0:
-            self.follower_exit = run_follower(pre.path, pre.mode, link, _kv_format(options))
+            prefix = follower_prefix(options, loaded)
+            self.follower_exit = run_follower(loaded, link, _kv_format(options), prefix)
             return None
-        state = build_state(options, loaded=load_sharded(pre.path, pre.mode, pre.group))
+        state = build_state(options, loaded=loaded)
         self.leader = Leader(state.engine, link, pre.mode)
         state.engine.distributed_status = self.leader.status
         return state

@@ -56,6 +56,13 @@ class PlanLink:
         self.bytes_sent += len(payload)
         self.last_progress = time.monotonic()
 
+    def vote(self, yes: bool) -> bool:
+        """Every rank: whether all ranks say yes (after a plan that asks, engine/step_plan.py
+        `Stage`: rank 0 serves a disk entry only if every rank found its shard of it)."""
+        noes = self._sum(mx.array([0 if yes else 1], dtype=mx.int32))
+        self.last_progress = time.monotonic()
+        return int(np.array(noes)[0]) == 0
+
     def receive(self) -> tuple[int, bytes]:
         """Another rank: wait for rank 0's next message."""
         header = np.array(self._sum(mx.zeros((2,), dtype=mx.int32)))

@@ -13,8 +13,9 @@ request's text needs stay with the deciding side (`StepExecutor`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -22,6 +23,7 @@ from mlx.utils import tree_flatten
 from compat_serve.engine.batch import DecodeBatch, LayerCaches
 from compat_serve.engine.runner import ModelRunner
 from compat_serve.engine.step_plan import (
+    PREFIX_OPS,
     ClearBatch,
     Decode,
     Drop,
@@ -38,8 +40,8 @@ from compat_serve.engine.step_plan import (
 )
 from compat_serve.engine.vision import VisionInput
 
-# Fills a request's fresh cache from this rank's prefix-cache blocks (`Restore`).
-Restorer = Callable[[Restore, LayerCaches], None]
+if TYPE_CHECKING:
+    from compat_serve.engine.prefix.shard import ShardPrefix
 
 
 class StepApplier:
@@ -53,6 +55,12 @@ class StepApplier:
         # recorded and before it runs, to send the plan so far; each forward's logits are
         # then evaluated at once, so every rank runs the model's collectives in one order.
         self.before_forward: Callable[[], None] | None = None
+        # With it set: the forwards run and the seconds they took (evaluated in the op:
+        # the model's compute with its own collectives, the wait for the other ranks
+        # included; the plan channel's time is not in it).
+        self.forwards = 0
+        self.forward_seconds = 0.0
+        self._forward_started = 0.0
 
     # ---- reading (the deciding side's prefix cache and metrics) --------------------
 
@@ -89,12 +97,19 @@ class StepApplier:
         holds the blocks in this process); only the record is made here."""
         self._ops.append(op)
 
+    def record(self, op: PlanOp) -> None:
+        """An op the deciding side's prefix cache applies itself (it holds the blocks in
+        this process: `PrefixCaching.record`); only the record is made here."""
+        self._ops.append(op)
+
     def prefill(
         self, request_id: str, start: int, tokens: list[int], vision: VisionInput | None = None
     ) -> None:
         self._ops.append(Prefill(request_id, start, tuple(tokens), False, vision is not None))
         self._forward_next()
-        self.runner.prefill(self._cache(request_id), tokens, vision, start)
+        self.runner.prefill(self._cache(request_id), tokens, vision, start)  # evaluated
+        if self.before_forward is not None:
+            self._forward_done()
 
     def last_logits(
         self, request_id: str, start: int, tokens: list[int], vision: VisionInput | None = None
@@ -165,15 +180,15 @@ class StepApplier:
 
     # ---- a follower ----------------------------------------------------------------------
 
-    def apply(self, plan: StepPlan, restorer: Restorer | None = None) -> list[mx.array]:
+    def apply(self, plan: StepPlan, prefix: ShardPrefix | None = None) -> list[mx.array]:
         """Run a recorded plan's ops here; the logits of its forwards (decode, verify,
-        last prefill chunks, batched prefills), evaluated, in order. `restorer` fills a
-        restored request's cache from this rank's prefix-cache blocks."""
+        last prefill chunks, batched prefills), evaluated, in order. `prefix` holds this
+        rank's shard of the prefix cache (its ops and restores go there)."""
         if plan.step != self._plans:
             raise PlanError(f"plan {plan.step} arrived, expected plan {self._plans}")
         outputs: list[mx.array] = []
         for op in plan.ops:
-            logits = self._apply_op(op, restorer)
+            logits = self._apply_op(op, prefix)
             if logits is not None:
                 mx.eval(logits)
                 outputs.append(logits)
@@ -181,16 +196,17 @@ class StepApplier:
         self._plans += 1
         return outputs
 
-    def _apply_op(self, op: PlanOp, restorer: Restorer | None) -> mx.array | None:
+    def _apply_op(self, op: PlanOp, prefix: ShardPrefix | None) -> mx.array | None:
         if isinstance(op, Prefill | Restore) and op.request_id not in self._own:
             raise PlanError(f"{op.kind} for {op.request_id}, which has no cache here")
+        if isinstance(op, (Restore, *PREFIX_OPS)):
+            if prefix is None:
+                raise PlanError(f"{op.kind}: this follower has no prefix cache")
+            prefix.apply(op, self)  # type: ignore[arg-type]
+            return None
         match op:
             case NewCache():
                 self.new_cache(op.request_id)
-            case Restore():
-                if restorer is None:
-                    raise PlanError(f"{op.request_id}: restoring needs the prefix-cache blocks")
-                restorer(op, self._own[op.request_id])
             case Prefill(vision=True):
                 raise PlanError(f"{op.request_id}: the plan has no image inputs")
             case Prefill(logits=True):
@@ -223,11 +239,17 @@ class StepApplier:
     def _forward_next(self) -> None:
         if self.before_forward is not None:
             self.before_forward()
+            self._forward_started = time.perf_counter()
 
     def _ran(self, logits: mx.array) -> mx.array:
         if self.before_forward is not None:
             mx.eval(logits)
+            self._forward_done()
         return logits
+
+    def _forward_done(self) -> None:
+        self.forwards += 1
+        self.forward_seconds += time.perf_counter() - self._forward_started
 
     def _cache(self, request_id: str) -> LayerCaches:
         cache = self._own.get(request_id)

@@ -85,6 +85,8 @@ class StepExecutor:
         # distributed mode, where every forward is sent to the other ranks first.
         self.batch_prefill = True
         self.prefix = prefix
+        if prefix is not None:  # its K/V copies and drops go into the plan too
+            prefix.record = self.applier.record
         self._prefill_chunk = prefill_chunk
         spec = speculation or SpeculationConfig()
         rollback_ok = spec.mode != "off" and can_rollback(runner.new_cache())

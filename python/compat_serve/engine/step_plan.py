@@ -37,9 +37,9 @@ class NewCache:
 @dataclass(frozen=True)
 class Restore:
     """The prefix cache filled the request's fresh cache with its first `tokens` prompt
-    tokens: RAM blocks `block_ids` then `tail_tokens` positions of a partial block (a
-    tail, a child block, or blocks read from disk). A follower needs its own shard of
-    those blocks to apply it (see the executor-split note)."""
+    tokens: RAM blocks `block_ids` then the `tail_tokens` positions its `Hold` took (a
+    tail, a child block, or whole blocks read from disk). A follower applies it from its
+    own shard of those blocks (engine/prefix/shard.py)."""
 
     kind: ClassVar[str] = "restore"
     request_id: str
@@ -126,9 +126,120 @@ class ClearBatch:
     kind: ClassVar[str] = "clear"
 
 
+# ---- the prefix cache's K/V (rank 0 keeps the index; these keep every rank's shard) ----
+# A source of K/V pieces: ("block", id) a RAM block, ("tail", id) a stored tail, or one
+# an earlier `Stage` of the same admission looked up (("disk", key): a disk entry).
+Source = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class StoreBlock:
+    """Copy positions `[start, end)` of the request's K/V (its own cache, else its row
+    of the decode batch) into prefix block `block_id`."""
+
+    kind: ClassVar[str] = "block"
+    block_id: int
+    request_id: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class PutBlock:
+    """Keep `source`'s K/V as prefix block `block_id` (a whole block promoted from disk,
+    or a RAM block found again under another id)."""
+
+    kind: ClassVar[str] = "put"
+    block_id: int
+    source: Source
+
+
+@dataclass(frozen=True)
+class DropBlocks:
+    """Prefix blocks evicted (their ids may be reused by later ops)."""
+
+    kind: ClassVar[str] = "dropblocks"
+    block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StoreTail:
+    """Copy positions `[start, end)` of the request's K/V as tail `tail_id`."""
+
+    kind: ClassVar[str] = "tail"
+    tail_id: int
+    request_id: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class DropTails:
+    """Tails superseded or evicted."""
+
+    kind: ClassVar[str] = "droptails"
+    tail_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Hold:
+    """At admission, the request takes K/V pieces past its RAM blocks: the first `n`
+    positions of each `(kind, key, n)` source, joined in order; a later `Restore` puts
+    them after the blocks. Resolved now: a source may be dropped before the restore."""
+
+    kind: ClassVar[str] = "hold"
+    request_id: str
+    pieces: tuple[tuple[str, str, int], ...]
+
+
+@dataclass(frozen=True)
+class Unhold:
+    """The request's held pieces are no longer needed (it ended or was preempted before
+    its restore)."""
+
+    kind: ClassVar[str] = "unhold"
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Look these sources up now and keep them until the admission's `Hold` (a later op
+    of the admission may drop them first). A ("disk", key) source is read from this
+    rank's own files; with one in the list every rank then votes whether it found them
+    all, and rank 0 uses them only if every rank did."""
+
+    kind: ClassVar[str] = "stage"
+    sources: tuple[Source, ...]
+
+
+@dataclass(frozen=True)
+class DiskPut:
+    """Queue `source`'s K/V for this rank's disk tier under `key` (parent id `parent`).
+    `source` as above, or ("range", request_id, start, end): positions of a request."""
+
+    kind: ClassVar[str] = "diskput"
+    key: str
+    parent: str
+    source: tuple[str | int, ...]
+
+
+PrefixOp = (
+    StoreBlock | PutBlock | DropBlocks | StoreTail | DropTails | Hold | Unhold | Stage | DiskPut
+)
+PREFIX_OPS: tuple[type[PrefixOp], ...] = (
+    StoreBlock,
+    PutBlock,
+    DropBlocks,
+    StoreTail,
+    DropTails,
+    Hold,
+    Unhold,
+    Stage,
+    DiskPut,
+)
 PlanOp = (
     NewCache | Restore | Prefill | PrefillTogether | Decode | Verify | Rollback | Join | Drop
-) | ClearBatch
+) | (ClearBatch | PrefixOp)
 _OP_TYPES: tuple[type[PlanOp], ...] = (
     NewCache,
     Restore,
@@ -140,6 +251,7 @@ _OP_TYPES: tuple[type[PlanOp], ...] = (
     Join,
     Drop,
     ClearBatch,
+    *PREFIX_OPS,
 )
 _OPS: dict[str, type[PlanOp]] = {op.kind: op for op in _OP_TYPES}
 

@@ -28,16 +28,26 @@ never fatal.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mlx.utils import tree_map
-
 from compat_serve._native import NewBlock, PrefixCache
 from compat_serve.engine.kv_events import KVEventPublisher, StoredBlock
-from compat_serve.engine.kv_quant import KVFormat, concat_positions
-from compat_serve.engine.prefix.disk import DiskStore, parent_id, tail_key
+from compat_serve.engine.kv_quant import KVFormat
+from compat_serve.engine.prefix.disk import DiskEntry, DiskStore, parent_id, tail_key
+from compat_serve.engine.prefix.keys import (
+    IMAGE_PARENT,
+    SNAPSHOTS,
+    Images,
+    count_written,
+    images_of,
+    root_key,
+    snapshot_key,
+    starts_image,
+)
+from compat_serve.engine.prefix.metrics import prefix_metrics
 from compat_serve.engine.prefix.store import (
     AttentionKV,
     BlockKV,
@@ -45,9 +55,23 @@ from compat_serve.engine.prefix.store import (
     PrefixStore,
     batch_row_kv,
     copy_positions,
+    joined_pieces,
     request_kv,
 )
 from compat_serve.engine.prefix.tails import TailStore, common_prefix
+from compat_serve.engine.step_plan import (
+    DiskPut,
+    DropBlocks,
+    DropTails,
+    Hold,
+    PlanOp,
+    PutBlock,
+    Source,
+    Stage,
+    StoreBlock,
+    StoreTail,
+    Unhold,
+)
 
 if TYPE_CHECKING:
     from compat_serve.engine.sequence import Sequence
@@ -67,6 +91,7 @@ class _Partial:
     kv: BlockKV
     length: int
     from_disk: bool
+    source: Source
 
 
 class PrefixCaching:
@@ -103,6 +128,27 @@ class PrefixCaching:
         self.promoted_hit_tokens = 0  # whole blocks read after the RAM prefix
         # Store/evict notifications for cache-aware routers (--kv-events-endpoint).
         self.events: KVEventPublisher | None = None
+        # Each K/V copy, drop and disk read or write as a step-plan op (the executor
+        # sets it: `StepApplier.record`), so other ranks keep their shard of every block.
+        self.record: Callable[[PlanOp], None] | None = None
+        # Distributed: whether every rank found what a `Stage` of a disk entry read.
+        self.vote: Callable[[bool], bool] | None = None
+        self._staged = False
+
+    def _op(self, op: PlanOp) -> None:
+        if self.record is not None:
+            self.record(op)
+
+    def _disk_load(self, key: str) -> DiskEntry | None:
+        """A disk entry, if this rank (and, distributed, every rank) has it."""
+        assert self.disk is not None
+        entry = self.disk.load(key)
+        if entry is not None and self.record is not None:
+            self.record(Stage((("disk", key),)))
+            self._staged = True
+            if self.vote is not None and not self.vote(True):
+                return None
+        return entry
 
     # ---- admission ------------------------------------------------------------------
 
@@ -110,7 +156,7 @@ class PrefixCaching:
         """Open the request's table; returns how many prompt tokens are cached."""
         prompt = list(seq.request.prompt_ids)
         salt = self._seq_salt(seq)
-        images = _images(seq)
+        images = images_of(seq)
         limit = len(prompt)
         if self.hybrid:
             limit = self._last_snapshot_end(prompt, salt, images) + 1
@@ -126,12 +172,13 @@ class PrefixCaching:
             )
             blocks = list(admission.block_ids)
         cached = admission.cached_tokens
-        pieces: list[tuple[BlockKV, int]] = []  # assembled after `blocks`
+        pieces: list[tuple[BlockKV, int, Source]] = []  # assembled after `blocks`
         disk_tokens = 0
+        self._staged = False
         if self.disk is not None:
             promoted, overflow, disk_tokens = self._from_disk(seq, prompt[:limit], cached)
             blocks += promoted
-            pieces += [(kv, self.block_size) for kv in overflow]
+            pieces += [(kv, self.block_size, source) for kv, source in overflow]
             cached += (len(promoted) + len(overflow)) * self.block_size
         if not self.hybrid:
             limit = len(prompt) - 1 - cached
@@ -146,13 +193,15 @@ class PrefixCaching:
             )
             if hit is not None:
                 self.cache.append(seq.request_id, prompt[cached : cached + hit.length])
-                pieces.append((hit.kv, hit.length))
+                pieces.append((hit.kv, hit.length, hit.source))
                 self.partial_hit_tokens += hit.length
                 disk_tokens += hit.length if hit.from_disk else 0
                 cached += hit.length
         if self.disk is not None:
             self.disk.hit_tokens += disk_tokens
-        seq.cache_tail = _joined(pieces)
+        seq.cache_tail = joined_pieces([(kv, n) for kv, n, _ in pieces])
+        if pieces or self._staged:
+            self._op(Hold(seq.request_id, tuple((*source, n) for _, n, source in pieces)))
         seq.cache_hit = "disk" if disk_tokens else "prefix"
         seq.cached_blocks = blocks
         seq.cached_tokens = cached
@@ -169,25 +218,26 @@ class PrefixCaching:
         for block_id in self._children.get(parent, ()):
             length = min(common_prefix(self._meta[block_id].tokens, following), limit)
             if length > 0 and (best is None or length > best.length):
-                best = _Partial(self.store.block_kv(block_id), length, from_disk=False)
+                kv = self.store.block_kv(block_id)
+                best = _Partial(kv, length, False, ("block", str(block_id)))
         if self.tails is not None:
             tail = self.tails.match(parent, following, limit)
             if tail is not None and (best is None or tail.length > best.length):
-                best = _Partial(tail.tail.kv, tail.length, from_disk=False)
+                best = _Partial(tail.tail.kv, tail.length, False, ("tail", str(tail.tail.id)))
         if self.disk is not None:
             known = best.length if best is not None else 0
             for key, tokens in self.disk.children(parent_id(parent)):
                 length = min(common_prefix(tokens, following), limit)
                 if length <= known:
                     continue
-                entry = self.disk.load(key)
+                entry = self._disk_load(key)
                 if entry is not None and entry.tokens == tokens:
-                    best, known = _Partial(entry.kv, length, from_disk=True), length
+                    best, known = _Partial(entry.kv, length, True, ("disk", key)), length
         return best
 
     def _from_disk(
         self, seq: Sequence, prompt: list[int], cached: int
-    ) -> tuple[list[int], list[BlockKV], int]:
+    ) -> tuple[list[int], list[tuple[BlockKV, Source]], int]:
         """Read the whole blocks after the first `cached` tokens that are on disk (or in
         RAM out of the chain), up to the first missing one, leaving a token to compute.
         They are appended to the request's table: those the pool has room for become RAM
@@ -198,21 +248,28 @@ class PrefixCaching:
         start, usable = cached // bs, (len(prompt) - 1) // bs
         if start >= usable:
             return [], [], 0
-        hashes = self.cache.block_hashes(prompt[: usable * bs], self._seq_salt(seq), _images(seq))
+        hashes = self.cache.block_hashes(prompt[: usable * bs], self._seq_salt(seq), images_of(seq))
         found: list[BlockKV] = []
+        sources: list[Source] = []
         from_disk = 0
         for i in range(start, usable):
             ram = self._by_hash.get(hashes[i])
             if ram is not None and self.store.has_block(ram):
                 found.append(self.store.block_kv(ram))
+                sources.append(("block", str(ram)))
                 continue
-            entry = self.disk.load(hashes[i].hex())
+            entry = self._disk_load(hashes[i].hex())
             if entry is None or entry.tokens != tuple(prompt[i * bs : (i + 1) * bs]):
                 break
             found.append(entry.kv)
+            sources.append(("disk", hashes[i].hex()))
             from_disk += bs
         if not found:
             return [], [], 0
+        in_ram = tuple(source for source in sources if source[0] == "block")
+        if in_ram:  # the append below may evict them
+            self._op(Stage(in_ram))
+            self._staged = True
         self.promoted_hit_tokens += len(found) * bs
         filled = self.cache.append(seq.request_id, prompt[start * bs : (start + len(found)) * bs])
         self._drop_evicted()
@@ -221,6 +278,7 @@ class PrefixCaching:
             i = block.start_token // bs
             if block.is_new:
                 self.store.put_block(block.block_id, found[i - start])
+                self._op(PutBlock(block.block_id, sources[i - start]))
                 kv = found[i - start]
                 meta = self._register(
                     block.block_id,
@@ -229,48 +287,26 @@ class PrefixCaching:
                     prompt,
                     self._seq_salt(seq),
                     kv,
-                    image=_starts_image(seq, i, bs),
+                    image=starts_image(seq, i, bs),
                 )
                 stored.append(self._stored_event(block.block_id, meta, i))
         if self.events is not None and stored:
             self.events.stored(stored)
-        return [b.block_id for b in filled], found[len(filled) :], from_disk
+        overflow = list(zip(found, sources, strict=True))[len(filled) :]
+        return [b.block_id for b in filled], overflow, from_disk
 
-    def _parent_key(self, tokens: list[int], salt: bytes | None, images: _Images = None) -> bytes:
+    def _parent_key(self, tokens: list[int], salt: bytes | None, images: Images = None) -> bytes:
         """What a tail or child block after `tokens` (whole blocks) is stored under."""
         if not tokens:
-            return _root_key(salt)
+            return root_key(salt)
         hashes: list[bytes] = self.cache.block_hashes(tokens, salt, images)
         return hashes[-1]
 
     def metrics(self) -> dict[str, float]:
-        stats = self.cache.stats()
-        query = stats.query_tokens
-        hits = stats.hit_tokens + self.promoted_hit_tokens + self.partial_hit_tokens
-        disk = self.disk
-        return {
-            "blocks": stats.cached_blocks,
-            "bytes": self.store.bytes_in_use,
-            "capacity_blocks": stats.num_blocks,
-            "query_tokens": query,
-            "hit_tokens": hits,
-            "hit_ratio": hits / query if query else 0.0,
-            "evictions": stats.evictions,
-            "faults": self.faults,
-            "disk_files": len(disk) if disk is not None else 0,
-            "disk_bytes": disk.bytes_in_use if disk is not None else 0,
-            "disk_capacity_bytes": disk.capacity_bytes if disk is not None else 0,
-            "disk_hit_tokens": disk.hit_tokens if disk is not None else 0,
-            "disk_read_bytes": disk.read_bytes if disk is not None else 0,
-            "disk_read_seconds": disk.read_seconds if disk is not None else 0.0,
-            "disk_writes": disk.writes if disk is not None else 0,
-            "disk_write_drops": disk.write_drops if disk is not None else 0,
-            "disk_faults": disk.faults if disk is not None else 0,
-            "disk_writing": float(disk.writing) if disk is not None else 0.0,
-        }
+        return prefix_metrics(self)
 
     def preview(
-        self, prompt: Seq[int], salt: bytes | None, images: _Images = None
+        self, prompt: Seq[int], salt: bytes | None, images: Images = None
     ) -> tuple[int, int]:
         """(read, creation) tokens a request would get now; safe from any thread."""
         tokens = list(prompt)
@@ -292,7 +328,7 @@ class PrefixCaching:
         return self._salt(seq.request.cache_salt)
 
     def _last_snapshot_end(
-        self, prompt: list[int], salt: bytes | None, images: _Images = None
+        self, prompt: list[int], salt: bytes | None, images: Images = None
     ) -> int:
         """End of the last block with a state snapshot, leaving a token to compute."""
         hashes = self.cache.block_hashes(prompt, salt, images)
@@ -300,7 +336,7 @@ class PrefixCaching:
         disk = self.disk
         for i in range(usable - 1, -1, -1):
             if self.store.has_snapshot(hashes[i]) or (
-                disk is not None and disk.has(_snapshot_key(hashes[i]))
+                disk is not None and disk.has(snapshot_key(hashes[i]))
             ):
                 return (i + 1) * self.block_size
         return 0
@@ -311,9 +347,9 @@ class PrefixCaching:
         seq.cache_tail = None
         if self.hybrid and seq.cached_tokens:
             prompt = list(seq.request.prompt_ids[: seq.cached_tokens])
-            last = self.cache.block_hashes(prompt, self._seq_salt(seq), _images(seq))[-1]
+            last = self.cache.block_hashes(prompt, self._seq_salt(seq), images_of(seq))[-1]
             if not self.store.has_snapshot(last) and self.disk is not None:
-                entry = self.disk.load(_snapshot_key(last))
+                entry = self.disk.load(snapshot_key(last))
                 if entry is not None and entry.snapshot is not None:
                     self.store.put_snapshot(last, entry.snapshot)
             self.store.restore_snapshot(last, cache)
@@ -343,12 +379,12 @@ class PrefixCaching:
         self._store_filled(seq, filled, request_kv(cache), 0, (start, end))
         if self.hybrid and end % self.block_size == 0 and end > 0 and filled:
             known = seq.known_tokens(0, end)
-            last = self.cache.block_hashes(known, self._seq_salt(seq), _images(seq))[-1]
+            last = self.cache.block_hashes(known, self._seq_salt(seq), images_of(seq))[-1]
             if not self.store.has_snapshot(last):
                 self.store.store_snapshot(last, cache)
                 if self.disk is not None:
                     snapshot = self.store.snapshot_states(last)
-                    self.disk.put(_snapshot_key(last), _SNAPSHOTS, (), [], snapshot)
+                    self.disk.put(snapshot_key(last), SNAPSHOTS, (), [], snapshot)
 
     def finished(
         self,
@@ -399,23 +435,30 @@ class PrefixCaching:
         if end == full:
             return
         tokens = seq.known_tokens(full, end)
-        parent = self._parent_key(seq.known_tokens(0, full), self._seq_salt(seq), _images(seq))
+        parent = self._parent_key(seq.known_tokens(0, full), self._seq_salt(seq), images_of(seq))
         covered = self.tails.covered(parent, tokens)
         if covered >= len(tokens):
             return
+        self._op(StoreTail(self.tails.next_id, seq.request_id, full, end))
         tail = self.tails.store(parent, tokens, kv, full, row)
-        _count_written(seq, full + covered, end)
+        count_written(seq, full + covered, end)
         if self.disk is not None:
-            self.disk.put(tail_key(parent, tokens), parent_id(parent), tokens, tail.kv)
+            key = tail_key(parent, tokens)
+            self._op(DiskPut(key, parent_id(parent), ("tail", str(tail.id))))
+            self.disk.put(key, parent_id(parent), tokens, tail.kv)
+        removed = self.tails.take_removed()
+        if removed:
+            self._op(DropTails(tuple(removed)))
 
     def preempted(self, seq: Sequence) -> None:
         """Its cache is gone and it recomputes from 0: start a fresh table."""
+        self._unhold(seq)
         self.cache.release(seq.request_id)
         self.cache.admit(
             seq.request_id,
             list(seq.request.prompt_ids[:1]),
             self._seq_salt(seq),
-            _images(seq),
+            images_of(seq),
         )
         seq.cached_blocks = []
         seq.cached_tokens = 0
@@ -423,6 +466,7 @@ class PrefixCaching:
         seq.cache_tail = None
 
     def release(self, seq: Sequence) -> None:
+        self._unhold(seq)
         self.cache.release(seq.request_id)
         self._drop_evicted()
         if self.events is not None:
@@ -456,12 +500,13 @@ class PrefixCaching:
         salt = self._seq_salt(seq)
         last = max([b.start_token // bs for b in new] + spill)
         known = seq.known_tokens(0, (last + 1) * bs)
-        hashes = self.cache.block_hashes(known, salt, _images(seq))
+        hashes = self.cache.block_hashes(known, salt, images_of(seq))
         stored = []
         for block in new:
             start = block.start_token
+            self._op(StoreBlock(block.block_id, seq.request_id, start, start + bs))
             self.store.store_block(block.block_id, kv, start, row)
-            _count_written(seq, start, start + bs)
+            count_written(seq, start, start + bs)
             i = start // bs
             meta = self._register(
                 block.block_id,
@@ -470,17 +515,19 @@ class PrefixCaching:
                 known,
                 salt,
                 self.store.block_kv(block.block_id),
-                image=_starts_image(seq, i, bs),
+                image=starts_image(seq, i, bs),
             )
             stored.append(self._stored_event(block.block_id, meta, i))
         for i in spill:
             assert self.disk is not None
-            parent = hashes[i - 1] if i > 0 else _root_key(salt)
-            if _starts_image(seq, i, bs):
-                parent = _IMAGE_PARENT + parent
+            parent = hashes[i - 1] if i > 0 else root_key(salt)
+            if starts_image(seq, i, bs):
+                parent = IMAGE_PARENT + parent
+            key, spilled = hashes[i].hex(), ("range", seq.request_id, i * bs, (i + 1) * bs)
+            self._op(DiskPut(key, parent_id(parent), spilled))
             pieces = copy_positions(kv, row, i * bs, (i + 1) * bs)
-            self.disk.put(hashes[i].hex(), parent_id(parent), known[i * bs : (i + 1) * bs], pieces)
-            _count_written(seq, i * bs, (i + 1) * bs)
+            self.disk.put(key, parent_id(parent), known[i * bs : (i + 1) * bs], pieces)
+            count_written(seq, i * bs, (i + 1) * bs)
         if self.events is not None:
             self.events.stored(stored)
             self.events.flush()
@@ -500,7 +547,7 @@ class PrefixCaching:
         in RAM under `block_id`. `image`: an image starts in it (`_starts_image`): it is
         found by its hash only, never as a child matched by token ids."""
         bs = self.block_size
-        parent = hashes[i - 1] if i > 0 else _root_key(salt)
+        parent = hashes[i - 1] if i > 0 else root_key(salt)
         meta = _BlockMeta(hashes[i], parent, tuple(tokens[i * bs : (i + 1) * bs]))
         self._forget(block_id)
         self._meta[block_id] = meta
@@ -508,8 +555,9 @@ class PrefixCaching:
             self._children.setdefault(parent, {})[block_id] = None
         self._by_hash[meta.hash] = block_id
         if self.disk is not None:
-            disk_parent = _IMAGE_PARENT + parent if image else parent
-            self.disk.put(meta.hash.hex(), parent_id(disk_parent), meta.tokens, kv)
+            disk_parent = parent_id(IMAGE_PARENT + parent if image else parent)
+            self._op(DiskPut(meta.hash.hex(), disk_parent, ("block", str(block_id))))
+            self.disk.put(meta.hash.hex(), disk_parent, meta.tokens, kv)
         return meta
 
     def _forget(self, block_id: int) -> None:
@@ -527,8 +575,16 @@ class PrefixCaching:
     def _stored_event(self, block_id: int, meta: _BlockMeta, i: int) -> StoredBlock:
         return StoredBlock(block_id, meta.hash, meta.parent if i > 0 else None, list(meta.tokens))
 
+    def _unhold(self, seq: Sequence) -> None:
+        """Pieces it took at admission and never restored are let go (see `Hold`)."""
+        if seq.cache_tail is not None:
+            self._op(Unhold(seq.request_id))
+            seq.cache_tail = None
+
     def _drop_evicted(self) -> None:
         evicted = self.cache.take_evicted()
+        if evicted:
+            self._op(DropBlocks(tuple(evicted)))
         self.store.drop_blocks(evicted)
         for block_id in evicted:
             self._forget(block_id)
@@ -539,62 +595,3 @@ class PrefixCaching:
         """Finish queued disk writes (shutdown)."""
         if self.disk is not None:
             self.disk.close()
-
-
-def _joined(pieces: list[tuple[BlockKV, int]]) -> tuple[BlockKV, int] | None:
-    """K/V pieces (the first n positions of each) as one run, for `PrefixStore.assemble`."""
-    if len(pieces) <= 1:
-        return pieces[0] if pieces else None
-    joined: BlockKV = []
-    for layer in range(len(pieces[0][0])):
-        parts = [(kv[layer], n) for kv, n in pieces]
-        if any(part is None for part, _ in parts):
-            joined.append(None)
-            continue
-        kept = [(p, n) for p, n in parts if p is not None]
-        keys = concat_positions([tree_map(lambda a, n=n: a[:, :, :n], p[0]) for p, n in kept])
-        values = concat_positions([tree_map(lambda a, n=n: a[:, :, :n], p[1]) for p, n in kept])
-        joined.append((keys, values))
-    return joined, sum(n for _, n in pieces)
-
-
-# Parent id of snapshot files: never a digest, so never anyone's child.
-_SNAPSHOTS = "snapshots"
-
-
-def _snapshot_key(block_hash: bytes) -> str:
-    return "s" + block_hash.hex()
-
-
-_Images = list[tuple[int, int, bytes]] | None
-
-
-# Disk entries of blocks an image starts in are filed under a parent no lookup by token
-# ids asks for (whole-block lookups go by hash).
-_IMAGE_PARENT = b"image:"
-
-
-def _starts_image(seq: Sequence, i: int, block_size: int) -> bool:
-    """Whether an image starts in block `i` of `seq`. Such a block is never matched as a
-    child by token ids: image placeholder ids are the same for every image (and a
-    text-only prompt could spell them), only its hash tells images apart."""
-    vision = seq.request.vision
-    at = vision.first_image_at_or_after(i * block_size) if vision is not None else None
-    return at is not None and at < (i + 1) * block_size
-
-
-def _images(seq: Sequence) -> _Images:
-    """The request's images as the block hasher's per-block keys (None: text only)."""
-    vision = seq.request.vision
-    return vision.cache_keys() if vision is not None else None
-
-
-def _root_key(salt: bytes | None) -> bytes:
-    return b"root:" + (salt or b"")
-
-
-def _count_written(seq: Sequence, start: int, end: int) -> None:
-    """Positions `[start, end)` were newly stored: count its prompt tokens the request did
-    not read from the cache as cache creation (so read + creation never exceeds the
-    prompt)."""
-    seq.cache_written += max(0, min(end, seq.prompt_len) - max(start, seq.cached_tokens))

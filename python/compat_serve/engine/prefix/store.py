@@ -92,6 +92,23 @@ def kv_nbytes(pieces: BlockKV) -> int:
     return sum(nbytes(p[0]) + nbytes(p[1]) for p in pieces if p is not None)
 
 
+def joined_pieces(pieces: list[tuple[BlockKV, int]]) -> tuple[BlockKV, int] | None:
+    """K/V pieces (the first n positions of each) as one run, for `PrefixStore.assemble`."""
+    if len(pieces) <= 1:
+        return pieces[0] if pieces else None
+    joined: BlockKV = []
+    for layer in range(len(pieces[0][0])):
+        parts = [(kv[layer], n) for kv, n in pieces]
+        if any(part is None for part, _ in parts):
+            joined.append(None)
+            continue
+        kept = [(p, n) for p, n in parts if p is not None]
+        keys = concat_positions([tree_map(lambda a, n=n: a[:, :, :n], p[0]) for p, n in kept])
+        values = concat_positions([tree_map(lambda a, n=n: a[:, :, :n], p[1]) for p, n in kept])
+        joined.append((keys, values))
+    return joined, sum(n for _, n in pieces)
+
+
 class CacheFault(RuntimeError):
     """Cached tensors could not be assembled into a request's cache."""
 

@@ -28,6 +28,7 @@ TAILS_PER_PARENT = 4
 class Tail:
     tokens: tuple[int, ...]
     kv: BlockKV  # per layer [1, kv_heads, len(tokens), head_dim], or None
+    id: int = 0  # what the step plan calls it (ranks that mirror this store)
 
     @property
     def nbytes(self) -> int:
@@ -56,6 +57,8 @@ class TailStore:
         self._by_parent: collections.OrderedDict[bytes, list[Tail]] = collections.OrderedDict()
         self._budget = budget_bytes
         self.bytes_in_use = 0
+        self.next_id = 1  # the id the next stored tail gets
+        self._removed: list[int] = []  # ids superseded or evicted since `take_removed`
 
     def __len__(self) -> int:
         return sum(len(tails) for tails in self._by_parent.values())
@@ -80,12 +83,16 @@ class TailStore:
         self, parent: bytes, tokens: Sequence[int], kv: AttentionKV, start: int, row: int
     ) -> Tail:
         """Copy positions `[start, start + len(tokens))` of batch row `row` of `kv`."""
-        tail = Tail(tuple(tokens), copy_positions(kv, row, start, start + len(tokens)))
+        copied = copy_positions(kv, row, start, start + len(tokens))
+        tail = Tail(tuple(tokens), copied, self.next_id)
+        self.next_id += 1
         old = self._by_parent.pop(parent, [])
         self.bytes_in_use -= sum(t.nbytes for t in old)
         # A stored tail this one extends (or equals) is superseded.
         others = [t for t in old if common_prefix(t.tokens, tokens) < len(t.tokens)]
         kept = [tail, *others][:TAILS_PER_PARENT]
+        kept_ids = {t.id for t in kept}
+        self._removed += [t.id for t in old if t.id not in kept_ids]
         self._by_parent[parent] = kept
         self.bytes_in_use += sum(t.nbytes for t in kept)
         self._evict()
@@ -95,6 +102,12 @@ class TailStore:
         while self.bytes_in_use > self._budget and self._by_parent:
             _, tails = self._by_parent.popitem(last=False)
             self.bytes_in_use -= sum(t.nbytes for t in tails)
+            self._removed += [t.id for t in tails]
+
+    def take_removed(self) -> list[int]:
+        """Ids of the tails dropped since the last call."""
+        removed, self._removed = self._removed, []
+        return removed
 
     def clear(self) -> None:
         self._by_parent.clear()
