@@ -31,12 +31,18 @@ from mlx.nn.layers.quantized import quantize
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.gguf_metadata import GGUFMetadata
 from compat_serve.models.gguf_tokenizer import GGUFTokenizerInfo, build_gguf_tokenizer
+from compat_serve.models.load_steps import (
+    WORKER,
+    LoadSteps,
+    evaluate_in_slices,
+    host,
+    run_inline,
+)
 from compat_serve.models.types import LoadedModel
 from compat_serve.models.weights import (
     QuantParams,
     WeightPlan,
     dequantize,
-    eval_with_progress,
     infer_quant_params,
     model_arrays,
     mx_dtype,
@@ -49,8 +55,10 @@ __all__ = [
     "GGUFModelParts",
     "GGUFRoPE",
     "gguf_model_name",
+    "gguf_parts_steps",
     "llama_config_from_gguf",
     "load_gguf",
+    "load_gguf_steps",
     "map_gguf_weights",
     "read_gguf",
     "unpermute_rows",
@@ -265,21 +273,21 @@ def build_llama(config: Mapping[str, Any]) -> Module:
 
 def read_gguf_parts(path: str) -> GGUFModelParts:
     """Read, rename and un-permute a GGUF; infer each quantized layer's bits and group size."""
+    return run_inline(gguf_parts_steps(path))
+
+
+def gguf_parts_steps(path: str) -> LoadSteps[GGUFModelParts]:
+    """`read_gguf_parts` as load steps (models/load_steps.py): MLX reads the whole file
+    eagerly in one host slice; the tokenizer is built from its metadata off the host."""
     t0 = time.perf_counter()
     logger.info("loading GGUF %s", path)
+    yield host("read GGUF")
     raw_weights, meta = read_gguf(path)
     t_read = time.perf_counter()
     logger.info("read %d tensors in %.2fs", len(raw_weights), t_read - t0)
     config = llama_config_from_gguf(meta, raw_weights)
     weights, rope_freqs = map_gguf_weights(raw_weights, config)
-    tokenizer = build_gguf_tokenizer(meta)
-    t_tok = time.perf_counter()
-    logger.info(
-        "tokenizer: %d tokens (pre-tokenizer %r) in %.2fs",
-        tokenizer.tokenizer.vocab_size,
-        tokenizer.pre,
-        t_tok - t_read,
-    )
+    del raw_weights
     shapes = param_shapes(build_llama(config))
     quant: dict[str, QuantParams] = {}
     for prefix in quantized_prefixes(weights):
@@ -289,6 +297,16 @@ def read_gguf_parts(path: str) -> GGUFModelParts:
         quant[prefix] = infer_quant_params(
             weights[f"{prefix}.weight"], weights[f"{prefix}.scales"], dense_shape[-1], name=prefix
         )
+    yield WORKER
+    t_tok0 = time.perf_counter()
+    tokenizer = build_gguf_tokenizer(meta)
+    t_tok = time.perf_counter()
+    logger.info(
+        "tokenizer: %d tokens (pre-tokenizer %r) in %.2fs",
+        tokenizer.tokenizer.vocab_size,
+        tokenizer.pre,
+        t_tok - t_tok0,
+    )
     return GGUFModelParts(
         config=config,
         weights=weights,
@@ -296,7 +314,7 @@ def read_gguf_parts(path: str) -> GGUFModelParts:
         tokenizer=tokenizer,
         metadata=meta,
         rope_freqs=rope_freqs,
-        timings={"read": t_read - t0, "tokenizer": t_tok - t_read},
+        timings={"read": t_read - t0, "tokenizer": t_tok - t_tok0},
     )
 
 
@@ -359,9 +377,17 @@ def gguf_model_name(path: str) -> str:
 
 def load_gguf(path: str, *, dtype: str | None = None, source: str | None = None) -> LoadedModel:
     """Load a llama-family GGUF; dense float32 on the CPU backend, quantized kept on GPUs."""
+    return run_inline(load_gguf_steps(path, dtype=dtype, source=source))
+
+
+def load_gguf_steps(
+    path: str, *, dtype: str | None = None, source: str | None = None
+) -> LoadSteps[LoadedModel]:
+    """`load_gguf` as load steps (models/load_steps.py)."""
     plan: WeightPlan = resolve_dtype(dtype)
     t0 = time.perf_counter()
-    parts = read_gguf_parts(path)
+    parts = yield from gguf_parts_steps(path)
+    yield host("build the model")
     config = parts.config
     model = build_llama(config)
     if plan.keep_quantized:
@@ -390,7 +416,7 @@ def load_gguf(path: str, *, dtype: str | None = None, source: str | None = None)
     model.load_weights(list(weights.items()), strict=True)
     t_build = time.perf_counter()
     logger.info("%s (%s backend)", phase, plan.backend)
-    eval_with_progress(model, phase, log=logger)
+    yield from evaluate_in_slices(model, phase, log=logger)
     t_done = time.perf_counter()
     nbytes = sum(int(v.nbytes) for v in _leaves(model))
     logger.info(
