@@ -72,6 +72,9 @@ class EngineHost:
         self._name = name
         self._hosted: list[_Hosted] = []
         self._slices: deque[_Slice] = deque()
+        # Loads under way: the thread outlives its engines until they are done, since
+        # MLX streams belong to a thread and a load's lazy arrays to the thread's streams.
+        self._loads = 0
         self._lock = threading.Lock()
         self.wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -112,18 +115,32 @@ class EngineHost:
         others on a worker thread; its result."""
         from compat_serve.models.load_steps import advance
 
-        on_host, label = False, "files"
-        while True:
-            if on_host:
-                done, value = await asyncio.wrap_future(
-                    self.run_slice(partial(advance, steps), label)
-                )
-            else:
-                done, value = await asyncio.to_thread(advance, steps)
-            if done:
-                result: T = value
-                return result
-            on_host, label = value.on_host, value.label
+        with self._lock:
+            self._loads += 1
+        failed = True
+        try:
+            on_host, label = False, "files"
+            while True:
+                if on_host:
+                    done, value = await asyncio.wrap_future(
+                        self.run_slice(partial(advance, steps), label)
+                    )
+                else:
+                    done, value = await asyncio.to_thread(advance, steps)
+                if done:
+                    failed = False
+                    result: T = value
+                    return result
+                on_host, label = value.on_host, value.label
+        finally:
+            # A loaded model: no wake, so the thread waits for its engine's attach rather
+            # than ending first, and the engine runs on the thread that built it (MLX
+            # streams, and lazy arrays with them, belong to one thread). A failed one:
+            # the thread may end if nothing else is left.
+            with self._lock:
+                self._loads -= 1
+            if failed:
+                self.wake.set()
 
     @property
     def engines(self) -> int:
@@ -135,7 +152,7 @@ class EngineHost:
             self.wake.clear()  # before reading the inboxes: a later put sets it again
             with self._lock:
                 hosted = list(self._hosted)
-                if not hosted and not self._slices:  # nothing left: the thread ends
+                if not hosted and not self._slices and not self._loads:  # the thread ends
                     self._thread = None
                     return
             busy = [h for h in hosted if self._poll(h)]
