@@ -221,11 +221,20 @@ def test_a_load_evaluates_on_the_host_thread_while_a_resident_model_decodes(
         gaps = [b - a for a, b in itertools.pairwise([started, *during, ended])]
         # A load run in one piece on the host leaves one gap as long as the load.
         assert len(during) >= 5 and max(gaps) < (ended - started) / 3, (len(during), gaps)
-        again = chat_ids(state.engine.model, "Name three colours.")
-        assert state.engine.model.tokenizer.vocab_size == embedded_model.tokenizer.vocab_size
-        assert len(again) > 0
+        # The model built a slice at a time is the embedded model: the same greedy tokens.
+        state.engine.start(host)
+        short = chat_ids(embedded_model, "Name three colours.")
+
+        async def both() -> list[list[int]]:
+            return await asyncio.gather(
+                _tokens(main, "ref", short, GREEDY), _tokens(state.engine, "new", short, GREEDY)
+            )
+
+        reference, loaded = asyncio.run(both())
+        assert loaded == reference
     finally:
         state.engine.shutdown()
+    assert [t.name for t in threading.enumerate()].count(host.thread_name) == 1
 
 
 def test_a_model_directory_loads_on_the_host_thread(

@@ -28,12 +28,14 @@ import mlx.core as mx
 from mlx.nn.layers.base import Module
 from mlx.nn.layers.quantized import quantize
 
+from compat_serve.models import load_steps
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.gguf_metadata import GGUFMetadata
 from compat_serve.models.gguf_tokenizer import GGUFTokenizerInfo, build_gguf_tokenizer
 from compat_serve.models.load_steps import (
     WORKER,
     LoadSteps,
+    evaluate,
     evaluate_in_slices,
     host,
     run_inline,
@@ -339,6 +341,41 @@ def dense_weights(
     return out
 
 
+def dense_weights_steps(
+    weights: Mapping[str, mx.array], quant: Mapping[str, QuantParams], dtype: mx.Dtype
+) -> LoadSteps[dict[str, mx.array]]:
+    """`dense_weights`, with each dense weight larger than a load slice (the token
+    embedding) computed in row blocks of about `SLICE_BYTES`, one host slice each, then
+    joined (one copy, evaluated with the other weights): no slice dequantizes it whole."""
+    out = dense_weights(weights, quant, dtype)
+    limit = load_steps.SLICE_BYTES
+    for name, dense in list(out.items()):
+        rows = int(dense.shape[0]) if dense.ndim == 2 else 0
+        if int(dense.nbytes) <= 2 * limit or rows < 2:
+            continue
+        prefix = name.rpartition(".")[0]
+        step = max(1, rows * limit // int(dense.nbytes))
+        pieces: list[mx.array] = []
+        for start in range(0, rows, step):
+            rows_here = slice(start, min(rows, start + step))
+            if prefix in quant:
+                biases = weights.get(f"{prefix}.biases")
+                piece = dequantize(
+                    weights[name][rows_here],
+                    weights[f"{prefix}.scales"][rows_here],
+                    None if biases is None else biases[rows_here],
+                    quant[prefix],
+                    dtype,
+                )
+            else:
+                piece = weights[name][rows_here].astype(dtype)
+            yield host(f"{name} rows {start}+")
+            evaluate([piece], f"{name} rows")
+            pieces.append(piece)
+        out[name] = mx.concatenate(pieces)
+    return out
+
+
 def quantization_config(quant: Mapping[str, QuantParams]) -> dict[str, Any] | None:
     """mlx-lm's `quantization` config: the most common params plus per-layer overrides."""
     if not quant:
@@ -407,7 +444,7 @@ def load_gguf_steps(
         phase = "loading quantized weights"
     else:
         dense = plan.dense or "float32"
-        weights = dense_weights(parts.weights, parts.quant, mx_dtype(dense))
+        weights = yield from dense_weights_steps(parts.weights, parts.quant, mx_dtype(dense))
         dtype_name = dense
         phase = f"dequantizing to {dense}" if parts.quant else f"casting to {dense}"
     if parts.rope_freqs is not None:
