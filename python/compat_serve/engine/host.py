@@ -11,8 +11,9 @@ no work at all it sleeps until a submission wakes it.
 
 A model being loaded meanwhile (`run_steps`, models/load_steps.py) has its MLX work run
 here too, one bounded slice per turn after the turn's step, so the resident models go on
-stepping while it loads and no other thread evaluates MLX arrays; its slices without MLX
-(files, tokenizers) run on a worker thread.
+stepping while it loads and no other thread evaluates MLX arrays; with nothing else to
+step its slices run back to back. Its slices without MLX (files, tokenizers) run on a
+worker thread.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class _Hosted:
 @dataclass(eq=False)
 class _Slice:
     work: Callable[[], Any]
-    label: str
+    label: str | None
     future: Future[Any] = field(default_factory=Future)
 
 
@@ -101,8 +102,9 @@ class EngineHost:
             self._thread.start()
         return self._thread
 
-    def run_slice(self, work: Callable[[], T], label: str) -> Future[T]:
-        """Run `work` on the host thread between two steps; its result's future."""
+    def run_slice(self, work: Callable[[], T], label: str | None) -> Future[T]:
+        """Run `work` on the host thread between two steps; its result's future. Its
+        seconds go to `slice_times` under `label` (None: `work` records its own)."""
         item = _Slice(work, label)
         with self._lock:
             self._slices.append(item)
@@ -123,7 +125,7 @@ class EngineHost:
             while True:
                 if on_host:
                     done, value = await asyncio.wrap_future(
-                        self.run_slice(partial(advance, steps), label)
+                        self.run_slice(partial(self._advance_while_alone, steps, label), None)
                     )
                 else:
                     done, value = await asyncio.to_thread(advance, steps)
@@ -141,6 +143,27 @@ class EngineHost:
                 self._loads -= 1
             if failed:
                 self.wake.set()
+
+    def _advance_while_alone(self, steps: Generator[Step, None, T], label: str) -> tuple[bool, Any]:
+        """On the host thread: slices of a load, one after the other while no engine has
+        work and no other slice waits (a load with nothing else to step runs at full
+        speed); one slice otherwise."""
+        from compat_serve.models.load_steps import advance
+
+        while True:
+            started = time.monotonic()
+            done, value = advance(steps)
+            self.slice_times.append((label, time.monotonic() - started))
+            if done or not value.on_host or self._others_waiting():
+                return done, value
+            label = value.label
+
+    def _others_waiting(self) -> bool:
+        with self._lock:
+            if self._slices:
+                return True
+            hosted = list(self._hosted)
+        return any(not h.engine._inbox.empty() or h.engine._hosted_has_work() for h in hosted)
 
     @property
     def engines(self) -> int:
@@ -182,7 +205,8 @@ class EngineHost:
             item.future.set_exception(exc)
         else:
             item.future.set_result(result)
-        self.slice_times.append((item.label, time.monotonic() - started))
+        if item.label is not None:
+            self.slice_times.append((item.label, time.monotonic() - started))
         return True
 
     def _step(self, busy: list[_Hosted]) -> None:
