@@ -4,12 +4,13 @@ budget no model fits. Each model loads in a few seconds; prompts are short."""
 
 from __future__ import annotations
 
+import calendar
 import concurrent.futures
 import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -175,10 +176,11 @@ def test_control_calls_name_models_by_id_and_refuse_unknown_ones(
 def test_cold_streams_on_every_route_keep_alive_then_answer(dir_server: RunningServer) -> None:
     base = dir_server.base_url
     dir_server.state.keepalive_s = 0.02  # type: ignore[attr-defined]
+    # /v1/completions wraps its handler in the same `stream_when_ready` as /v1/responses
+    # (one cold load less); /v1/messages' own cold stream is tested with the aliases below.
     routes = [
         # The cap ends the response as `incomplete` unless the model stops first.
         ("/v1/responses", {"input": "Hi", "max_output_tokens": 16}, ("completed", "incomplete")),
-        ("/v1/completions", {"prompt": "Once upon", "max_tokens": 4}, ("[DONE]",)),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}, ("[DONE]",)),
     ]
     for path, fields, last in routes:
@@ -190,6 +192,59 @@ def test_cold_streams_on_every_route_keep_alive_then_answer(dir_server: RunningS
         assert lines[0].startswith(":"), (path, lines[:3])  # a keep-alive comment first
         assert any(end in lines[-1] for end in last), (path, lines[-3:])
         assert httpx.post(f"{base}/models/unload", json={"model": "alpha"}).json()["success"]
+
+
+def _ollama_ps(base: str) -> dict[str, str]:
+    return {m["name"]: m["expires_at"] for m in httpx.get(f"{base}/api/ps").json()["models"]}
+
+
+def _ndjson(base: str, path: str, body: dict[str, object]) -> list[dict[str, Any]]:
+    with httpx.stream("POST", f"{base}{path}", json=body, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        return [json.loads(line) for line in response.iter_lines() if line]
+
+
+def test_ollama_keep_alive_loads_pins_and_unloads(dir_server: RunningServer) -> None:
+    """Ollama's idioms: no messages loads (kept `keep_alive`), no messages with
+    keep_alive 0 unloads, -1 pins, 0 on a generation unloads once it is over. Beta is
+    resident after the tests above (loaded here if the test runs alone)."""
+    base = dir_server.base_url
+    # A bad body for a cold model is refused without loading it.
+    bad = {"model": "alpha", "messages": [{"role": "user", "content": "Hi"}], "format": "xml"}
+    refused = httpx.post(f"{base}/api/chat", json=bad, timeout=60)
+    assert refused.status_code == 400 and "format" in refused.json()["error"]
+    assert _states(base)["alpha"] == "unloaded"
+    preload = {"model": "beta", "messages": [], "keep_alive": "5m"}
+    loaded = httpx.post(f"{base}/api/chat", json=preload, timeout=120).json()
+    assert loaded["done"] is True and loaded["done_reason"] == "load", loaded
+    expires = calendar.timegm(time.strptime(_ollama_ps(base)["beta:latest"], "%Y-%m-%dT%H:%M:%SZ"))
+    assert 240 < expires - time.time() <= 301
+
+    unload = {"model": "beta:latest", "messages": [], "keep_alive": 0}
+    unloaded = httpx.post(f"{base}/api/chat", json=unload, timeout=60).json()
+    assert unloaded["done_reason"] == "unload" and unloaded["message"]["content"] == ""
+    assert _ollama_ps(base) == {}
+    loads = _loads(base, "beta")
+
+    # Streamed (the default): a cold generation loads the model, pinned by -1.
+    pin = {"model": "beta", "prompt": "Say hi.", "keep_alive": -1, "options": {"num_predict": 4}}
+    final = _ndjson(base, "/api/generate", pin)[-1]
+    assert final["done"] is True and 0 < final["eval_count"] <= 4, final
+    assert final["load_duration"] > 50_000_000  # the load, in nanoseconds
+    assert _ollama_ps(base)["beta:latest"].startswith("2318")
+
+    ask = {"model": "beta", "messages": [{"role": "user", "content": "Hi"}], "keep_alive": 0}
+    final = _ndjson(base, "/api/chat", {**ask, "options": {"num_predict": 4}})[-1]
+    assert final["done"] is True and final["load_duration"] < 50_000_000, final
+    deadline = time.monotonic() + 5
+    while _ollama_ps(base) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _ollama_ps(base) == {}
+    assert _loads(base, "beta") == loads + 1
+    assert (
+        'compat_model_evictions_total{model="beta",reason="ttl"}'
+        in httpx.get(f"{base}/metrics").text
+    )
 
 
 CLAUDE_MODELS = """\

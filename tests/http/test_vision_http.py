@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import http.server
 import io
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -412,3 +413,34 @@ def encoder_runs(server: RunningServer) -> float:
     metrics = httpx.get(f"{server.base_url}/metrics").text
     line = next(x for x in metrics.splitlines() if x.startswith("compat_vision_encoder_runs_total"))
     return float(line.split()[-1])
+
+
+def test_ollama_images_answer_equals_mlx_vlm(vlm_server: RunningServer, reference: Any) -> None:
+    """Ollama's `images` (bare base64, on a message or beside a prompt), as its client
+    sends them; a broken image is a 400 in Ollama's shape."""
+    image = picture(1)
+    expected, prompt_tokens = reference(image)
+    options = {"num_predict": TOKENS, "temperature": 0}
+    message = {"role": "user", "content": QUESTION, "images": [b64(encoded(image))]}
+    reply = httpx.post(
+        f"{vlm_server.base_url}/api/chat",
+        json={"model": "m", "messages": [message], "options": options, "stream": False},
+        timeout=120,
+    ).json()
+    assert reply["prompt_eval_count"] == prompt_tokens, reply
+    assert reply["message"]["content"] == text_of(vlm_server, expected)
+    generated = httpx.post(
+        f"{vlm_server.base_url}/api/generate",
+        json={"model": "m", "prompt": QUESTION, "images": message["images"], "options": options},
+        timeout=120,
+    )
+    lines = [line for line in generated.text.splitlines() if line]
+    assert json.loads(lines[-1])["prompt_eval_count"] == prompt_tokens
+    assert "".join(json.loads(line)["response"] for line in lines) == reply["message"]["content"]
+
+    broken = {**message, "images": [b64(b"not an image")]}
+    response = httpx.post(
+        f"{vlm_server.base_url}/api/chat", json={"model": "m", "messages": [broken]}, timeout=60
+    )
+    assert response.status_code == 400
+    assert list(response.json()) == ["error"] and "images[0]" in response.json()["error"]

@@ -24,6 +24,7 @@ from compat_serve.server.errors import ApiError, install_error_handlers
 from compat_serve.server.generation import model_hub
 from compat_serve.server.keys import presented_key
 from compat_serve.server.middleware import RequestIdAndSize
+from compat_serve.server.ollama import routes as ollama_routes
 from compat_serve.server.openai import routes as openai_routes
 from compat_serve.server.openapi import install_openapi
 from compat_serve.server.responses import routes as responses_routes
@@ -74,6 +75,7 @@ def create_app(served: ServerState | ModelHub, *, manage_engine: bool = True) ->
     app.include_router(openai_routes.router, dependencies=authed)
     app.include_router(responses_routes.router, dependencies=authed)
     app.include_router(anthropic_routes.router, dependencies=authed)
+    app.include_router(ollama_routes.router, dependencies=authed)
     app.include_router(observability_routes.router, dependencies=authed)
     app.include_router(model_routes.router, dependencies=authed, include_in_schema=False)
     router_routes.install(app, authed)

@@ -89,6 +89,14 @@ def is_anthropic_request(request: Request) -> bool:
     return request.url.path.startswith("/v1/messages") or "anthropic-version" in request.headers
 
 
+# Ollama's generating routes: errors are `{"error": "..."}` (server/ollama/).
+OLLAMA_PATHS = ("/api/chat", "/api/generate")
+
+
+def is_ollama_request(request: Request) -> bool:
+    return request.url.path in OLLAMA_PATHS
+
+
 def request_id(request: Request) -> str:
     rid = getattr(request.state, "request_id", None)
     if not isinstance(rid, str):
@@ -106,6 +114,8 @@ def render_error(request: Request, error: ApiError) -> JSONResponse:
         status = error.anthropic_status or error.status
         body = anthropic_error_body(ApiError(status, error.anthropic_message or error.message), rid)
         return JSONResponse(body, status_code=status, headers=headers)
+    if is_ollama_request(request):
+        return JSONResponse({"error": error.message}, status_code=error.status, headers=headers)
     return JSONResponse(openai_error_body(error), status_code=error.status, headers=headers)
 
 
