@@ -351,9 +351,10 @@ def dense_weights_steps(
     limit = load_steps.SLICE_BYTES
     for name, dense in list(out.items()):
         rows = int(dense.shape[0]) if dense.ndim == 2 else 0
-        if int(dense.nbytes) <= 2 * limit or rows < 2:
-            continue
         prefix = name.rpartition(".")[0]
+        floating = mx.issubdtype(weights[name].dtype, mx.floating)
+        if int(dense.nbytes) <= 2 * limit or rows < 2 or not (prefix in quant or floating):
+            continue
         step = max(1, rows * limit // int(dense.nbytes))
         pieces: list[mx.array] = []
         for start in range(0, rows, step):
