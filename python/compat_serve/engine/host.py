@@ -10,9 +10,10 @@ When every engine with work is stalled (waiting for KV), the host sleeps a momen
 no work at all it sleeps until a submission wakes it.
 
 A model being loaded meanwhile (`run_steps`, models/load_steps.py) has its MLX work run
-here too, one bounded slice per turn after the turn's step, so the resident models go on
-stepping while it loads and no other thread evaluates MLX arrays; with nothing else to
-step its slices run back to back. Its slices without MLX (files, tokenizers) run on a
+here too, after each turn's step, bounded slices for about as long as that step took,
+so the resident models go on stepping while it loads (each waits about one step more)
+and no other thread evaluates MLX arrays; with nothing else to step its slices run back
+to back. Its slices without MLX (files, tokenizers) run on a
 worker thread.
 """
 
@@ -76,6 +77,8 @@ class EngineHost:
         # Loads under way: the thread outlives its engines until they are done, since
         # MLX streams belong to a thread and a load's lazy arrays to the thread's streams.
         self._loads = 0
+        # Seconds of the last engine step: a load's share of the next turn.
+        self._last_step_s = 0.0
         self._lock = threading.Lock()
         self.wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -113,8 +116,8 @@ class EngineHost:
         return item.future
 
     async def run_steps(self, steps: Generator[Step, None, T]) -> T:
-        """Drive a load (models/load_steps.py): its host slices here, one per turn, the
-        others on a worker thread; its result."""
+        """Drive a load (models/load_steps.py): its host slices here, between steps
+        (`_advance_while_alone`), the others on a worker thread; its result."""
         from compat_serve.models.load_steps import advance
 
         with self._lock:
@@ -147,14 +150,19 @@ class EngineHost:
     def _advance_while_alone(self, steps: Generator[Step, None, T], label: str) -> tuple[bool, Any]:
         """On the host thread: slices of a load, one after the other while no engine has
         work and no other slice waits (a load with nothing else to step runs at full
-        speed); one slice otherwise."""
+        speed); otherwise for about as long as the step just taken (at least one
+        slice), so a load shares the thread half and half with the models that step."""
         from compat_serve.models.load_steps import advance
 
+        budget = self._last_step_s
+        spent = 0.0
         while True:
             started = time.monotonic()
             done, value = advance(steps)
-            self.slice_times.append((label, time.monotonic() - started))
-            if done or not value.on_host or self._others_waiting():
+            seconds = time.monotonic() - started
+            spent += seconds
+            self.slice_times.append((label, seconds))
+            if done or not value.on_host or (spent >= budget and self._others_waiting()):
                 return done, value
             label = value.label
 
@@ -229,7 +237,8 @@ class EngineHost:
             self._detach(chosen, failed=True)
             busy.remove(chosen)
             return
-        chosen.virtual_s += time.monotonic() - started
+        self._last_step_s = time.monotonic() - started
+        chosen.virtual_s += self._last_step_s
         chosen.stalled = not progressed
 
     def _poll(self, hosted: _Hosted) -> bool:

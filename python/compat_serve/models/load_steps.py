@@ -4,9 +4,10 @@ evaluation on its one engine thread (#27 item 3) while a resident model goes on 
 A loader is a generator. Each `yield Step(...)` ends one slice of the load and says where
 the next slice runs: `WORKER` (reading files, JSON, tokenizers: no MLX) may run on any
 thread; a `host(label)` step builds or evaluates MLX arrays and runs on the thread that
-steps the engines (engine/host.py `EngineHost.run_steps`), one slice per turn of its loop,
-between other models' steps. The weights are evaluated `SLICE_BYTES` at a time
-(`evaluate_in_slices`), so one slice costs about one decode step.
+steps the engines (engine/host.py `EngineHost.run_steps`), between other models' steps
+(after each step, slices for about as long as that step took). The weights are
+evaluated `SLICE_BYTES` at a time (`evaluate_in_slices`), so one slice costs at most
+about one decode step.
 
 `run_inline` runs every step on the calling thread, one after the other: single-model
 start-up, the CLI's converters and the tests load exactly as before.
