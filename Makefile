@@ -109,6 +109,7 @@ bench-python: build
 	$(PY) benches/distributed.py
 	$(PY) benches/multi_model.py
 	$(PY) benches/multi_model_replay.py
+	$(PY) benches/load_speed.py
 
 clean:
 	cargo clean

@@ -4,7 +4,10 @@ MLX work of loading and releasing a model for the hub to call.
 
 Single-model mode is a hub of one: `--model PATH` (or nothing: the embedded model) is
 loaded at start as before, pinned, and the default for every unknown name. Every
-model's engine is stepped by one `EngineHost` thread (engine/host.py).
+model's engine is stepped by one `EngineHost` thread (engine/host.py), and a model loaded
+on demand has every MLX evaluation of its load (weights a slice at a time, then the
+engine's start-up forwards) run on that thread between the resident models' steps
+(`load_state_steps`); only file reading and tokenizers run on a worker thread.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from compat_serve.bootstrap import ServeOptions, build_state, check_serve_options
 from compat_serve.engine.host import EngineHost
 from compat_serve.engine.memory import device_memory, headroom_bytes, parse_memory_size, plan_memory
+from compat_serve.models.load_steps import LoadSteps, host, note_evaluation
 from compat_serve.registry.config_file import load_models_file
 from compat_serve.registry.entries import ModelEntry, entries_from_dir
 from compat_serve.registry.hub import ModelHub
@@ -89,6 +93,19 @@ def estimate_bytes(base: ServeOptions, entry: ModelEntry) -> int:
     return plan.weights + plan.kv + plan.cache
 
 
+def load_state_steps(options: ServeOptions) -> LoadSteps[ServerState]:
+    """`build_state(options)` as load steps (models/load_steps.py): the model's weights a
+    slice at a time, then the engine (its start-up forwards, and a draft model's load if
+    it has one) in one host slice."""
+    from compat_serve.models.loader import load_model_steps
+
+    loaded = yield from load_model_steps(options.model)
+    yield host("engine start-up")
+    state = build_state(options, loaded)
+    note_evaluation("engine start-up", 0)
+    return state
+
+
 def release_state(state: ServerState) -> None:
     """Stop a model's engine (its disk tier is flushed and kept for the next load)."""
     state.engine.shutdown()
@@ -134,18 +151,20 @@ def build_hub(
             ),
         )
     registry = ModelRegistry(entries, strict=base.strict_model_names)
-    host = EngineHost()  # one thread steps every resident model
+    engine_host = EngineHost()  # one thread steps every resident model, and runs loads' MLX work
     hub = ModelHub(
         registry,
         load=lambda entry: build_state(entry_options(base, entry)),
+        load_async=lambda e: engine_host.run_steps(load_state_steps(entry_options(base, e))),
         release=release_state,
-        collect=collect_memory,
+        # gc and mx.clear_cache on the host thread, between steps.
+        collect=lambda: engine_host.run_slice(collect_memory, "release memory").result(),
         estimate=lambda entry: estimate_bytes(base, entry),
         api_key=base.api_key,
         max_request_bytes=base.max_request_bytes,
         budget_bytes=budget,
         wait_timeout_s=flags.wait_timeout_s,
-        start=lambda state: state.engine.start(host),
+        start=lambda state: state.engine.start(engine_host),
     )
     if single_state is not None:
         single = registry.entries[0]

@@ -1,29 +1,39 @@
 """One thread stepping two engines (engine/host.py) on the real embedded model: the same
 tokens as an engine on its own thread, a background request's first token while the
-other model decodes (#27: at most 2x its solo TTFT + 250 ms), and one engine stopping
-while the other serves."""
+other model decodes (#27: at most 2x its solo TTFT + 250 ms), one engine stopping
+while the other serves, and a third model loading with its MLX work on that thread in
+slices while a resident one decodes."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import statistics
 import threading
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import mlx.core as mx
 import pytest
 
+from compat_serve.bootstrap import ServeOptions
 from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.host import EngineHost
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
+from compat_serve.models.load_steps import watch_evaluations
+from compat_serve.models.loader import load_model_steps
+from compat_serve.serve_models import load_state_steps
 from tests.chat_prompts import chat_ids
+from tests.tiny_models import write_model_dir
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +168,84 @@ def test_an_engine_whose_loop_fails_ends_its_requests_and_the_other_goes_on(
     assert tokens and healthy.running and not broken.running
     healthy.shutdown()
     broken.shutdown()
+
+
+def _decode_while(
+    engine: Engine, ids: tuple[int, ...], work: Callable[[], Coroutine[Any, Any, T]]
+) -> tuple[list[float], float, float, T]:
+    """Run `work` while `engine` decodes one long greedy stream on the host: the times of
+    the stream's tokens, the window `work` took (start, end) and its result."""
+    long_run = SamplingParams(max_tokens=2000, temperature=0.0, stop_at_eos=False)
+
+    async def run() -> tuple[list[float], float, float, T]:
+        arrivals: list[float] = []
+        stream = engine.submit(EngineRequest("resident", ids, long_run))
+
+        async def consume() -> None:
+            async for event in stream:
+                if event.token_ids:
+                    arrivals.append(time.monotonic())
+
+        reader = asyncio.create_task(consume())
+        while len(arrivals) < 3:  # decoding before the load starts
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        result = await work()
+        ended = time.monotonic()
+        engine.abort("resident")
+        await reader
+        return arrivals, started, ended, result
+
+    return asyncio.run(run())
+
+
+def test_a_load_evaluates_on_the_host_thread_while_a_resident_model_decodes(
+    embedded_model: LoadedModel, hosted: tuple[EngineHost, Engine, Engine]
+) -> None:
+    """#27 item 3: a model loaded beside a decoding one (the embedded GGUF, then its
+    engine) has every MLX evaluation on the host thread, a slice at a time, and the
+    resident model's tokens keep coming during the load."""
+    host, main, _ = hosted
+    options = ServeOptions(kv_memory="32MB", cache_memory="16MB")
+    ids = chat_ids(embedded_model, "Tell a long story.")
+    with watch_evaluations() as seen:
+        arrivals, started, ended, state = _decode_while(
+            main, ids, lambda: host.run_steps(load_state_steps(options))
+        )
+    try:
+        assert {e.thread for e in seen} == {host.thread_name}
+        labels = [e.label for e in seen]
+        assert labels[-1] == "engine start-up"
+        assert len(labels) >= 4, labels  # the weights in several slices
+        during = [t for t in arrivals if started <= t <= ended]
+        gaps = [b - a for a, b in itertools.pairwise([started, *during, ended])]
+        # A load run in one piece on the host leaves one gap as long as the load.
+        assert len(during) >= 5 and max(gaps) < (ended - started) / 3, (len(during), gaps)
+        # The model built a slice at a time is the embedded model: the same greedy tokens.
+        state.engine.start(host)
+        short = chat_ids(embedded_model, "Name three colours.")
+
+        async def both() -> list[list[int]]:
+            return await asyncio.gather(
+                _tokens(main, "ref", short, GREEDY), _tokens(state.engine, "new", short, GREEDY)
+            )
+
+        reference, loaded = asyncio.run(both())
+        assert loaded == reference
+    finally:
+        state.engine.shutdown()
+    assert [t.name for t in threading.enumerate()].count(host.thread_name) == 1
+
+
+def test_a_model_directory_loads_on_the_host_thread(
+    embedded_model: LoadedModel, hosted: tuple[EngineHost, Engine, Engine], tmp_path: Path
+) -> None:
+    """The mlx-lm directory path: the lazy safetensors are built and evaluated on the host
+    thread, the tokenizer is read off it, and the model is the one written."""
+    host, _, _ = hosted
+    source = write_model_dir(tmp_path / "tiny", "llama", embedded_model)
+    with watch_evaluations() as seen:
+        loaded = asyncio.run(host.run_steps(load_model_steps(str(tmp_path / "tiny"))))
+    assert seen and {e.thread for e in seen} == {host.thread_name}
+    prompt = mx.array([[1, 2, 3]], dtype=mx.uint32)
+    assert mx.allclose(loaded.model(prompt), source(prompt), atol=1e-4).item()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,45 @@ def test_concurrent_requests_for_a_cold_model_share_one_load() -> None:
     assert all(state is states[0] for state in states)
     assert hub.metrics.loads.value(model="a") == 1
     assert states[0].engine.running
+
+
+def test_an_async_load_is_awaited_once_for_concurrent_requests_and_fails_as_a_load() -> None:
+    """serve_models' loads are coroutines (their MLX slices run on the engine host thread):
+    the hub awaits one per cold model instead of running `load` on a worker thread, and
+    its failure is the loader's 500, then 400."""
+    loader = _Loader({"a": MIB, "b": MIB}, fail={"b"})
+    awaited: list[str] = []
+
+    async def load_async(entry: ModelEntry) -> Any:
+        awaited.append(threading.current_thread().name)
+        await asyncio.sleep(0.1)
+        return loader.load(entry)
+
+    def no_thread_load(entry: ModelEntry) -> Any:
+        raise AssertionError("the hub ran the blocking load")
+
+    hub = ModelHub(
+        ModelRegistry([ModelEntry("a", None), ModelEntry("b", None)]),
+        load=no_thread_load,
+        load_async=load_async,
+        release=lambda state: state.engine.shutdown(),
+        collect=lambda: None,
+        estimate=lambda entry: loader.sizes[entry.id],
+    )
+
+    async def run() -> tuple[list[Any], list[int]]:
+        states = await asyncio.gather(*(hub.acquire("a") for _ in range(6)))
+        codes = []
+        for _ in range(2):
+            with pytest.raises(ModelRequestError) as failure:
+                await hub.acquire("b")
+            codes.append(failure.value.status)
+        return states, codes
+
+    states, codes = asyncio.run(run())
+    assert awaited == [threading.main_thread().name, threading.main_thread().name]
+    assert loader.loads == ["a", "b"] and all(s is states[0] for s in states)
+    assert hub.metrics.loads.value(model="a") == 1 and codes == [500, 400]
 
 
 def test_lru_idle_models_make_room_and_busy_or_pinned_ones_stay() -> None:

@@ -8,19 +8,32 @@ model's request is not starved by a main model that decodes without pause: a mod
 was idle re-enters at the busy ones' floor rather than with a head start of credit.
 When every engine with work is stalled (waiting for KV), the host sleeps a moment; with
 no work at all it sleeps until a submission wakes it.
+
+A model being loaded meanwhile (`run_steps`, models/load_steps.py) has its MLX work run
+here too, after each turn's step, bounded slices for about as long as that step took,
+so the resident models go on stepping while it loads (each waits about one step more)
+and no other thread evaluates MLX arrays; with nothing else to step its slices run back
+to back. Its slices without MLX (files, tokenizers) run on a
+worker thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Generator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from compat_serve.engine.engine import Engine
+    from compat_serve.models.load_steps import Step
 
 log = logging.getLogger("compat_serve.engine")
 
@@ -49,25 +62,116 @@ class _Hosted:
     stalled: bool = False
 
 
+@dataclass(eq=False)
+class _Slice:
+    work: Callable[[], Any]
+    label: str | None
+    future: Future[Any] = field(default_factory=Future)
+
+
 class EngineHost:
     def __init__(self, name: str = "compat-engine-host") -> None:
         self._name = name
         self._hosted: list[_Hosted] = []
+        self._slices: deque[_Slice] = deque()
+        # Loads under way: the thread outlives its engines until they are done, since
+        # MLX streams belong to a thread and a load's lazy arrays to the thread's streams.
+        self._loads = 0
+        # Seconds of the last engine step: a load's share of the next turn.
+        self._last_step_s = 0.0
         self._lock = threading.Lock()
         self.wake = threading.Event()
         self._thread: threading.Thread | None = None
+        # (label, seconds) of the slices run, newest last (benches, logs).
+        self.slice_times: deque[tuple[str, float]] = deque(maxlen=4096)
+
+    @property
+    def thread_name(self) -> str:
+        return self._name
 
     def attach(self, engine: Engine) -> threading.Thread:
         """Step `engine` from now on; the host thread (started on first use)."""
         with self._lock:
             floor = min((h.virtual_s for h in self._hosted), default=0.0)
             self._hosted.append(_Hosted(engine, virtual_s=floor))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            thread = self._thread
+            thread = self._ensure_thread()
         self.wake.set()
         return thread
+
+    def _ensure_thread(self) -> threading.Thread:
+        """The host thread, started if it is not running (call with the lock held)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+        return self._thread
+
+    def run_slice(self, work: Callable[[], T], label: str | None) -> Future[T]:
+        """Run `work` on the host thread between two steps; its result's future. Its
+        seconds go to `slice_times` under `label` (None: `work` records its own)."""
+        item = _Slice(work, label)
+        with self._lock:
+            self._slices.append(item)
+            self._ensure_thread()
+        self.wake.set()
+        return item.future
+
+    async def run_steps(self, steps: Generator[Step, None, T]) -> T:
+        """Drive a load (models/load_steps.py): its host slices here, between steps
+        (`_advance_while_alone`), the others on a worker thread; its result."""
+        from compat_serve.models.load_steps import advance
+
+        with self._lock:
+            self._loads += 1
+        failed = True
+        try:
+            on_host, label = False, "files"
+            while True:
+                if on_host:
+                    done, value = await asyncio.wrap_future(
+                        self.run_slice(partial(self._advance_while_alone, steps, label), None)
+                    )
+                else:
+                    done, value = await asyncio.to_thread(advance, steps)
+                if done:
+                    failed = False
+                    result: T = value
+                    return result
+                on_host, label = value.on_host, value.label
+        finally:
+            # A loaded model: no wake, so the thread waits for its engine's attach rather
+            # than ending first, and the engine runs on the thread that built it (MLX
+            # streams, and lazy arrays with them, belong to one thread). A failed one:
+            # the thread may end if nothing else is left.
+            with self._lock:
+                self._loads -= 1
+            if failed:
+                self.wake.set()
+
+    def _advance_while_alone(self, steps: Generator[Step, None, T], label: str) -> tuple[bool, Any]:
+        """On the host thread: slices of a load, one after the other while no engine has
+        work and no other slice waits (a load with nothing else to step runs at full
+        speed); otherwise for about as long as the step just taken (at least one
+        slice), so a load shares the thread half and half with the models that step."""
+        from compat_serve.models.load_steps import advance
+
+        budget = self._last_step_s
+        spent = 0.0
+        while True:
+            started = time.monotonic()
+            done, value = advance(steps)
+            seconds = time.monotonic() - started
+            spent += seconds
+            self.slice_times.append((label, seconds))
+            if done or not value.on_host or (spent >= budget and self._others_waiting()):
+                return done, value
+            label = value.label
+
+    def _others_waiting(self) -> bool:
+        with self._lock:
+            if self._slices:
+                return True
+            hosted = list(self._hosted)
+        return any(not h.engine._inbox.empty() or h.engine._hosted_has_work() for h in hosted)
 
     @property
     def engines(self) -> int:
@@ -79,36 +183,63 @@ class EngineHost:
             self.wake.clear()  # before reading the inboxes: a later put sets it again
             with self._lock:
                 hosted = list(self._hosted)
-                if not hosted:  # the last engine stopped: so does the thread
+                if not hosted and not self._slices and not self._loads:  # the thread ends
                     self._thread = None
                     return
             busy = [h for h in hosted if self._poll(h)]
+            if busy:
+                self._step(busy)
+            if self._run_one_slice():
+                continue
             if not busy:
                 self.wake.wait()
-                continue
-            floor = (
-                min(h.virtual_s for h in busy if h.was_busy)
-                if any(h.was_busy for h in busy)
-                else min(h.virtual_s for h in busy)
-            )
-            for h in busy:
-                if not h.was_busy:  # back from idle: no credit for the time it slept
-                    h.virtual_s = max(h.virtual_s, floor)
-                    h.was_busy = True
-            chosen = min(busy, key=lambda h: (h.stalled, h.virtual_s))
-            started = time.monotonic()
-            try:
-                progressed = chosen.engine._hosted_step()
-            except Exception:  # a scheduler bug: that model's requests fail, others go on
-                log.exception("the engine loop of %s failed", chosen.engine.model.name)
-                self._detach(chosen, failed=True)
-                continue
-            chosen.virtual_s += time.monotonic() - started
-            chosen.stalled = not progressed
-            if all(h.stalled for h in busy):
+            elif all(h.stalled for h in busy):
                 self.wake.wait(_STALL_WAIT_S)
                 for h in busy:
                     h.stalled = False
+
+    def _run_one_slice(self) -> bool:
+        """Run the oldest queued load slice, if any."""
+        with self._lock:
+            if not self._slices:
+                return False
+            item = self._slices.popleft()
+        if not item.future.set_running_or_notify_cancel():
+            return True
+        started = time.monotonic()
+        try:
+            result = item.work()
+        except BaseException as exc:  # the load's failure, reported to whoever awaits it
+            item.future.set_exception(exc)
+        else:
+            item.future.set_result(result)
+        if item.label is not None:
+            self.slice_times.append((item.label, time.monotonic() - started))
+        return True
+
+    def _step(self, busy: list[_Hosted]) -> None:
+        """One step of the busy engine that has used the least step time."""
+        floor = (
+            min(h.virtual_s for h in busy if h.was_busy)
+            if any(h.was_busy for h in busy)
+            else min(h.virtual_s for h in busy)
+        )
+        for h in busy:
+            if not h.was_busy:  # back from idle: no credit for the time it slept
+                h.virtual_s = max(h.virtual_s, floor)
+                h.was_busy = True
+        chosen = min(busy, key=lambda h: (h.stalled, h.virtual_s))
+        started = time.monotonic()
+        try:
+            progressed = chosen.engine._hosted_step()
+        except Exception:  # a scheduler bug: that model's requests fail, others go on
+            log.exception("the engine loop of %s failed", chosen.engine.model.name)
+            self._detach(chosen, failed=True)
+            busy.remove(chosen)
+            return
+        self._last_step_s = time.monotonic() - started
+        chosen.virtual_s += self._last_step_s
+        chosen.stalled = not progressed
 
     def _poll(self, hosted: _Hosted) -> bool:
         """Apply the engine's commands; whether it has work. An engine asked to stop is

@@ -28,15 +28,23 @@ import mlx.core as mx
 from mlx.nn.layers.base import Module
 from mlx.nn.layers.quantized import quantize
 
+from compat_serve.models import load_steps
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.gguf_metadata import GGUFMetadata
 from compat_serve.models.gguf_tokenizer import GGUFTokenizerInfo, build_gguf_tokenizer
+from compat_serve.models.load_steps import (
+    WORKER,
+    LoadSteps,
+    evaluate,
+    evaluate_in_slices,
+    host,
+    run_inline,
+)
 from compat_serve.models.types import LoadedModel
 from compat_serve.models.weights import (
     QuantParams,
     WeightPlan,
     dequantize,
-    eval_with_progress,
     infer_quant_params,
     model_arrays,
     mx_dtype,
@@ -49,8 +57,10 @@ __all__ = [
     "GGUFModelParts",
     "GGUFRoPE",
     "gguf_model_name",
+    "gguf_parts_steps",
     "llama_config_from_gguf",
     "load_gguf",
+    "load_gguf_steps",
     "map_gguf_weights",
     "read_gguf",
     "unpermute_rows",
@@ -265,21 +275,21 @@ def build_llama(config: Mapping[str, Any]) -> Module:
 
 def read_gguf_parts(path: str) -> GGUFModelParts:
     """Read, rename and un-permute a GGUF; infer each quantized layer's bits and group size."""
+    return run_inline(gguf_parts_steps(path))
+
+
+def gguf_parts_steps(path: str) -> LoadSteps[GGUFModelParts]:
+    """`read_gguf_parts` as load steps (models/load_steps.py): MLX reads the whole file
+    eagerly in one host slice; the tokenizer is built from its metadata off the host."""
     t0 = time.perf_counter()
     logger.info("loading GGUF %s", path)
+    yield host("read GGUF")
     raw_weights, meta = read_gguf(path)
     t_read = time.perf_counter()
     logger.info("read %d tensors in %.2fs", len(raw_weights), t_read - t0)
     config = llama_config_from_gguf(meta, raw_weights)
     weights, rope_freqs = map_gguf_weights(raw_weights, config)
-    tokenizer = build_gguf_tokenizer(meta)
-    t_tok = time.perf_counter()
-    logger.info(
-        "tokenizer: %d tokens (pre-tokenizer %r) in %.2fs",
-        tokenizer.tokenizer.vocab_size,
-        tokenizer.pre,
-        t_tok - t_read,
-    )
+    del raw_weights
     shapes = param_shapes(build_llama(config))
     quant: dict[str, QuantParams] = {}
     for prefix in quantized_prefixes(weights):
@@ -289,6 +299,16 @@ def read_gguf_parts(path: str) -> GGUFModelParts:
         quant[prefix] = infer_quant_params(
             weights[f"{prefix}.weight"], weights[f"{prefix}.scales"], dense_shape[-1], name=prefix
         )
+    yield WORKER
+    t_tok0 = time.perf_counter()
+    tokenizer = build_gguf_tokenizer(meta)
+    t_tok = time.perf_counter()
+    logger.info(
+        "tokenizer: %d tokens (pre-tokenizer %r) in %.2fs",
+        tokenizer.tokenizer.vocab_size,
+        tokenizer.pre,
+        t_tok - t_tok0,
+    )
     return GGUFModelParts(
         config=config,
         weights=weights,
@@ -296,7 +316,7 @@ def read_gguf_parts(path: str) -> GGUFModelParts:
         tokenizer=tokenizer,
         metadata=meta,
         rope_freqs=rope_freqs,
-        timings={"read": t_read - t0, "tokenizer": t_tok - t_read},
+        timings={"read": t_read - t0, "tokenizer": t_tok - t_tok0},
     )
 
 
@@ -318,6 +338,42 @@ def dense_weights(
         if prefix in quant:
             continue
         out[name] = tensor.astype(dtype) if mx.issubdtype(tensor.dtype, mx.floating) else tensor
+    return out
+
+
+def dense_weights_steps(
+    weights: Mapping[str, mx.array], quant: Mapping[str, QuantParams], dtype: mx.Dtype
+) -> LoadSteps[dict[str, mx.array]]:
+    """`dense_weights`, with each dense weight larger than a load slice (the token
+    embedding) computed in row blocks of about `SLICE_BYTES`, one host slice each, then
+    joined (one copy, evaluated with the other weights): no slice dequantizes it whole."""
+    out = dense_weights(weights, quant, dtype)
+    limit = load_steps.SLICE_BYTES
+    for name, dense in list(out.items()):
+        rows = int(dense.shape[0]) if dense.ndim == 2 else 0
+        prefix = name.rpartition(".")[0]
+        floating = mx.issubdtype(weights[name].dtype, mx.floating)
+        if int(dense.nbytes) <= 2 * limit or rows < 2 or not (prefix in quant or floating):
+            continue
+        step = max(1, rows * limit // int(dense.nbytes))
+        pieces: list[mx.array] = []
+        for start in range(0, rows, step):
+            rows_here = slice(start, min(rows, start + step))
+            if prefix in quant:
+                biases = weights.get(f"{prefix}.biases")
+                piece = dequantize(
+                    weights[name][rows_here],
+                    weights[f"{prefix}.scales"][rows_here],
+                    None if biases is None else biases[rows_here],
+                    quant[prefix],
+                    dtype,
+                )
+            else:
+                piece = weights[name][rows_here].astype(dtype)
+            yield host(f"{name} rows {start}+")
+            evaluate([piece], f"{name} rows")
+            pieces.append(piece)
+        out[name] = mx.concatenate(pieces)
     return out
 
 
@@ -359,9 +415,17 @@ def gguf_model_name(path: str) -> str:
 
 def load_gguf(path: str, *, dtype: str | None = None, source: str | None = None) -> LoadedModel:
     """Load a llama-family GGUF; dense float32 on the CPU backend, quantized kept on GPUs."""
+    return run_inline(load_gguf_steps(path, dtype=dtype, source=source))
+
+
+def load_gguf_steps(
+    path: str, *, dtype: str | None = None, source: str | None = None
+) -> LoadSteps[LoadedModel]:
+    """`load_gguf` as load steps (models/load_steps.py)."""
     plan: WeightPlan = resolve_dtype(dtype)
     t0 = time.perf_counter()
-    parts = read_gguf_parts(path)
+    parts = yield from gguf_parts_steps(path)
+    yield host("build the model")
     config = parts.config
     model = build_llama(config)
     if plan.keep_quantized:
@@ -381,7 +445,7 @@ def load_gguf(path: str, *, dtype: str | None = None, source: str | None = None)
         phase = "loading quantized weights"
     else:
         dense = plan.dense or "float32"
-        weights = dense_weights(parts.weights, parts.quant, mx_dtype(dense))
+        weights = yield from dense_weights_steps(parts.weights, parts.quant, mx_dtype(dense))
         dtype_name = dense
         phase = f"dequantizing to {dense}" if parts.quant else f"casting to {dense}"
     if parts.rope_freqs is not None:
@@ -390,7 +454,7 @@ def load_gguf(path: str, *, dtype: str | None = None, source: str | None = None)
     model.load_weights(list(weights.items()), strict=True)
     t_build = time.perf_counter()
     logger.info("%s (%s backend)", phase, plan.backend)
-    eval_with_progress(model, phase, log=logger)
+    yield from evaluate_in_slices(model, phase, log=logger)
     t_done = time.perf_counter()
     nbytes = sum(int(v.nbytes) for v in _leaves(model))
     logger.info(

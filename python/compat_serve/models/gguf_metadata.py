@@ -27,7 +27,9 @@ class GGUFMetadata:
     """The key/value header of a GGUF file."""
 
     def __init__(self, raw: Mapping[str, Any], *, path: str = "<gguf>") -> None:
-        self._raw = dict(raw)
+        # Plain Python values from here on: the tokenizer is built from them off the
+        # engine thread (models/load_steps.py), with no MLX array left to read.
+        self._raw = {key: _to_python(value) for key, value in raw.items()}
         self.path = path
 
     def __contains__(self, key: str) -> bool:

@@ -19,11 +19,17 @@ from mlx.nn.layers.base import Module
 
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.hf_tokenizer import load_hf_tokenizer, read_json
+from compat_serve.models.load_steps import (
+    WORKER,
+    LoadSteps,
+    evaluate_in_slices,
+    host,
+    run_inline,
+)
 from compat_serve.models.types import LoadedModel
 from compat_serve.models.weights import (
     cast_floating,
     dequantize_model,
-    eval_with_progress,
     model_arrays,
     mx_dtype,
     resolve_dtype,
@@ -34,6 +40,7 @@ __all__ = [
     "context_length_from_config",
     "download_hub_model",
     "load_hf_dir",
+    "load_hf_dir_steps",
     "load_hub_model",
     "looks_like_hub_id",
 ]
@@ -117,6 +124,23 @@ def load_hf_dir(
 ) -> LoadedModel:
     """Load a local MLX/HF-format model directory. `prepare` gets the lazily loaded
     model before any weight is read (distributed/loading.py shards it there)."""
+    return run_inline(
+        load_hf_dir_steps(path, dtype=dtype, source=source, name=name, prepare=prepare)
+    )
+
+
+def load_hf_dir_steps(
+    path: str | Path,
+    *,
+    dtype: str | None = None,
+    source: str | None = None,
+    name: str | None = None,
+    prepare: Callable[[Any], None] | None = None,
+) -> LoadSteps[LoadedModel]:
+    """`load_hf_dir` as load steps (models/load_steps.py): mlx-lm builds the model on
+    lazily loaded safetensors in one host slice, the weights are evaluated a slice at a
+    time, the tokenizer is read off the host. A vision-language model (mlx-vlm) loads in
+    one host slice."""
     from mlx_lm.utils import load_model
 
     model_dir = Path(path)
@@ -124,6 +148,7 @@ def load_hf_dir(
         raise ModelLoadError(f"{model_dir}: not a model directory (no config.json)")
     config_json = read_config(model_dir)
     if isinstance(config_json.get("vision_config"), dict):
+        yield host("vision-language model")
         from compat_serve.models.vlm import load_vlm_dir
 
         vlm = load_vlm_dir(
@@ -138,6 +163,7 @@ def load_hf_dir(
     plan = resolve_dtype(dtype)
     t0 = time.perf_counter()
     logger.info("loading model directory %s", model_dir)
+    yield host("build the model")
     try:
         model, config = load_model(model_dir, lazy=True)
     except (ValueError, FileNotFoundError, KeyError) as exc:
@@ -155,7 +181,8 @@ def load_hf_dir(
     if prepare is not None:
         prepare(model)
     logger.info("%s (%s backend)", phase, plan.backend)
-    eval_with_progress(model, phase, log=logger)
+    yield from evaluate_in_slices(model, phase, log=logger)
+    yield WORKER
     info = load_hf_tokenizer(model_dir, config)
     t_done = time.perf_counter()
     logger.info("model ready in %.2fs (%s)", t_done - t0, dtype_name)
@@ -182,12 +209,17 @@ def load_hf_dir(
 
 
 def load_hub_model(repo_id: str, *, dtype: str | None = None) -> LoadedModel:
-    return load_hf_dir(
+    return run_inline(load_hub_model_steps(repo_id, dtype=dtype))
+
+
+def load_hub_model_steps(repo_id: str, *, dtype: str | None = None) -> LoadSteps[LoadedModel]:
+    loaded = yield from load_hf_dir_steps(
         download_hub_model(repo_id),
         dtype=dtype,
         source=repo_id,
         name=repo_id.rsplit("/", maxsplit=1)[-1],
     )
+    return loaded
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:

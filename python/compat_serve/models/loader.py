@@ -14,9 +14,10 @@ import os
 from pathlib import Path
 
 from compat_serve.models.errors import ModelLoadError
+from compat_serve.models.load_steps import LoadSteps, host, run_inline
 from compat_serve.models.types import LoadedModel
 
-__all__ = ["load_model", "read_chat_template_file"]
+__all__ = ["load_model", "load_model_steps", "read_chat_template_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,17 @@ def load_model(
     `dtype`: None/"auto" (dense float32 on CPU, as stored on GPU), "float32", "float16",
     "bfloat16" or "quantized". `chat_template_path` replaces the model's own template.
     """
+    return run_inline(load_model_steps(spec, chat_template_path=chat_template_path, dtype=dtype))
+
+
+def load_model_steps(
+    spec: str | None,
+    *,
+    chat_template_path: str | None = None,
+    dtype: str | None = None,
+) -> LoadSteps[LoadedModel]:
+    """`load_model` as load steps (models/load_steps.py): what a server of several models
+    runs with every MLX evaluation on its engine thread."""
     from compat_serve.models.cpu_attention import install_split_attention
     from compat_serve.models.cpu_decode_block import install_fused_decode_blocks
     from compat_serve.models.cpu_layout import store_input_major
@@ -64,10 +76,11 @@ def load_model(
     # Check the cheap things first: a typo should fail before a multi-second load.
     resolve_dtype(dtype, warn=False)
     override = read_chat_template_file(chat_template_path) if chat_template_path else None
-    loaded = _dispatch(spec, dtype)
+    loaded = yield from _dispatch(spec, dtype)
     # The CPU fast paths rewrite mlx-lm modules; a vision-language model runs as mlx-vlm
-    # wrote it.
+    # wrote it. They read the evaluated weights (and may re-lay them): one host slice.
     if compute_backend() == "cpu" and loaded.extra.get("vision") is None:
+        yield host("CPU fast paths")
         kernel = kernel_available()
         if kernel:
             routed = install_skinny_linears(loaded.model)
@@ -100,7 +113,7 @@ def replace_chat_template(loaded: LoadedModel, template: str, origin: str) -> Lo
     )
 
 
-def _dispatch(spec: str | None, dtype: str | None) -> LoadedModel:
+def _dispatch(spec: str | None, dtype: str | None) -> LoadSteps[LoadedModel]:
     if spec is None or spec == "":
         from compat_serve.models.embedded import (
             EMBEDDED_FILE,
@@ -108,34 +121,40 @@ def _dispatch(spec: str | None, dtype: str | None) -> LoadedModel:
             EMBEDDED_SAMPLING_SOURCE,
             embedded_model_path,
         )
-        from compat_serve.models.gguf import load_gguf
+        from compat_serve.models.gguf import load_gguf_steps
 
         path = embedded_model_path()
+        embedded = yield from load_gguf_steps(
+            str(path), dtype=dtype, source=f"embedded:{EMBEDDED_FILE}"
+        )
         return dataclasses.replace(
-            load_gguf(str(path), dtype=dtype, source=f"embedded:{EMBEDDED_FILE}"),
+            embedded,
             fallback_sampling=dict(EMBEDDED_SAMPLING),
             fallback_sampling_source=EMBEDDED_SAMPLING_SOURCE,
         )
     path = Path(spec).expanduser()
     if path.is_file():
         if path.suffix.lower() == ".gguf":
-            from compat_serve.models.gguf import load_gguf
+            from compat_serve.models.gguf import load_gguf_steps
 
-            return load_gguf(str(path), dtype=dtype, source=str(path))
+            loaded = yield from load_gguf_steps(str(path), dtype=dtype, source=str(path))
+            return loaded
         raise ModelLoadError(
             f"{spec}: not a .gguf file; --model takes a .gguf file, a model directory "
             "or a Hugging Face hub id"
         )
     if path.is_dir():
-        from compat_serve.models.hf_dir import load_hf_dir
+        from compat_serve.models.hf_dir import load_hf_dir_steps
 
-        return load_hf_dir(path, dtype=dtype, source=str(path))
+        loaded = yield from load_hf_dir_steps(path, dtype=dtype, source=str(path))
+        return loaded
     if spec.lower().endswith(".gguf"):
         raise ModelLoadError(f"GGUF file not found: {spec}")
-    from compat_serve.models.hf_dir import load_hub_model, looks_like_hub_id
+    from compat_serve.models.hf_dir import load_hub_model_steps, looks_like_hub_id
 
     if looks_like_hub_id(spec):
-        return load_hub_model(spec, dtype=dtype)
+        loaded = yield from load_hub_model_steps(spec, dtype=dtype)
+        return loaded
     raise ModelLoadError(
         f"{spec}: no such file or directory, and not a Hugging Face hub id (org/name)"
     )

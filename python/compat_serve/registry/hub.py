@@ -15,7 +15,10 @@
   naming the failure until the model's files change.
 
 The MLX work (building a model's state, releasing its memory) is done by the `load` and
-`release` callables the bootstrap passes in; the hub only sequences it.
+`release` callables the bootstrap passes in; the hub only sequences it. `load_async`,
+when given, is awaited instead of running `load` on a worker thread: serve_models passes
+one that runs every MLX evaluation of the load on the engine host's thread, in slices
+between the resident models' steps (engine/host.py, models/load_steps.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from compat_serve.registry.entries import ModelEntry
@@ -64,9 +67,11 @@ class ModelHub:
         budget_bytes: int | None = None,
         wait_timeout_s: float = 300.0,
         start: Callable[[ServerState], None] | None = None,
+        load_async: Callable[[ModelEntry], Awaitable[ServerState]] | None = None,
     ) -> None:
         self.registry = registry
         self._load_fn, self._release_fn, self._estimate_fn = load, release, estimate
+        self._load_async = load_async
         self._collect_fn = collect
         # Starts a model's engine (serve_models: on the one engine host thread).
         self._start_fn = start or (lambda state: state.engine.start())
@@ -276,7 +281,10 @@ class ModelHub:
         started = time.monotonic()
         log.info("loading model %s (%s)", entry.id, entry.path or "embedded")
         try:
-            state = await asyncio.to_thread(self._load_fn, entry)
+            if self._load_async is not None:
+                state = await self._load_async(entry)
+            else:
+                state = await asyncio.to_thread(self._load_fn, entry)
         except Exception as exc:  # any loader failure: this model's, not the server's
             slot.resident_bytes = 0
             slot.failure, slot.failure_stamp = str(exc), files_stamp(entry.path)
