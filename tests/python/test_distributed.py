@@ -104,11 +104,11 @@ def _session(base_url: str) -> list[tuple[str, int, str, int, int]]:
     def first(i: int) -> dict[str, Any]:
         return _chat(base_url, [{"role": "user", "content": _prompt(i)}])
 
-    # The template's system prompt starts every conversation. Cache its blocks first, so
-    # that each first turn reads them whatever the four arrive in (otherwise one server may
-    # compute what the other reads, with other chunk boundaries: a tiny random model's
-    # greedy token can flip on that).
-    _chat(base_url, [{"role": "user", "content": "Hello."}])
+    # The four first turns share their start (the template's system prompt, "Request ").
+    # Cache exactly that start first, so that each first turn reads it whatever order the
+    # four arrive in (otherwise one server may compute what the other reads, with other
+    # chunk boundaries: a tiny random model's greedy token can flip on that).
+    _chat(base_url, [{"role": "user", "content": "Request 99: warm up."}])
     with ThreadPoolExecutor(4) as pool:
         turns = list(pool.map(first, range(4)))
 
