@@ -22,6 +22,7 @@ from compat_serve.models.embedded import embedded_model_path
 from compat_serve.serve_models import ModelFlags, build_hub
 from compat_serve.server.app import create_app
 from tests.conftest import RunningServer, run_app
+from tests.http.test_kv_quant_http import rss_bytes
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -143,9 +144,15 @@ def test_concurrent_requests_share_one_load_then_unload_keeps_the_disk_cache(
     assert first.status_code == 200
     assert _prompt_tokens(first.json()["usage"]) > 150
 
+    (resident,) = [m["size"] for m in httpx.get(f"{base}/api/ps").json()["models"]]
+    loaded_rss = rss_bytes()  # the server runs in this process
     unloaded = httpx.post(f"{base}/models/unload", json={"model": "beta"}, timeout=60)
     assert unloaded.json() == {"success": True}
     assert httpx.get(f"{base}/api/ps").json() == {"models": []}
+    # Unload frees memory for real: the process gives back at least half of what the
+    # model held (weights, KV and cache budgets, not all of which were touched).
+    freed = loaded_rss - rss_bytes()
+    assert freed >= resident / 2, (freed, resident)
     assert _states(base)["beta"] == "unloaded"
     metrics = httpx.get(f"{base}/metrics").text
     assert 'compat_model_evictions_total{model="beta",reason="request"} 1' in metrics
