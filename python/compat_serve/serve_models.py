@@ -12,6 +12,7 @@ engine's start-up forwards) run on that thread between the resident models' step
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import gc
 import logging
@@ -112,11 +113,23 @@ def release_state(state: ServerState) -> None:
 
 
 def collect_memory() -> None:
-    """Return freed arrays' memory: Python's references first, then MLX's buffer cache."""
+    """Return freed arrays' memory: Python's references first, then MLX's buffer cache,
+    then what the C allocator keeps of it (glibc holds freed heap pages until trimmed; on
+    other C libraries there is nothing to call and the step is skipped)."""
     import mlx.core as mx
 
     gc.collect()
     mx.clear_cache()
+    _trim_c_heap()
+
+
+def _trim_c_heap() -> None:
+    try:
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (AttributeError, OSError):  # not glibc (macOS, musl): nothing to trim
+        return
+    trim(ctypes.c_size_t(0))
 
 
 def build_hub(
