@@ -13,6 +13,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from compat_serve.registry.hub import ModelRequestError
+from compat_serve.server import sse
 from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import model_hub
 
@@ -55,14 +56,28 @@ class Waiting(Generic[T]):
         return self._task.result()
 
 
-async def stream_when_ready(
+def stream_when_ready(
+    request: Request,
+    work: Awaitable[Response],
+    frame: str,
+    on_error: Callable[[ApiError], list[str]],
+) -> StreamingResponse:
+    """An SSE response that starts now: keep-alive `frame`s (every hub keep-alive
+    interval) while `work` (a route's own handler) gets its model, then the body of the
+    response it returns; an ApiError becomes `on_error`'s frames."""
+    return StreamingResponse(
+        _frames_then_body(work, frame, model_hub(request).keepalive_s, on_error),
+        media_type="text/event-stream",
+        headers=sse.SSE_HEADERS,
+    )
+
+
+async def _frames_then_body(
     work: Awaitable[Response],
     frame: str,
     interval_s: float,
     on_error: Callable[[ApiError], list[str]],
 ) -> AsyncIterator[str | bytes]:
-    """Keep-alive frames while `work` (a route's own handler) gets its model, then the
-    body of the streamed response it returns; an ApiError becomes `on_error`'s frames."""
     waiting = Waiting(work, frame, interval_s)
     async for keepalive in waiting.frames():
         yield keepalive

@@ -191,15 +191,11 @@ def _final_chunks(
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Any:
     if body.stream and model_is_cold(request, body.model):
-        return StreamingResponse(
-            stream_when_ready(
-                _completions(body, request),
-                OPENAI_KEEPALIVE,
-                model_hub(request).keepalive_s,
-                lambda exc: [sse.data_line(openai_error_body(exc)), sse.data_line("[DONE]")],
-            ),
-            media_type="text/event-stream",
-            headers=sse.SSE_HEADERS,
+        return stream_when_ready(
+            request,
+            _completions(body, request),
+            OPENAI_KEEPALIVE,
+            lambda exc: [sse.data_line(openai_error_body(exc)), sse.data_line("[DONE]")],
         )
     return await _completions(body, request)
 

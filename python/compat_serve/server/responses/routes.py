@@ -12,7 +12,7 @@ from compat_serve.engine.types import FinishReason
 from compat_serve.server import sse
 from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError, generation_error
-from compat_serve.server.generation import admit_chat, model_hub, model_state
+from compat_serve.server.generation import admit_chat, model_state
 from compat_serve.server.images import reads_images
 from compat_serve.server.lifecycle import shutdown_error
 from compat_serve.server.model_wait import model_is_cold, stream_when_ready
@@ -61,15 +61,11 @@ def _sse(event: Event) -> str:
 async def create_response(body: ResponsesRequest, request: Request) -> Any:
     if body.stream and model_is_cold(request, body.model):
         # The stream starts now, with keep-alives while the model loads.
-        return StreamingResponse(
-            stream_when_ready(
-                _create_response(body, request),
-                KEEP_ALIVE,
-                model_hub(request).keepalive_s,
-                lambda exc: _failed_stream(body, exc),
-            ),
-            media_type="text/event-stream",
-            headers=sse.SSE_HEADERS,
+        return stream_when_ready(
+            request,
+            _create_response(body, request),
+            KEEP_ALIVE,
+            lambda exc: _failed_stream(body, exc),
         )
     return await _create_response(body, request)
 
