@@ -8,7 +8,6 @@ list, `/api/ps` and `/api/show` are in server/discovery.py.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -30,9 +29,8 @@ from compat_serve.server.lifecycle import shutdown_error
 from compat_serve.server.ollama import adapter, lifetime
 from compat_serve.server.ollama.adapter import Piece, Timer
 from compat_serve.server.ollama.protocol import ChatBody, GenerateBody, read_body
-from compat_serve.server.openai.logprobs import TokenTexts, chat_logprobs, token_texts
+from compat_serve.server.openai.logprobs import TokenTexts, chat_logprobs, engine_token_texts
 from compat_serve.server.openai.routes import completion_ids
-from compat_serve.server.state import ServerState
 from compat_serve.server.turn import TurnOutput
 
 # Other servers' APIs, mirrored for their clients: not part of our OpenAPI document.
@@ -76,7 +74,8 @@ async def chat(request: Request) -> JSONResponse | StreamingResponse:
     chat_request = adapter.chat_request(
         body, context_length=state.context_length, vision=reads_images(state)
     )
-    texts = await _token_texts(state, chat_request.sampling.logprobs)
+    wants_logprobs = chat_request.sampling.logprobs is not None
+    texts = await engine_token_texts(state) if wants_logprobs else None
     admitted = await admit_chat(request, body.model, chat_request, "ollama-", "call_")
     timer.submitted = time.monotonic()
     response = await _respond(admitted.output(), body.stream, shape, timer, request, texts)
@@ -100,7 +99,8 @@ async def generate(request: Request) -> JSONResponse | StreamingResponse:
     chat_request = adapter.generate_request(
         body, context_length=state.context_length, vision=reads_images(state) and not body.raw
     )
-    texts = await _token_texts(state, chat_request.sampling.logprobs)
+    wants_logprobs = chat_request.sampling.logprobs is not None
+    texts = await engine_token_texts(state) if wants_logprobs else None
     if body.raw:
         # The prompt as the client wrote it: no template, no tool or reasoning parsing.
         request_id = new_id("ollama-")
@@ -142,14 +142,6 @@ def _then_unload(
     if keep == 0:
         response.background = BackgroundTask(lifetime.unload_when_released, request, model)
     return response
-
-
-async def _token_texts(state: ServerState, logprobs: int | None) -> TokenTexts | None:
-    """The token table behind `logprobs`, when the request asked for them."""
-    if logprobs is None:
-        return None
-    engine = state.engine
-    return await asyncio.to_thread(token_texts, engine.model.tokenizer, engine.logits_width)
 
 
 async def _respond(

@@ -8,13 +8,17 @@ every tokenizer kind); a token that is not whole UTF-8 shows its bytes as `\\xNN
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from compat_serve._native import TokenTable
 from compat_serve.engine.types import TokenLogprob
 from compat_serve.models.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from compat_serve.server.state import ServerState
 
 _SPECIAL_MARK = b"\xff"  # llguidance's prefix on special tokens' bytes
 
@@ -48,6 +52,12 @@ def token_texts(tokenizer: Tokenizer, logits_width: int) -> TokenTexts:
             cached = (tokenizer, TokenTexts(tokenizer, logits_width))
             _TABLES[id(tokenizer)] = cached
         return cached[1]
+
+
+async def engine_token_texts(state: ServerState) -> TokenTexts:
+    """The table of the model `state` serves, built off the event loop the first time."""
+    engine = state.engine
+    return await asyncio.to_thread(token_texts, engine.model.tokenizer, engine.logits_width)
 
 
 def chat_logprobs(texts: TokenTexts, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:

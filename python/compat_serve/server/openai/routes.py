@@ -39,7 +39,7 @@ from compat_serve.server.openai.logprobs import (
     TokenTexts,
     chat_logprobs,
     completion_logprobs,
-    token_texts,
+    engine_token_texts,
 )
 from compat_serve.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from compat_serve.server.state import ServerState
@@ -55,7 +55,7 @@ async def _admit(
     chat = adapter.chat_request(
         body, default_max_tokens=state.context_length, vision=reads_images(state)
     )
-    texts = await _token_texts(state) if chat.sampling.logprobs is not None else None
+    texts = await engine_token_texts(state) if chat.sampling.logprobs is not None else None
     return await admit_chat(request, body.model, chat, "chatcmpl-", "call_"), texts
 
 
@@ -90,11 +90,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
             logprobs=None if texts is None else chat_logprobs(texts, done.logprobs),
         )
     )
-
-
-async def _token_texts(state: ServerState) -> TokenTexts:
-    engine = state.engine
-    return await asyncio.to_thread(token_texts, engine.model.tokenizer, engine.logits_width)
 
 
 async def _cold_chat_sse(
@@ -211,7 +206,7 @@ async def _completions(body: CompletionRequest, request: Request) -> Any:
     texts = None
     if body.logprobs is not None:
         sampling = dataclasses.replace(sampling, logprobs=body.logprobs)
-        texts = await _token_texts(state)
+        texts = await engine_token_texts(state)
     prompt_ids = await completion_ids(state, prompt)
     response_id = new_id("cmpl-")
     salt = cache_salt(request, per_key=state.cache_salt_per_key)
