@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from mlx_lm.models.cache import make_prompt_cache
 
-from compat_serve.engine.prefix.disk import DiskStore, model_fingerprint, weights_digest
+from compat_serve.engine.prefix.disk import open_disk_tier
 from compat_serve.engine.prefix.shard import ShardPrefix
 from compat_serve.engine.prefix.store import is_attention_cache
 
@@ -54,17 +54,6 @@ def follower_prefix(options: ServeOptions, loaded: LoadedModel) -> ShardPrefix |
     config = _engine_config(options)
     if not config.prefix_cache:
         return None
-    disk = None
-    if config.cache_dir is not None:
-        fingerprint = model_fingerprint(
-            loaded.source,
-            loaded.name,
-            loaded.dtype,
-            loaded.model_type,
-            weights_digest(loaded.model),  # this rank's shard
-            config.block_size,
-            config.cache_hash,
-            *([config.kv_format.tag] if config.kv_format.quantized else []),
-        )
-        disk = DiskStore(config.cache_dir, fingerprint, config.cache_disk_bytes)
+    # The fingerprint of this rank's shard: its weights digest differs from rank 0's.
+    disk = open_disk_tier(config, loaded)
     return ShardPrefix(config.block_size, disk)

@@ -38,7 +38,7 @@ from compat_serve.engine.memory import (
 )
 from compat_serve.engine.metrics import EngineMetrics, Gauge
 from compat_serve.engine.prefix.cache import PrefixCaching
-from compat_serve.engine.prefix.disk import DiskStore, model_fingerprint, weights_digest
+from compat_serve.engine.prefix.disk import DiskStore, open_disk_tier
 from compat_serve.engine.prefix.store import is_attention_cache
 from compat_serve.engine.runner import ModelRunner
 from compat_serve.engine.sequence import Sequence
@@ -255,23 +255,7 @@ class Engine:
         )
 
     def _disk_store(self) -> DiskStore | None:
-        config = self.config
-        if config.cache_dir is None:
-            return None
-        loaded = self.model
-        fingerprint = model_fingerprint(
-            loaded.source,
-            loaded.name,
-            loaded.dtype,
-            loaded.model_type,
-            weights_digest(loaded.model),
-            self._kv_bytes_per_token,
-            config.block_size,
-            config.cache_hash,
-            # Another KV format's files are never even listed: a miss, not an error.
-            *([config.kv_format.tag] if config.kv_format.quantized else []),
-        )
-        return DiskStore(config.cache_dir, fingerprint, config.cache_disk_bytes)
+        return open_disk_tier(self.config, self.model, self._kv_bytes_per_token)
 
     # ---- called from other threads -------------------------------------------------
 

@@ -43,7 +43,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import mlx.core as mx
 import numpy as np
@@ -51,6 +51,10 @@ from mlx.utils import tree_flatten
 
 from compat_serve.engine.kv_quant import components, nbytes
 from compat_serve.engine.prefix.store import BlockKV
+
+if TYPE_CHECKING:
+    from compat_serve.engine.config import EngineConfig
+    from compat_serve.models.types import LoadedModel
 
 log = logging.getLogger("compat_serve.engine")
 
@@ -83,6 +87,30 @@ def tail_key(parent_key: bytes, tokens: Sequence[int]) -> str:
 def model_fingerprint(*parts: object) -> str:
     text = json.dumps([FORMAT_VERSION, *[str(p) for p in parts]])
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def open_disk_tier(
+    config: EngineConfig, loaded: LoadedModel, *kv_shape: object
+) -> DiskStore | None:
+    """The disk tier of `loaded`'s prefix cache under `config.cache_dir` (None without
+    one), in the directory of its fingerprint: the model, its weights (a rank's own shard
+    in distributed mode), `kv_shape` (what else decides the K/V's layout), the block size,
+    the hash and a quantized KV format. Another KV format's files are never even listed:
+    a miss, not an error."""
+    if config.cache_dir is None:
+        return None
+    fingerprint = model_fingerprint(
+        loaded.source,
+        loaded.name,
+        loaded.dtype,
+        loaded.model_type,
+        weights_digest(loaded.model),
+        *kv_shape,
+        config.block_size,
+        config.cache_hash,
+        *([config.kv_format.tag] if config.kv_format.quantized else []),
+    )
+    return DiskStore(config.cache_dir, fingerprint, config.cache_disk_bytes)
 
 
 def weights_digest(model: Any) -> str:
