@@ -403,10 +403,10 @@ def load_vlm_dir(
         return None
     from compat_serve.models.hf_dir import context_length_from_config
     from compat_serve.models.hf_tokenizer import load_hf_tokenizer
+    from compat_serve.models.load_steps import evaluate_in_slices, run_inline
     from compat_serve.models.weights import (
         cast_floating,
         dequantize_model,
-        eval_with_progress,
         mx_dtype,
         resolve_dtype,
     )
@@ -433,7 +433,8 @@ def load_vlm_dir(
             vision = VisionProcessor(vlm, processor, tokens)
         else:
             vision = Idefics3Processor(vlm, processor)
-        eval_with_progress(vlm, "loading weights", log=log)  # before the links go
+        # Before the links go; the whole load is one host slice (engine/host.py).
+        run_inline(evaluate_in_slices(vlm, "loading weights", log=log))
     info = load_hf_tokenizer(model_dir, config)
     log.info("vision-language model ready in %.2fs", time.perf_counter() - t0)
     return LoadedModel(

@@ -34,7 +34,6 @@ __all__ = [
     "compute_backend",
     "dequantize",
     "dequantize_model",
-    "eval_with_progress",
     "flat_arrays",
     "infer_quant_params",
     "model_arrays",
@@ -202,19 +201,6 @@ def dequantize_model(model: Module, dtype: mx.Dtype = mx.float32) -> int:
 def cast_floating(model: Module, dtype: mx.Dtype) -> None:
     """Cast every floating-point parameter of `model` to `dtype` (integers untouched)."""
     model.set_dtype(dtype, lambda d: bool(mx.issubdtype(d, mx.floating)))
-
-
-def eval_with_progress(model: Module, label: str, *, log: logging.Logger = logger) -> None:
-    """Materialize the parameters layer by layer, logging progress about every 25%."""
-    layers = getattr(model, "layers", None)
-    if isinstance(layers, list) and layers:
-        total = len(layers)
-        step = max(1, total // 4)
-        for i, layer in enumerate(layers, 1):
-            mx.eval(model_arrays(layer))
-            if i % step == 0 or i == total:
-                log.info("%s: %d/%d layers ready", label, i, total)
-    mx.eval(model_arrays(model))
 
 
 def model_arrays(model: Module) -> dict[str, mx.array]:
