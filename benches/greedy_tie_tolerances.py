@@ -37,15 +37,16 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.chat_prompts import chat_ids  # noqa: E402
+from tests.python.test_batching import PROMPTS  # noqa: E402
+from tests.tiny_models import tiny_model  # noqa: E402
+
 from compat_serve.engine.config import EngineConfig  # noqa: E402
 from compat_serve.engine.engine import Engine  # noqa: E402
 from compat_serve.engine.kv_quant import KVFormat  # noqa: E402
 from compat_serve.engine.types import EngineRequest, SamplingParams  # noqa: E402
 from compat_serve.models.loader import load_model  # noqa: E402
 from compat_serve.models.types import LoadedModel  # noqa: E402
-from tests.chat_prompts import chat_ids  # noqa: E402
-from tests.python.test_batching import PROMPTS  # noqa: E402
-from tests.tiny_models import tiny_model  # noqa: E402
 
 TOP = 20
 
@@ -60,7 +61,9 @@ def engine_runs(
 
     async def one(prompt: tuple[int, ...]) -> tuple[list[int], list[dict[int, float]]]:
         sampling = SamplingParams(max_tokens=tokens, temperature=0, logprobs=TOP, stop_at_eos=False)
-        events = [e async for e in engine.submit(EngineRequest(f"m{next(counter)}", prompt, sampling))]
+        events = [
+            e async for e in engine.submit(EngineRequest(f"m{next(counter)}", prompt, sampling))
+        ]
         ids = [t for e in events for t in e.token_ids]
         return ids, [dict(lp.top) for e in events for lp in e.logprobs]
 
@@ -104,7 +107,7 @@ def compare(
         ref = reference_logprobs(reference, [*prompt, *ids], kv)[len(prompt) - 1 :]
         for i, (token, top) in enumerate(zip(ids, tops, strict=True)):
             row = ref[i]
-            worst = max(worst, max(abs(row[t] - s) for t, s in top.items()))
+            worst = max(worst, *(abs(row[t] - s) for t, s in top.items()))
             best2 = np.sort(row)[-2:]
             margin = float(best2[1] - best2[0])
             smallest_margin = min(smallest_margin, margin)
@@ -123,7 +126,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     args = parser.parse_args()
     n = args.tokens
-    import compat_serve.models.cpu_linear as cpu_linear
+    from compat_serve.models import cpu_linear
 
     kernels = load_model(None)
     prompts = [tuple(chat_ids(kernels, text)) for text in PROMPTS]
@@ -131,7 +134,8 @@ def main() -> None:
     cpu_linear.kernel_available = lambda: False
     plain = load_model(None)
     cpu_linear.kernel_available = real
-    print(f"kernels: {kernels.extra.get('weight_layout')} / without: {plain.extra.get('weight_layout')}")
+    layouts = [m.extra.get("weight_layout") for m in (kernels, plain)]
+    print(f"weight layouts: with kernels {layouts[0]}; without {layouts[1]}")
     f32 = KVFormat()
     compare("f32 KV, alone vs model alone", kernels, kernels, prompts, n, f32, False)
     compare("f32 KV, batched vs model alone", kernels, kernels, prompts, n, f32, True)
@@ -139,7 +143,9 @@ def main() -> None:
     compare("f32 KV, batched, no kernels vs no kernels", plain, plain, prompts, n, f32, True)
     for bits in (8, 4):
         kv = KVFormat(bits, 64)
-        compare(f"{bits}-bit KV, batched vs QuantizedKVCache", kernels, kernels, prompts, n, kv, True)
+        compare(
+            f"{bits}-bit KV, batched vs QuantizedKVCache", kernels, kernels, prompts, n, kv, True
+        )
     tiny = tiny_model("llama", kernels)
     tiny_prompts = [tuple(chat_ids(tiny, text)) for text in PROMPTS]
     compare("tiny llama f32, batched vs model alone", tiny, tiny, tiny_prompts, n, f32, True)

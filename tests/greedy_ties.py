@@ -126,9 +126,7 @@ def assert_greedy_equal_up_to_tie(
     return tie
 
 
-def next_logits(
-    loaded: LoadedModel, ids: Sequence[int], kv_format: KVFormat | None = None
-) -> Any:
+def next_logits(loaded: LoadedModel, ids: Sequence[int], kv_format: KVFormat | None = None) -> Any:
     """The model's next-token logits after `ids`, alone (batch of one) on a fresh cache:
     mlx-lm's own caches, float32 KV, or `QuantizedKVCache` of `kv_format`."""
     import mlx.core as mx
@@ -159,9 +157,7 @@ def alone_scores(
     return lambda i: next_logits(loaded, [*prompt, *reference[:i]], kv_format)
 
 
-def engine_scores(
-    engine: Engine, request: EngineRequest, reference: Sequence[int]
-) -> ScoresAt:
+def engine_scores(engine: Engine, request: EngineRequest, reference: Sequence[int]) -> ScoresAt:
     """The reference's scores when the reference is `engine` serving `request`: its top-20
     log-probabilities at position `i`. Without a grammar, one prefill of the prompt and
     `reference[:i]` (teacher forcing; prefill and decode differ by float order only). With
@@ -188,10 +184,12 @@ def engine_scores(
 
         events = asyncio.run(go())
         assert events[-1].error is None, events[-1].error
-        tokens = [t for e in events for t in e.token_ids]
         if request.grammar is not None:
+            tokens = [t for e in events for t in e.token_ids]
             assert tokens[:i] == list(reference[:i]), (tokens, list(reference))
-        return recorded_scores(events)(len(tokens) - 1)
+        recorded = [lp for e in events for lp in e.logprobs]
+        assert len(recorded) == (1 if request.grammar is None else i + 1), recorded
+        return dict(recorded[-1].top)  # the last position's: the token at `i`
 
     return at
 

@@ -28,8 +28,8 @@ from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
 from compat_serve.models.loader import load_model
 from tests.chat_prompts import chat_ids
-from tests.python.rollback_rows import rolled_back_and_exact
 from tests.greedy_ties import assert_same_or_near_tie
+from tests.python.rollback_rows import rolled_back_and_exact
 from tests.python.test_batching import DecodeSpy, greedy, run_alone_then_together
 from tests.tiny_models import FAMILY_CONFIGS, SLIDING_WINDOW, write_model_dir
 

@@ -24,8 +24,8 @@ import pytest
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.prefix import disk as prefix_disk
 from compat_serve.engine.prefix.disk import DiskStore, decode, encode
-from tests.python.test_prefix_cache import check_usage, run, started
 from tests.greedy_ties import assert_same_or_near_tie
+from tests.python.test_prefix_cache import check_usage, run, started
 from tests.tiny_models import tiny_llama
 
 if TYPE_CHECKING:

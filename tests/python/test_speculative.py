@@ -28,8 +28,8 @@ from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, 
 from compat_serve.parsers.events import ToolCallArgsDelta, ToolCallStart
 from compat_serve.parsers.registry import resolve_tool_format
 from compat_serve.parsers.tool_calls import ToolCallParser
-from tests.python.rollback_rows import KEPT, rolled_back_and_exact
 from tests.greedy_ties import assert_same_as_engine_or_near_tie, assert_same_or_near_tie
+from tests.python.rollback_rows import KEPT, rolled_back_and_exact
 from tests.python.test_batching import chat_ids, greedy
 from tests.tiny_models import HYBRID_CONFIGS, tiny_model
 
