@@ -47,7 +47,7 @@ def build_serve_parser() -> argparse.ArgumentParser:
         dest="models_file",
         help="serve the models a YAML file lists (ids, paths, alias patterns such as "
         "claude-*haiku*, ttl, pin, preload, default and per-model serve options; see the "
-        "README), loaded on demand under --memory-budget",
+        "docs: Several models), loaded on demand under --memory-budget",
     )
     p.add_argument(
         "--memory-budget",
