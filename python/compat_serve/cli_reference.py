@@ -67,13 +67,13 @@ def _default(action: argparse.Action) -> str:
 
 def _usage(parser: argparse.ArgumentParser) -> str:
     # A fixed width: the page must not depend on the terminal that generated it.
-    formatter = parser.formatter_class(prog=parser.prog, width=USAGE_WIDTH)
+    formatter = argparse.HelpFormatter(prog=parser.prog, width=USAGE_WIDTH)
     formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)
     return formatter.format_help().strip()
 
 
 def _section(title: str, parser: argparse.ArgumentParser) -> list[str]:
-    formatter = parser.formatter_class(prog=parser.prog, width=USAGE_WIDTH)
+    formatter = argparse.HelpFormatter(prog=parser.prog, width=USAGE_WIDTH)
     lines = [f"## `{title}`", "", "```text", _usage(parser), "```", ""]
     if parser.description:
         lines += [" ".join(parser.description.split()), ""]
