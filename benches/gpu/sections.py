@@ -1,6 +1,8 @@
 """The kit's measurements, one function per table. Each runs alternating rounds (ours,
 then mlx-lm's or the other setting, on the same weights) until its rounds are done or its
-share of the time budget is spent, and writes each row as soon as it has it."""
+share of the time budget is spent, and writes each row as soon as it has it. A row's first
+round runs while the whole run has time left (every row gets a number; the last sections
+get less), its further rounds only within the section's share."""
 
 from __future__ import annotations
 
@@ -70,7 +72,7 @@ def greedy(report: Report, budget: Budget, loaded: LoadedModel, plan: Plan, seed
     prompts = _greedy_prompts(loaded, seeds)
     with running_engine(loaded, EngineConfig()) as engine:
         for done, (name, prompt) in enumerate(prompts):
-            if done and budget.section_left() <= 0:  # the first prompt runs whatever the budget
+            if budget.left() <= 0 or (done and budget.section_left() <= 0):
                 report.skip(f"greedy {loaded.name} {name}: budget")
                 return
             ours = engine_streams(engine, [prompt], plan.greedy_tokens)[0].tokens
@@ -125,7 +127,7 @@ def decode(report: Report, budget: Budget, loaded: LoadedModel, plan: Plan) -> N
             for rep in range(plan.repeats):
                 if budget.section_left() <= 0 and rep > 0:
                     break
-                if budget.section_left() <= 0:
+                if budget.left() <= 0:
                     report.skip(f"{key} x{width}: budget")
                     return
                 seed = 10_000 * (rep + 1) + 100 * width
@@ -160,7 +162,7 @@ def ttft(report: Report, budget: Budget, loaded: LoadedModel, plan: Plan) -> Non
     )  # fmt: skip
     vocab = loaded.tokenizer.vocab_size
     for length in plan.ttft_prefixes:
-        if budget.section_left() <= 0:
+        if budget.left() <= 0:
             report.skip(f"{key} prefix {length}: budget")
             return
         prefix = random_prompt(vocab, length, 7 + length)
@@ -218,7 +220,7 @@ def kv_bits(report: Report, budget: Budget, loaded: LoadedModel, plan: Plan) -> 
             engine_streams(engine, [preamble], 1)  # cached once; also the warm-up
             engine_streams(engine, streams, 2)
         for rep in range(plan.repeats):
-            if budget.section_left() <= 0:
+            if (budget.section_left() if rep else budget.left()) <= 0:
                 if rep == 0:
                     report.skip(f"{key}: budget")
                     return
@@ -269,7 +271,7 @@ def speculation(
                 for rep in range(plan.repeats + 1):  # round 0 warms both up
                     if budget.section_left() <= 0 and rep > 1:
                         break
-                    if budget.section_left() <= 0:
+                    if budget.left() <= 0:
                         report.skip(f"{key} {name} x{width}: budget")
                         return
                     for mode, engine in engines.items():
