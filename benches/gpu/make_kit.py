@@ -182,7 +182,7 @@ def commit() -> str:
 
 def calls_markdown(parts: list[Path], manifest: dict[str, object]) -> str:
     lines = [
-        f"Kit of {manifest['commit']}: {len(parts)} calls, payload "
+        f"{len(parts)} calls, payload "
         f"{manifest['payload_bytes'] / MiB:.1f} MiB, tree {manifest['tree_bytes'] / MiB:.1f} MiB "
         "per call. Make them back to back (the machine keeps files for 30 s after a call):",
         "",
