@@ -6,8 +6,13 @@
 # Needs a python3.12 (PYTHON312=/path, else python3.12 on PATH or pyenv's); downloads the
 # stand-in's packages from PyPI into .gpu-kit/check/ (ignored).
 set -euo pipefail
-PY312=${PYTHON312:-$(command -v python3.12 || ls /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -1 || true)}
-[ -n "$PY312" ] && [ -x "$PY312" ] || { echo "no python3.12 here: set PYTHON312"; exit 2; }
+PY312=
+for candidate in ${PYTHON312:-} python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+  if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+    PY312=$candidate && break
+  fi  # (a pyenv shim may exist and still fail: each candidate must run)
+done
+[ -n "$PY312" ] || { echo "no python3.12 here: set PYTHON312"; exit 2; }
 CHECK=.gpu-kit/check
 SITE=$CHECK/unpacked/site
 rm -rf "$CHECK" && mkdir -p "$CHECK"
