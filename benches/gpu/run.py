@@ -145,6 +145,7 @@ def main() -> None:
         step("decode dense-4bit", lambda: sections.decode(report, budget, d4, plan))
         step("ttft dense-4bit", lambda: sections.ttft(report, budget, d4, plan))
         step("kv dense-4bit", lambda: sections.kv_bits(report, budget, d4, plan))
+        del d4  # the lambdas' cell too: the 8B leaves memory with `dense4` below
     held: dict[str, LoadedModel] = {}
 
     def load_copier() -> None:
@@ -152,6 +153,7 @@ def main() -> None:
 
     if not args.smoke:
         dense4 = None  # frees the 8B before the next models
+        sections.free_memory()
     step("load copier", load_copier)
     if "copier" in held:
         model = held["copier"]
@@ -172,7 +174,7 @@ def main() -> None:
                 f"decode {key}", lambda loaded=loaded: sections.decode(report, budget, loaded, plan)
             )
             held.clear()
-            sections._free()
+            sections.free_memory()
     report.header["elapsed_s"] = round(budget.elapsed(), 1)
     report.save()
     print(report.markdown(), flush=True)

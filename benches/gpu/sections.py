@@ -54,7 +54,7 @@ FULL = Plan((1, 8, 32, 64), 32, 64, 3, (8192, 32768), 64, 4096, 8, 96, (1, 4), 3
 SMOKE = Plan((1, 2), 8, 4, 1, (64,), 8, 32, 2, 8, (1, 2), 8, 0.1)
 
 
-def _free() -> None:
+def free_memory() -> None:
     gc.collect()
     mx.clear_cache()
 
@@ -146,7 +146,7 @@ def decode(report: Report, budget: Budget, loaded: LoadedModel, plan: Plan) -> N
                 mlx_lm=theirs,
                 ratio=ratio,
             )
-    _free()
+    free_memory()
 
 
 def ttft(report: Report, budget: Budget, loaded: LoadedModel, plan: Plan) -> None:
@@ -171,12 +171,12 @@ def ttft(report: Report, budget: Budget, loaded: LoadedModel, plan: Plan) -> Non
         with running_engine(loaded, EngineConfig()) as engine:
             cold = engine_ttft(engine, first)
             warm = engine_ttft(engine, second)
-        _free()
+        free_memory()
         their_cold, _ = mlx_lm_ttft(loaded.model, first)
         cache = mlx_lm_prefill(loaded.model, prefix)
         their_warm, _ = mlx_lm_ttft(loaded.model, second[length:], cache)
         del cache
-        _free()
+        free_memory()
         report.row(
             key,
             [length, f"{cold.ttft:.3f}", f"{warm.ttft:.3f}", f"{warm.ttft / cold.ttft:.3f}",
@@ -230,7 +230,7 @@ def kv_bits(report: Report, budget: Budget, loaded: LoadedModel, plan: Plan) -> 
     finally:
         for ctx in engines.values():
             ctx.__exit__(None, None, None)
-        _free()
+        free_memory()
     base = median(rates["model dtype"])
     for name, values in rates.items():
         ratio = median(values) / base if base > 0 else 0.0
@@ -292,7 +292,7 @@ def speculation(
                     model=loaded.name, workload=name, streams=width, off=rates["off"],
                     ngram=rates["ngram"], ratio=ratio, drafted=drafted, accepted=accepted,
                 )  # fmt: skip
-    _free()
+    free_memory()
 
 
 def _delta(before: dict[str, Any], after: dict[str, Any], key: str) -> int:
@@ -308,4 +308,4 @@ def guarded(report: Report, name: str, step: Callable[[], None]) -> None:
 
         traceback.print_exc()
         report.skip(f"{name}: {type(exc).__name__}: {exc}")
-        _free()
+        free_memory()
