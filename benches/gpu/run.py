@@ -124,6 +124,9 @@ def main() -> None:
     report.save()
     budget.watchdog(report.save)
     print(json.dumps(report.header, indent=1, default=str), flush=True)
+    if not args.smoke and compute_backend() == "cpu":  # 8B shapes on a CPU: never ends
+        report.skip("everything: MLX found no GPU (compute_backend() is 'cpu'); see header")
+        sys.exit(2)
     models = shapes(args.smoke)
     dense4: LoadedModel | None = None
 
