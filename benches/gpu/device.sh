@@ -57,7 +57,11 @@ tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall('/tmp/gpu-kit', f
   ln -sfn "$purelib/nvidia" "$SITE/nvidia"
   LD_LIBRARY_PATH=$(find -L "$purelib/nvidia" -maxdepth 2 -type d -name lib | tr '\n' ':')${LD_LIBRARY_PATH:-}
   export LD_LIBRARY_PATH PYTHONPATH=$SITE PYTHONUNBUFFERED=1
-  python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device(), mx.device_info())" || exit 1
+  if ! python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device(), mx.device_info())"; then
+    echo "mlx does not load: what libmlx.so misses, and the CUDA wheels there:"
+    ldd "$SITE/mlx/lib/libmlx.so" | grep "not found"; ls "$purelib/nvidia" "$purelib/nvidia/"*/
+    exit 1
+  fi
   timeout 540 python3 benches/gpu/run.py --out "$OUT" --kit "$KIT/call1" \
     --gguf "/tmp/gpu-kit/models/SmolLM2-135M-Instruct.Q4_1.gguf" ${RUN_ARGS:-}
   status=$?
