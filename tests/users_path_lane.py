@@ -39,3 +39,14 @@ USERS_PATH_TESTS: tuple[str, ...] = (
     # Vision: a tiny Qwen2.5-VL (float32: mlx-vlm's own modules, never the CPU fast paths).
     "tests/http/test_vision_http.py::test_anthropic_sdk_image_answer_equals_mlx_vlm",
 )
+
+
+def lane_files() -> list[str]:
+    """The test files the lane collects: those of `USERS_PATH_TESTS` and the lane's own
+    acceptance tests (collecting the whole suite would cost a minute of imports)."""
+    own = ["tests/python/test_users_path.py"]
+    return sorted({test.split("::")[0] for test in USERS_PATH_TESTS} | set(own))
+
+
+if __name__ == "__main__":  # the Makefile's lane asks for its file list
+    print(" ".join(lane_files()))
