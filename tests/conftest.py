@@ -41,15 +41,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from tests.users_path_lane import USERS_PATH_TESTS
 
     lane = set(USERS_PATH_TESTS)
+    collected = {item.nodeid.split("[")[0] for item in items}
     for item in items:
         if item.nodeid.split("[")[0] in lane:
             item.add_marker(pytest.mark.users_path)
+    whole_files = not config.option.keyword and all("::" not in a for a in config.args)
+    if USERS_PATH and whole_files:
+        # A renamed test would silently leave the lane: name it instead.
+        files = {nodeid.split("::")[0] for nodeid in collected}
+        missing = sorted(t for t in lane - collected if t.split("::")[0] in files)
+        if missing:
+            raise pytest.UsageError(f"tests/users_path_lane.py lists unknown tests: {missing}")
     if USERS_PATH:
         return
-    kept = [item for item in items if item.get_closest_marker("quantized_only") is None]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
-        items[:] = kept
+    dropped = [item for item in items if item.get_closest_marker("quantized_only") is not None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item.get_closest_marker("quantized_only") is None]
 
 
 def free_port() -> int:

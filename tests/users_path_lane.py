@@ -14,17 +14,12 @@ them) and adds the lane's own acceptance tests (marked in their module).
 
 from __future__ import annotations
 
+# Batching, quantized KV, the disk tier and the repeat-from-cache checks on the embedded
+# model are tests/python/test_users_path.py's (short prompts written for this lane).
 USERS_PATH_TESTS: tuple[str, ...] = (
     # Engine: the prompt-only request and a failing request next to a good one.
     "tests/python/test_engine.py::test_max_tokens_zero_processes_prompt_only",
     "tests/python/test_engine.py::test_engine_survives_a_failing_request",
-    # Batching: prompts prefilled together equal each alone (tie-aware).
-    "tests/python/test_batching.py::test_a_failed_batched_prefill_falls_back_to_one_request_at_a_time",
-    # Prefix cache (RAM): requests sharing a prefix; the salt isolates.
-    "tests/python/test_prefix_cache.py::test_the_salt_isolates_and_sampling_settings_do_not",
-    "tests/python/test_prefix_cache.py::test_a_cache_fault_falls_back_to_recompute",
-    # Quantized KV, and the prefix cache's disk tier in that format.
-    "tests/python/test_kv_quant_engine.py::test_disk_tier_keeps_the_format_and_another_format_misses",
     # Speculation (draft, verify, rollback) and a prefix hit, replayed on the tiny model.
     "tests/python/test_step_plan_replay.py::test_a_replay_with_speculation_reproduces_verify_and_rollback",
     "tests/python/test_step_plan_replay.py::test_a_prefix_cache_hit_replays_from_the_followers_own_blocks",

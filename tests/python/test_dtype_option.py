@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 
 from compat_serve.bootstrap import ServeOptions, build_state, check_serve_options
@@ -19,6 +20,7 @@ from compat_serve.models.weight_report import weights_status
 from compat_serve.models.weights import DTYPE_CHOICES
 from compat_serve.registry.entries import ModelEntry
 from compat_serve.serve_models import ModelFlags, build_hub, entry_options
+from tests.conftest import RunningServer
 from tests.tiny_models import write_model_dir
 
 if TYPE_CHECKING:
@@ -121,3 +123,14 @@ def test_serve_options_load_with_their_dtype(quantized_dir: Path) -> None:
     state = build_state(ServeOptions(model=str(quantized_dir), dtype="quantized", kv_memory="32MB"))
     assert weights_status(state.engine.model)["modules"] == "stock mlx-lm"
     assert state.engine.model.dtype == "quantized-4bit"
+
+
+def test_status_reports_the_default_plan(server: RunningServer) -> None:
+    weights = httpx.get(f"{server.base_url}/v1/status", timeout=10).json()["weights"]
+    assert (weights["dtype"], weights["requested"], weights["modules"]) == (
+        "float32",
+        "auto",
+        "CPU fast paths",
+    )
+    assert set(weights["fast_paths"]) <= {"weight_layout", "decode_blocks", "attention"}
+    assert "weight_layout" in weights["fast_paths"]

@@ -1,8 +1,9 @@
 """The users' path (`--dtype quantized`) on the embedded model: the weights Mac and GPU
 users run (the GGUF's Q4_1/Q8_0 kept quantized), stock mlx-lm modules, no CPU fast path.
-The server answers and reports that plan, an exact repeat reads prompt - 1 tokens from
-the cache, eight concurrent greedy streams equal their solo runs, `--kv-bits 8` works, and
-greedy output equals mlx-lm's own `generate_step` on the same weights.
+The server answers both APIs and reports that plan, an exact repeat reads prompt - 1
+tokens from the cache, eight concurrent greedy streams equal their solo runs, `--kv-bits 8`
+works (live, and from the prefix cache's disk tier after a restart), and greedy output
+equals mlx-lm's own `generate_step` on the same weights.
 
 These run in the users'-path lane alone (`make test-users-path`, where `embedded_model` is
 the quantized load): MLX's CPU quantized matmul is ~15x slower than dense, so prompts are
@@ -13,13 +14,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
 from compat_serve.engine.engine import Engine
-from compat_serve.engine.types import EngineRequest
+from compat_serve.engine.kv_quant import KVFormat
+from compat_serve.engine.types import EngineEvent, EngineRequest
 from compat_serve.models.weight_report import weights_status
 from tests.chat_prompts import chat_ids
 from tests.conftest import RunningServer, start_server
@@ -40,6 +43,7 @@ pytestmark = [pytest.mark.users_path, pytest.mark.quantized_only]
 # Greedy tokens may part only where the reference's top two logits are closer than
 # test_batching.NEAR_TIE (1e-3; `assert_same_or_near_tie` asserts the gap there): batch
 # shapes and cache layouts change the order of float sums, not the weights or modules.
+Q8 = KVFormat(8, 64)
 USERS_PATH_WEIGHTS = {
     "dtype": "quantized-4bit",
     "requested": "quantized",
@@ -102,7 +106,7 @@ def test_eight_concurrent_greedy_streams_equal_their_solo_runs(
     ]
     texts.append("Gravity")
     requests = [
-        EngineRequest(f"s{i}", tuple(quantized.tokenizer.encode(text)), greedy(6))
+        EngineRequest(f"s{i}", tuple(quantized.tokenizer.encode(text)), greedy(5))
         for i, text in enumerate(texts)
     ]
     alone, together = run_alone_then_together(engine, requests)
@@ -150,11 +154,22 @@ def users_server(quantized: LoadedModel) -> Iterator[RunningServer]:
 def test_the_server_answers_repeats_from_cache_and_reports_its_weights(
     users_server: RunningServer,
 ) -> None:
-    _repeat_reads_prompt_minus_one(users_server, "What is the capital of France?")
+    question = "What is the capital of France?"
+    _repeat_reads_prompt_minus_one(users_server, question)
+    # The OpenAI API, as its SDK sends it by default: the same prompt, read from the cache.
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": question}]}
+    response = httpx.post(f"{users_server.base_url}/v1/chat/completions", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
     status = httpx.get(f"{users_server.base_url}/v1/status").json()
     assert status["weights"] == USERS_PATH_WEIGHTS
+    (listed,) = status["models"]
+    assert listed["weights"] == USERS_PATH_WEIGHTS
     (ps,) = httpx.get(f"{users_server.base_url}/api/ps").json()["models"]
     assert ps["weights"] == USERS_PATH_WEIGHTS
+    (shown,) = httpx.get(f"{users_server.base_url}/v1/dashboard").json()["models"]
+    assert shown["weights"] == USERS_PATH_WEIGHTS
 
 
 def test_eight_bit_kv_answers_and_repeats_from_cache(quantized: LoadedModel) -> None:
@@ -166,3 +181,30 @@ def test_eight_bit_kv_answers_and_repeats_from_cache(quantized: LoadedModel) -> 
         assert status["weights"] == USERS_PATH_WEIGHTS
     finally:
         running.stop()
+
+
+def test_a_restarted_engine_reads_eight_bit_blocks_from_disk(
+    quantized: LoadedModel, tmp_path: Path
+) -> None:
+    prompt = chat_ids(quantized, "Which planet is red?")
+    request = EngineRequest("w", prompt, greedy(3))
+    writer = started(quantized, kv_format=Q8, cache_dir=str(tmp_path))
+    try:
+        written = asyncio.run(tokens_of(writer, request))
+        assert writer.prefix is not None and writer.prefix.disk is not None
+        assert writer.prefix.disk.flush()
+    finally:
+        writer.shutdown()
+    restarted = started(quantized, kv_format=Q8, cache_dir=str(tmp_path))
+    try:
+        events = asyncio.run(_events(restarted, EngineRequest("r", prompt, greedy(3))))
+        usage = events[-1].usage
+        assert usage is not None and usage.cached_tokens == len(prompt) - 1  # all from disk
+        produced = [t for e in events for t in e.token_ids]
+        assert_same_or_near_tie(quantized, prompt, written, produced)
+    finally:
+        restarted.shutdown()
+
+
+async def _events(engine: Engine, request: EngineRequest) -> list[EngineEvent]:
+    return [event async for event in engine.submit(request)]
