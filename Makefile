@@ -73,7 +73,6 @@ CPU_FALLBACK_TESTS := \
 	tests/python/test_cpu_attention.py::test_the_embedded_model_prefills_split \
 	tests/python/test_cpu_layout.py \
 	tests/python/test_engine.py::test_greedy_tokens_match_mlx_lm_generate_step \
-	tests/python/test_batching.py::test_eight_concurrent_greedy_streams_match_each_run_alone \
 	tests/python/test_batching.py::test_prompts_prefilled_together_match_each_alone \
 	tests/python/test_kv_quant_engine.py::test_eight_bit_greedy_matches_unquantized_and_repeats_from_cache
 test-cpu-fallback: build
