@@ -416,6 +416,9 @@ def _serve(ns: argparse.Namespace) -> int:
         if ns.models_dir is not None or ns.models_file is not None:
             log.error("--distributed serves one model (--model): drop --models-dir / --models")
             return 2
+        if ns.dtype != "auto":  # the ranks load their shards as stored (distributed/loading.py)
+            log.error("--dtype is not applied with --distributed: drop --dtype %s", ns.dtype)
+            return 2
         from compat_serve.distributed.startup import RankBuilder
 
         build = RankBuilder.preflight(vars(ns))

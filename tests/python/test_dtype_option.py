@@ -5,6 +5,7 @@ embedded model on the users' path is tests/python/test_users_path.py (its own la
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -134,3 +135,13 @@ def test_status_reports_the_default_plan(server: RunningServer) -> None:
     )
     assert set(weights["fast_paths"]) <= {"weight_layout", "decode_blocks", "attention"}
     assert "weight_layout" in weights["fast_paths"]
+
+
+def test_distributed_serving_refuses_a_dtype_it_would_not_apply(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from compat_serve.cli import main
+
+    with caplog.at_level(logging.ERROR, logger="compat_serve"):
+        assert main(["--distributed", "tensor", "--dtype", "quantized", "--port", "1"]) == 2
+    assert "--dtype is not applied with --distributed: drop --dtype quantized" in caplog.text

@@ -164,6 +164,9 @@ def test_the_server_answers_repeats_from_cache_and_reports_its_weights(
     assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
     status = httpx.get(f"{users_server.base_url}/v1/status").json()
     assert status["weights"] == USERS_PATH_WEIGHTS
+    # K/V hold the activations' float type, not the weights' "quantized-4bit".
+    assert status["kv_cache"]["dtype"] == "float32"
+    assert status["kv_cache"]["bytes_per_token"] == 30 * 2 * 3 * 64 * 4  # layers, K+V, heads
     (listed,) = status["models"]
     assert listed["weights"] == USERS_PATH_WEIGHTS
     (ps,) = httpx.get(f"{users_server.base_url}/api/ps").json()["models"]
