@@ -10,7 +10,7 @@ PORT ?= 8000
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup system-libs build serve test test-rust test-python test-cpu-fallback test-users-path lint fmt bench bench-rust bench-python clean
+.PHONY: setup system-libs build serve test test-rust test-python test-cpu-fallback test-users-path lint fmt bench bench-rust bench-python gpu-kit gpu-kit-check clean
 
 # npm clients the end-to-end tests run (offline, in a network namespace), installed into a
 # cache the tests own: tests/e2e/test_opencode.py.
@@ -130,6 +130,18 @@ bench-python: build
 	$(PY) benches/multi_model.py
 	$(PY) benches/multi_model_replay.py
 	$(PY) benches/load_speed.py
+
+# The GPU kit (#35): wheels a lent NVIDIA device lacks, our abi3 wheel and the embedded
+# GGUF, packed in parts that fit the device tool's calls (.gpu-kit/, ignored); the calls
+# are written into benches/gpu/README.md. The smoke of its benchmark runs in test-python
+# (tests/python/test_gpu_kit_smoke.py).
+gpu-kit: build
+	$(PY) benches/gpu/make_kit.py
+
+# The kit on a stand-in for the device (Python 3.12, the device's packages, mlx's CPU
+# library in place of the CUDA one): reassembles the parts and runs run.py --smoke.
+gpu-kit-check:
+	bash benches/gpu/check_kit.sh
 
 clean:
 	cargo clean
