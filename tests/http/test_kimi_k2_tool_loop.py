@@ -7,9 +7,13 @@ call with a result, as an agent does. Each turn must be a 200 that ends in calls
 prompt must start with the whole previous prompt: the OpenAI render endpoint's token ids
 are a prefix, and the usage reports the previous prompt read from the prefix cache.
 
-The tiny random llama writes the calls: `tool_choice` forces a call, so the grammar of
-the detected `kimi_k2` format shapes its output, and the enum-only parameter keeps each
-call short. No sampling parameters: the bodies are the clients' defaults otherwise.
+The tiny random llama writes the calls: `tool_choice` names the tool, so the grammar of
+the detected `kimi_k2` format shapes its output into one call, and the enum-only
+parameter keeps it short. (With `any`/`required` the random model tends to write the
+same call twice; the server then ends the turn at the repeat and, by design, does not
+remember a reply whose tokens hold a call the client never saw, so the next turn
+re-renders the reply instead of re-reading it.) No sampling parameters: the bodies are
+the clients' defaults otherwise.
 """
 
 from __future__ import annotations
@@ -66,10 +70,11 @@ def _weather(arguments: dict[str, Any]) -> str:
 
 def test_openai_tool_loop(kimi_server: RunningServer) -> None:
     messages: list[dict[str, Any]] = [{"role": "user", "content": ASK}]
-    previous: dict[str, Any] | None = None
+    previous: list[int] | None = None
+    previous_reply = 0
     for turn in range(TURNS):
         body = {"model": "kimi", "messages": messages, "tools": OPENAI_TOOLS}
-        body["tool_choice"] = "required"
+        body["tool_choice"] = {"type": "function", "function": {"name": "get_weather"}}
         prompt = _post(kimi_server, "/v1/chat/completions/render", body)["token_ids"]
         reply = _post(kimi_server, "/v1/chat/completions", body)
         choice = reply["choices"][0]
@@ -78,11 +83,14 @@ def test_openai_tool_loop(kimi_server: RunningServer) -> None:
         assert calls, (turn, choice)
         assert reply["usage"]["prompt_tokens"] == len(prompt)
         if previous is not None:
-            # The whole previous prompt, then the echoed reply and the results.
-            assert prompt[: len(previous["prompt"])] == previous["prompt"], turn
+            # The whole previous prompt, then the echoed reply and the results; the
+            # cache serves the prompt and the reply but its last token (a forced call
+            # ends when its grammar completes, so that token was never fed).
+            assert prompt[: len(previous)] == previous, turn
             cached = reply["usage"]["prompt_tokens_details"]["cached_tokens"]
-            assert cached >= len(previous["prompt"]), (turn, reply["usage"])
-        previous = {"prompt": prompt}
+            assert cached == len(previous) + previous_reply - 1, (turn, reply["usage"])
+        previous = prompt
+        previous_reply = reply["usage"]["completion_tokens"]
         messages.append(choice["message"])
         for call in calls:
             result = _weather(json.loads(call["function"]["arguments"]))
@@ -91,14 +99,14 @@ def test_openai_tool_loop(kimi_server: RunningServer) -> None:
 
 def test_anthropic_tool_loop(kimi_server: RunningServer) -> None:
     messages: list[dict[str, Any]] = [{"role": "user", "content": ASK}]
-    previous_prompt = 0
+    previous_prompt = previous_reply = 0
     for turn in range(TURNS):
         body = {
             "model": "claude-sonnet-4-5",
             "max_tokens": 4096,
             "messages": messages,
             "tools": ANTHROPIC_TOOLS,
-            "tool_choice": {"type": "any"},
+            "tool_choice": {"type": "tool", "name": "get_weather"},
         }
         reply = _post(kimi_server, "/v1/messages", body)
         assert reply["stop_reason"] == "tool_use", (turn, reply)
@@ -111,10 +119,12 @@ def test_anthropic_tool_loop(kimi_server: RunningServer) -> None:
             + usage["cache_creation_input_tokens"]
         )
         if turn:
-            # Turn N's prompt is a prefix of turn N+1's: all of it comes from the cache.
-            assert usage["cache_read_input_tokens"] >= previous_prompt, (turn, usage)
-            assert prompt > previous_prompt
-        previous_prompt = prompt
+            # Turn N's prompt is a prefix of turn N+1's: all of it and the reply but its
+            # last token come from the cache.
+            read = usage["cache_read_input_tokens"]
+            assert read == previous_prompt + previous_reply - 1, (turn, usage)
+            assert prompt > read
+        previous_prompt, previous_reply = prompt, usage["output_tokens"]
         messages.append({"role": "assistant", "content": reply["content"]})
         results = [
             {"type": "tool_result", "tool_use_id": use["id"], "content": _weather(use["input"])}
