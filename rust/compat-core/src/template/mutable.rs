@@ -57,13 +57,27 @@ impl PyList {
     }
 }
 
-/// Python's index normalisation for `insert` (clamped) and `pop` (checked).
-fn normalise_index(index: i64, len: usize) -> i64 {
-    if index < 0 {
-        index + len as i64
+/// Python's index into a list of `len` (negative counts from the end), `None`
+/// when out of range (`pop`).
+fn checked_index(index: i64, len: usize) -> Option<usize> {
+    let len = i64::try_from(len).ok()?;
+    let at = if index < 0 { index + len } else { index };
+    if (0..len).contains(&at) {
+        usize::try_from(at).ok()
+    } else {
+        None
+    }
+}
+
+/// Python's `list.insert` position: out-of-range indices clamp to the ends.
+fn insert_position(index: i64, len: usize) -> usize {
+    let signed = i64::try_from(len).unwrap_or(i64::MAX);
+    let at = if index < 0 {
+        index.saturating_add(signed)
     } else {
         index
-    }
+    };
+    usize::try_from(at.clamp(0, signed)).unwrap_or(len)
 }
 
 /// Python's ordering for `list.sort()`: values of one kind compare, mixed
@@ -122,8 +136,8 @@ impl Object for PyList {
             "insert" => {
                 let (index, item): (i64, Value) = from_args(args)?;
                 let mut items = lock(&self.items);
-                let at = normalise_index(index, items.len()).clamp(0, items.len() as i64);
-                items.insert(at as usize, item);
+                let at = insert_position(index, items.len());
+                items.insert(at, item);
             }
             "pop" => {
                 let (index,): (Option<i64>,) = from_args(args)?;
@@ -131,11 +145,10 @@ impl Object for PyList {
                 if items.is_empty() {
                     return Err(py_error("IndexError", "pop from empty list"));
                 }
-                let at = normalise_index(index.unwrap_or(-1), items.len());
-                if at < 0 || at >= items.len() as i64 {
+                let Some(at) = checked_index(index.unwrap_or(-1), items.len()) else {
                     return Err(py_error("IndexError", "pop index out of range"));
-                }
-                return Ok(items.remove(at as usize));
+                };
+                return Ok(items.remove(at));
             }
             "remove" => {
                 let (item,): (Value,) = from_args(args)?;
@@ -369,6 +382,7 @@ pub fn to_mutable(value: Value) -> Value {
 }
 
 /// `dict(mapping_or_pairs=None, **kwargs)`, a mutable dict.
+#[allow(clippy::needless_pass_by_value)] // minijinja passes keyword arguments by value
 pub fn py_dict(other: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
     let mut pairs = Vec::new();
     if let Some(other) = other {
@@ -431,6 +445,15 @@ mod tests {
             render(src, &json!({})).unwrap(),
             "None[3, 1, 2, 9, 4, 7, 8]84[3, 1, 2, 7][1, 2, 3, 7][7, 3, 2, 1][1, 2, 3, 7]2[]0"
         );
+    }
+
+    #[test]
+    fn indices_clamp_or_raise_like_python() {
+        let src = "{% set xs = [1, 2] %}{% set _ = xs.insert(100, 'e') %}\
+                   {% set _ = xs.insert(-100, 's') %}{{ xs }}{{ xs.pop(-4) }}{{ xs }}";
+        assert_eq!(render(src, &json!({})).unwrap(), "['s', 1, 2, 'e']s[1, 2, 'e']");
+        assert!(render("{% set xs = [1] %}{{ xs.pop(1) }}", &json!({})).is_err());
+        assert!(render("{% set xs = [1] %}{{ xs.pop(-2) }}", &json!({})).is_err());
     }
 
     #[test]
