@@ -264,7 +264,10 @@ CONVERSATIONS: dict[str, dict[str, Any]] = {
                 "role": "assistant",
                 "content": None,
                 "tool_calls": [
-                    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Lyon"}}},
+                    {
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Lyon"}},
+                    },
                     {
                         "type": "function",
                         "function": {"name": "get_weather", "arguments": '{"city": "Nice"}'},
