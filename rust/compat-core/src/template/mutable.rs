@@ -10,8 +10,10 @@
 //! `tojson` and printing all go through the [`Object`] trait.
 //!
 //! The lock is never held while other template values are compared, iterated
-//! or hashed, so a list that contains itself cannot deadlock: methods copy the
-//! items out, work on the copy, and write back.
+//! or hashed: methods copy the items out, work on the copy, and write back.
+//! A list or dict may not come to hold itself (Python allows `xs.append(xs)`
+//! and prints `[[...]]`): printing, `tojson` and comparisons would recurse
+//! without end, so such an insertion raises instead.
 
 use std::cmp::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -37,6 +39,45 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn py_error(kind: &str, message: impl std::fmt::Display) -> Error {
     Error::new(ErrorKind::InvalidOperation, format!("{kind}: {message}"))
+}
+
+/// Most values a reference check visits before giving up (shared substructure
+/// can make a small value expensive to walk).
+const REACH_LIMIT: usize = 100_000;
+
+/// Raises if inserting `value` into `target` would make `target` hold itself.
+fn check_no_cycle<T: Object + 'static>(target: &Arc<T>, value: &Value) -> Result<(), Error> {
+    let cycle = || {
+        py_error(
+            "ValueError",
+            "a list or dict cannot contain itself in a chat template",
+        )
+    };
+    let mut stack = vec![value.clone()];
+    let mut visited = 0usize;
+    while let Some(item) = stack.pop() {
+        if item
+            .downcast_object_ref::<T>()
+            .is_some_and(|obj| std::ptr::eq(obj, Arc::as_ptr(target)))
+        {
+            return Err(cycle());
+        }
+        visited += 1;
+        if visited > REACH_LIMIT {
+            return Err(cycle());
+        }
+        match item.kind() {
+            ValueKind::Seq => stack.extend(item.try_iter()?),
+            ValueKind::Map => {
+                for key in item.try_iter()? {
+                    stack.push(item.get_item(&key).unwrap_or_default());
+                    stack.push(key);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// A Python `list`.
@@ -126,15 +167,20 @@ impl Object for PyList {
         match method {
             "append" => {
                 let (item,): (Value,) = from_args(args)?;
+                check_no_cycle(self, &item)?;
                 lock(&self.items).push(item);
             }
             "extend" => {
                 let (other,): (Value,) = from_args(args)?;
                 let extra: Vec<Value> = other.try_iter()?.collect();
+                for item in &extra {
+                    check_no_cycle(self, item)?;
+                }
                 lock(&self.items).extend(extra);
             }
             "insert" => {
                 let (index, item): (i64, Value) = from_args(args)?;
+                check_no_cycle(self, &item)?;
                 let mut items = lock(&self.items);
                 let at = insert_position(index, items.len());
                 items.insert(at, item);
@@ -284,8 +330,9 @@ impl Object for PyDict {
                 for key in kwargs.args() {
                     updates.push((Value::from(key), kwargs.get::<Value>(key)?));
                 }
-                for (key, _) in &updates {
+                for (key, value) in &updates {
                     check_hashable(key)?;
+                    check_no_cycle(self, value)?;
                 }
                 let mut pairs = lock(&self.pairs);
                 for (key, value) in updates {
@@ -299,6 +346,7 @@ impl Object for PyDict {
                     return Ok(found);
                 }
                 let value = default.unwrap_or(Value::from(()));
+                check_no_cycle(self, &value)?;
                 lock(&self.pairs).push((key, value.clone()));
                 return Ok(value);
             }
@@ -451,7 +499,10 @@ mod tests {
     fn indices_clamp_or_raise_like_python() {
         let src = "{% set xs = [1, 2] %}{% set _ = xs.insert(100, 'e') %}\
                    {% set _ = xs.insert(-100, 's') %}{{ xs }}{{ xs.pop(-4) }}{{ xs }}";
-        assert_eq!(render(src, &json!({})).unwrap(), "['s', 1, 2, 'e']s[1, 2, 'e']");
+        assert_eq!(
+            render(src, &json!({})).unwrap(),
+            "['s', 1, 2, 'e']s[1, 2, 'e']"
+        );
         assert!(render("{% set xs = [1] %}{{ xs.pop(1) }}", &json!({})).is_err());
         assert!(render("{% set xs = [1] %}{{ xs.pop(-2) }}", &json!({})).is_err());
     }
@@ -535,6 +586,11 @@ mod tests {
             "{% set d = {} %}{{ d.pop('k') }}",
             "{% set d = {} %}{{ d.popitem() }}",
             "{% set d = {} %}{{ d.setdefault([1], 2) }}",
+            // A container that holds itself (Python allows it; we refuse).
+            "{% set xs = [] %}{{ xs.append(xs) }}",
+            "{% set xs = [] %}{% set d = {'x': xs} %}{{ xs.append(d) }}{{ xs.extend([(1, d)]) }}",
+            "{% set d = {} %}{{ d.update(me=[d]) }}",
+            "{% set d = {} %}{{ d.setdefault('k', {'d': d}) }}",
             // A tuple cannot change in Python either.
             "{% set t = (1, 2) %}{{ t.append(3) }}",
         ] {
