@@ -10,7 +10,7 @@ PORT ?= 8000
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup system-libs build serve test test-rust test-python lint fmt bench bench-rust bench-python clean \
+.PHONY: setup system-libs build serve test test-rust test-python test-cpu-fallback test-users-path lint fmt bench bench-rust bench-python gpu-kit gpu-kit-check clean \
 	wheel check-installed docs cli-docs second-python
 
 # npm clients the end-to-end tests run (offline, in a network namespace), installed into a
@@ -97,13 +97,33 @@ cli-docs: setup
 serve: build
 	$(VENV)/bin/compat-serve --host $(HOST) --port $(PORT) $(ARGS)
 
-test: build lint docs check-installed test-rust test-python
+test: build lint docs check-installed test-rust test-python test-cpu-fallback test-users-path
 
 test-rust:
 	cargo test --workspace --quiet
 
 test-python: build
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+# The decode tests once more with the Rust CPU kernels turned off, so the fallback a CPU
+# without AVX-512 runs (input-major weights, MLX's decode attention) is tested here too.
+CPU_FALLBACK_TESTS := \
+	tests/python/test_cpu_linear.py::test_the_embedded_model_decodes_on_the_kernel \
+	tests/python/test_cpu_attention.py::test_the_embedded_model_prefills_split \
+	tests/python/test_cpu_layout.py \
+	tests/python/test_engine.py::test_greedy_tokens_match_mlx_lm_generate_step \
+	tests/python/test_batching.py::test_prompts_prefilled_together_match_each_alone \
+	tests/python/test_kv_quant_engine.py::test_eight_bit_greedy_matches_unquantized_and_repeats_from_cache
+test-cpu-fallback: build
+	COMPAT_SERVE_CPU_KERNELS=off $(VENV)/bin/pytest -q $(CPU_FALLBACK_TESTS) $(PYTEST_ARGS)
+
+# The users' path (--dtype quantized): the embedded GGUF kept quantized and the tiny llama
+# quantized by mlx.nn.quantize, on stock mlx-lm modules, as Metal and CUDA users run them.
+# The tests are listed in tests/users_path_lane.py (MLX's CPU quantized matmul is ~15x
+# slower than dense: a small subset).
+test-users-path: build
+	COMPAT_SERVE_TEST_DTYPE=quantized $(VENV)/bin/pytest -q -m users_path \
+	  $$($(PY) tests/users_path_lane.py) $(PYTEST_ARGS)
 
 lint: build
 	cargo fmt --all --check
@@ -150,6 +170,18 @@ bench-python: build
 	$(PY) benches/multi_model.py
 	$(PY) benches/multi_model_replay.py
 	$(PY) benches/load_speed.py
+
+# The GPU kit (#35): wheels a lent NVIDIA device lacks, our abi3 wheel and the embedded
+# GGUF, packed in parts that fit the device tool's calls (.gpu-kit/, ignored); the calls
+# are written into benches/gpu/README.md. The smoke of its benchmark runs in test-python
+# (tests/python/test_gpu_kit_smoke.py).
+gpu-kit: build
+	$(PY) benches/gpu/make_kit.py
+
+# The kit on a stand-in for the device (Python 3.12, the device's packages, mlx's CPU
+# library in place of the CUDA one): reassembles the parts and runs run.py --smoke.
+gpu-kit-check:
+	bash benches/gpu/check_kit.sh
 
 clean:
 	cargo clean

@@ -16,6 +16,8 @@ from compat_serve.server.sampling_defaults import GENERATION_CONFIG_CHOICES
 log = logging.getLogger("compat_serve")
 
 INLINE_SYSTEM_CHOICES = ("auto", "preserve", "fold")
+# models/weights.py DTYPE_CHOICES, repeated so --help does not import mlx.
+DTYPE_CHOICES = ("auto", "quantized", "float16", "bfloat16", "float32")
 
 
 def build_serve_parser() -> argparse.ArgumentParser:
@@ -61,6 +63,15 @@ def build_serve_parser() -> argparse.ArgumentParser:
         default=300.0,
         help="seconds a request for a model that must wait for memory (the resident "
         "models are busy) waits before it is answered overloaded (default 300)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPE_CHOICES,
+        help="how the weights are held: auto (default; dense float32 on the CPU, as stored "
+        "on Metal/CUDA), quantized (weights as stored and stock mlx-lm modules on any "
+        "machine: the path Mac and GPU users run, ~15x slower on the CPU), float16, "
+        "bfloat16 or float32",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
@@ -409,6 +420,9 @@ def _serve(ns: argparse.Namespace) -> int:
         if ns.models_dir is not None or ns.models_file is not None:
             log.error("--distributed serves one model (--model): drop --models-dir / --models")
             return 2
+        if ns.dtype != "auto":  # the ranks load their shards as stored (distributed/loading.py)
+            log.error("--dtype is not applied with --distributed: drop --dtype %s", ns.dtype)
+            return 2
         from compat_serve.distributed.startup import RankBuilder
 
         build = RankBuilder.preflight(vars(ns))
@@ -461,6 +475,7 @@ def _serve(ns: argparse.Namespace) -> int:
             tool_parser=ns.tool_parser,
             reasoning_parser=ns.reasoning_parser,
             distributed=ns.distributed,
+            dtype=ns.dtype,
         )
         flags = ModelFlags(
             models_dir=ns.models_dir,

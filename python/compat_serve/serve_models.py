@@ -101,7 +101,7 @@ def load_state_steps(options: ServeOptions) -> LoadSteps[ServerState]:
     it has one) in one host slice."""
     from compat_serve.models.loader import load_model_steps
 
-    loaded = yield from load_model_steps(options.model)
+    loaded = yield from load_model_steps(options.model, dtype=options.dtype)
     yield host("engine start-up")
     state = build_state(options, loaded)
     note_evaluation("engine start-up", 0)

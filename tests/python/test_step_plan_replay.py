@@ -46,7 +46,7 @@ from compat_serve.engine.step_plan import (
     Verify,
 )
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams
-from tests.tiny_models import tiny_model
+from tests.tiny_models import quantize_tiny, tiny_model
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -162,6 +162,8 @@ def replay(loaded: LoadedModel, recording: Recording) -> dict[str, list[int]]:
     """Apply the recorded plans on a fresh applier over a separately built copy of the
     model, checking its KV after each; returns the greedy tokens its logits give."""
     twin = tiny_model("llama", loaded)  # same seed, same weights, nothing shared
+    if loaded.dtype.startswith("quantized"):  # the users'-path lane's quantized tiny llama
+        twin = quantize_tiny(twin)
     follower = StepApplier(ModelRunner(twin))
     prefix = ShardPrefix(BLOCK)
     tokens: dict[str, list[int]] = {}

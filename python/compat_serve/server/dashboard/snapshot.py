@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from compat_serve import __version__
 from compat_serve.engine.memory import physical_memory_bytes
+from compat_serve.models.weight_report import weights_status
 from compat_serve.server.discovery import capabilities
 
 if TYPE_CHECKING:
@@ -131,6 +132,7 @@ def _model(state: ServerState) -> dict[str, Any]:
         "source": loaded.source,
         "architecture": loaded.model_type,
         "dtype": loaded.dtype,
+        "weights": weights_status(loaded),
         "state": "loaded" if engine.running else "stopped",
         "context_window": state.context_length,
         "max_prompt_tokens": engine.max_prompt_tokens,
