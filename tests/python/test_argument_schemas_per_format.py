@@ -112,9 +112,10 @@ def one_call(name: str, args: dict[str, Any]) -> str:
     if name == "harmony":
         return _native_rendered(name, [args])
     arguments = json.dumps(args)
+    hermes = f'<tool_call>\n{{"name": "run_command", "arguments": {arguments}}}\n</tool_call>'
     return {
-        "hermes": f'<tool_call>\n{{"name": "run_command", "arguments": {arguments}}}\n</tool_call>',
-        "generic": f'<tool_call>\n{{"name": "run_command", "arguments": {arguments}}}\n</tool_call>',
+        "hermes": hermes,
+        "generic": hermes,
         "llama3": f'{{"name": "run_command", "parameters": {arguments}}}',
         "mistral": f"[TOOL_CALLS]run_command[ARGS]{arguments}",
         "mistral_call_id": f"[TOOL_CALLS]run_command[CALL_ID]abc123xyz[ARGS]{arguments}",
