@@ -161,10 +161,11 @@ def chat_request(
     if choice == "none":
         tools = None
     forced_tool = choice if choice not in ("auto", "none", "required") else None
+    # A forced call renders the prompt an `auto` call would (the template's own thinking
+    # default): a next turn that no longer forces the call then keeps turn 1's prompt and
+    # the echoed call in the cache (#34). The forced grammar starts with the call
+    # (closing a thinking block the prompt opened), so no thinking comes first.
     template_kwargs = dict(body.chat_template_kwargs or {})
-    if forced_tool is not None or choice == "required":
-        # A forced call starts right away: no thinking first, unless the client asks.
-        template_kwargs.setdefault("enable_thinking", False)
     return ChatRequest(
         messages=chat_messages(body.messages, images),
         sampling=dataclasses.replace(
