@@ -73,26 +73,6 @@ def assert_openai_error(response: httpx.Response, status: int, *needles: str) ->
             "text-only",
             "messages[0].content[0]",
         ),
-        (
-            {
-                "model": "m",
-                "messages": [
-                    {"role": "user", "content": "x"},
-                    {
-                        "role": "assistant",
-                        "tool_calls": [
-                            {
-                                "id": "c1",
-                                "type": "function",
-                                "function": {"name": "f", "arguments": "{bad"},
-                            }
-                        ],
-                    },
-                ],
-            },
-            "not valid JSON",
-            "messages[1].tool_calls[0].function.arguments",
-        ),
     ],
 )
 def test_bad_chat_requests(

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from compat_serve.engine.types import MAX_TOP_LOGPROBS
 from compat_serve.server.json_types import INTEGRAL, U32_MAX, JsonInt
-from compat_serve.server.schema_rules import JSON_OBJECT_TEXT, at_most_one, needs, nullable
+from compat_serve.server.schema_rules import at_most_one, needs, nullable
 from compat_serve.server.schema_rules import NULL as _NULL
 
 _JSON_OBJECT = {"type": "object", "additionalProperties": True}
@@ -143,11 +143,10 @@ class FunctionCall(_Lenient):
         str | dict[str, Any],
         WithJsonSchema(
             {
-                "anyOf": [
-                    JSON_OBJECT_TEXT,
-                    _JSON_OBJECT,
-                ],
-                "description": "a JSON object, or its JSON text (integers within 64 bits)",
+                "anyOf": [{"type": "string"}, _JSON_OBJECT],
+                "description": "a JSON object, or its JSON text (integers within 64 bits); "
+                "any other string (arguments a model wrote that are not a JSON object) is "
+                "kept and given to the chat template as that string",
                 "default": "{}",
             }
         ),
