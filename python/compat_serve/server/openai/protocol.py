@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from compat_serve.engine.types import MAX_TOP_LOGPROBS
 from compat_serve.server.json_types import INTEGRAL, U32_MAX, JsonInt
-from compat_serve.server.schema_rules import at_most_one, needs, nullable
 from compat_serve.server.schema_rules import NULL as _NULL
+from compat_serve.server.schema_rules import at_most_one, needs, nullable
 
 _JSON_OBJECT = {"type": "object", "additionalProperties": True}
 # What `tool_choice` accepts (the named function must be one of `tools`).
