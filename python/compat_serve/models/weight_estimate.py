@@ -22,7 +22,7 @@ import math
 import mmap
 import os
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,13 @@ from typing import Any
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.weights import Backend, resolve_dtype
 
-__all__ = ["StoredTensor", "estimate_weight_bytes", "gguf_tensors", "safetensors_tensors"]
+__all__ = [
+    "StoredTensor",
+    "estimate_weight_bytes",
+    "gguf_tensors",
+    "safetensors_tensors",
+    "stored_tensors",
+]
 
 _DENSE_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 # safetensors dtype -> (bytes per element, floating)
@@ -229,7 +235,7 @@ def stored_tensors(path: str) -> list[StoredTensor]:
     return gguf_tensors(path)
 
 
-def _planned_bytes(tensors: Iterator[StoredTensor] | list[StoredTensor], dense: str | None) -> int:
+def _planned_bytes(tensors: Iterable[StoredTensor], dense: str | None) -> int:
     if dense is None:
         return sum(t.stored_bytes for t in tensors)
     itemsize = _DENSE_ITEMSIZE[dense]
