@@ -59,7 +59,11 @@ STATED_RULES: dict[str, tuple[str, ...]] = {
         r"object|a boolean schema is not supported; give a JSON schema object)",
         r"This model's maximum context length is .*",
     ),
-    "/v1/completions": (r"This model's maximum context length is .*",),
+    "/v1/completions": (
+        r"This model's maximum context length is .*",
+        r"prompt: the text tokenizes to no tokens \(this model's vocabulary has none for its "
+        r"characters\)",
+    ),
     "/v1/messages": (
         *_TEMPLATE,
         _VOCABULARY,

@@ -287,7 +287,11 @@ class CompletionRequest(_SamplingFields):
                         "minItems": 1,
                         "maxItems": 1,
                     },
-                ]
+                ],
+                # Which characters the model's vocabulary can write is not JSON Schema's.
+                "description": "text or token ids; text must tokenize to at least one "
+                "token (a text made only of characters the model's vocabulary has no "
+                "tokens for, such as some control characters, is a 400)",
             }
         ),
     ]
