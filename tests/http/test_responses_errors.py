@@ -179,7 +179,8 @@ CASES: list[tuple[str, dict[str, Any], int, str]] = [
         "custom tool regex that does not compile",
         {
             "tools": [
-                {"type": "function", "name": "f"},
+                # Parameters without `properties`: read only custom tools' (was a 500).
+                {"type": "function", "name": "f", "parameters": {"type": "object"}},
                 {
                     "type": "custom",
                     "name": "c",

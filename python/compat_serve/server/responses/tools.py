@@ -65,9 +65,9 @@ def custom_input_schemas(tools: ResponseTools) -> list[tuple[str, str]]:
     for tool in tools.chat_tools:
         function = tool["function"]
         entry = tools.by_chat_name.get(function["name"])
-        value = function["parameters"]["properties"].get(CUSTOM_INPUT)
-        if entry is None or entry.grammar is None or not isinstance(value, dict):
-            continue
+        if entry is None or entry.kind != "custom" or entry.grammar is None:
+            continue  # function tools' parameters are any JSON schema: not ours to read
+        value = function["parameters"]["properties"][CUSTOM_INPUT]  # _custom's own shape
         if "pattern" in value:
             out.append((entry.grammar.field, json.dumps(value)))
     return out
