@@ -76,8 +76,7 @@ def estimate_bytes(base: ServeOptions, entry: ModelEntry) -> int:
     engine will plan them. The one estimate admission, eviction and the never-fits
     refusal all use; after a load the hub checks it against what the engine measured."""
     options = entry_options(base, entry)
-    # `dtype` is a serve option once `--dtype` lands; until then, the backend's rule.
-    weights = estimate_weight_bytes(entry.path, getattr(options, "dtype", None) or "auto")
+    weights = estimate_weight_bytes(entry.path, options.dtype or "auto")
     kv = None if options.kv_memory == "30%" else parse_memory_size(options.kv_memory)
     cache = None if options.cache_memory == "20%" else parse_memory_size(options.cache_memory)
     if not options.prefix_cache:
