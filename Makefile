@@ -10,7 +10,8 @@ PORT ?= 8000
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup system-libs build serve test test-rust test-python test-cpu-fallback test-users-path lint fmt bench bench-rust bench-python gpu-kit gpu-kit-check clean
+.PHONY: setup system-libs build serve test test-rust test-python test-cpu-fallback test-users-path lint fmt bench bench-rust bench-python gpu-kit gpu-kit-check clean \
+	wheel check-installed docs cli-docs second-python
 
 # npm clients the end-to-end tests run (offline, in a network namespace), installed into a
 # cache the tests own: tests/e2e/test_opencode.py.
@@ -18,7 +19,12 @@ NPM_CACHE := .test-cache/npm
 OPENCODE_VERSION := 1.18.33
 OPENCODE := $(NPM_CACHE)/opencode-$(OPENCODE_VERSION).stamp
 
-setup: $(STAMP) $(OPENCODE)
+# actionlint checks the release workflow (.github/workflows/), built from the Go module proxy.
+ACTIONLINT_VERSION := v1.7.12
+ACTIONLINT := .test-cache/go/actionlint-$(ACTIONLINT_VERSION)/actionlint
+DIST := dist
+
+setup: $(STAMP) $(OPENCODE) $(ACTIONLINT) second-python
 
 # Debian packages: pthread OpenBLAS (MLX on the CPU is ~14x faster with it), iproute2
 # (the Claude Code end-to-end test runs in a loopback-only network namespace) and
@@ -50,15 +56,48 @@ $(OPENCODE):
 	  echo "!! npm not found: tests/e2e/test_opencode.py needs opencode-ai (install Node.js and npm)"; \
 	fi
 
+$(ACTIONLINT):
+	@command -v go >/dev/null || { echo "!! go not found: install Go to build actionlint"; exit 1; }
+	GOBIN=$(abspath $(dir $(ACTIONLINT))) go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
+
+# The installed-product check imports the wheel on a second CPython (>= 3.12). Use one that is
+# installed (python3.1x on PATH, pyenv's); else ask uv for one (needs its download host).
+second-python: $(STAMP)
+	@$(PY) -m tests.installed_product --find-second-python >/dev/null || \
+	  $(VENV)/bin/uv python install 3.13 || \
+	  echo "!! no second Python: the installed-product check skips its abi3 import on 3.12+"
+
 # Rebuild the native module in place (fast when nothing changed).
 build: setup
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
 	  maturin develop --release --skip-install -q
 
+# The abi3 wheel (one per platform, CPython >= 3.11) and the sdist, into dist/. Same
+# environment as `build`, so cargo reuses its release artifacts (seconds).
+wheel: build
+	rm -f $(DIST)/compat_serve-*
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
+	  maturin build --release -q -o $(DIST)
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
+	  maturin sdist -o $(DIST)
+
+# The wheel as a user gets it: fresh venvs outside the tree (tests/installed_product.py).
+check-installed: wheel
+	$(PY) -m tests.installed_product --dist $(DIST)
+
+# The documentation site (mkdocs.yml, docs/), strict: a broken link or a missing page fails.
+# (Not --quiet: it hides the warnings that --strict counts, and the build then passes.)
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+# Regenerate docs/reference/cli.md from the argparse parsers (tests fail when it is stale).
+cli-docs: setup
+	$(PY) -m compat_serve.cli_reference > docs/reference/cli.md
+
 serve: build
 	$(VENV)/bin/compat-serve --host $(HOST) --port $(PORT) $(ARGS)
 
-test: build lint test-rust test-python test-cpu-fallback test-users-path
+test: build lint docs check-installed test-rust test-python test-cpu-fallback test-users-path
 
 test-rust:
 	cargo test --workspace --quiet
@@ -93,6 +132,7 @@ lint: build
 	$(VENV)/bin/ruff format --check python tests benches
 	$(VENV)/bin/mypy
 	$(PY) -m mypy.stubtest compat_serve._native
+	$(ACTIONLINT) .github/workflows/*.yml
 
 fmt:
 	cargo fmt --all
@@ -145,4 +185,4 @@ gpu-kit-check:
 
 clean:
 	cargo clean
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(DIST) site

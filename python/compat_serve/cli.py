@@ -49,7 +49,7 @@ def build_serve_parser() -> argparse.ArgumentParser:
         dest="models_file",
         help="serve the models a YAML file lists (ids, paths, alias patterns such as "
         "claude-*haiku*, ttl, pin, preload, default and per-model serve options; see the "
-        "README), loaded on demand under --memory-budget",
+        "docs: Several models), loaded on demand under --memory-budget",
     )
     p.add_argument(
         "--memory-budget",
@@ -407,6 +407,10 @@ def _serve(ns: argparse.Namespace) -> int:
     if ns.shutdown_timeout < 0:
         log.error("--shutdown-timeout must be >= 0, not %s", ns.shutdown_timeout)
         return 2
+    failure = _model_preflight(ns)
+    if failure is not None:
+        log.error("%s", failure)
+        return 2
     # The fast BLAS must be loaded before anything imports mlx.core.
     from compat_serve.models.blas import ensure_fast_blas
 
@@ -508,6 +512,30 @@ def _serve(ns: argparse.Namespace) -> int:
     if build is not None and build.lost_rank:
         return 3  # a rank of the group died or hung: a supervisor restarts them all
     return 0
+
+
+def _model_preflight(ns: argparse.Namespace) -> str | None:
+    """Why the model cannot be had, in one line, before mlx is imported (seconds) or None.
+
+    A user who ran only `pip install compat-serve` has no embedded model; a hub id on a
+    machine without network cannot be fetched. Both are told at once what to pass instead.
+    """
+    from compat_serve.models.errors import ModelLoadError
+
+    try:
+        if not ns.model and ns.models_dir is None and ns.models_file is None:
+            if ns.distributed is None:  # --distributed refuses the embedded model itself
+                from compat_serve.models.embedded import embedded_model_path
+
+                embedded_model_path()
+        elif ns.model:
+            from compat_serve.models.hub import download_hub_model, looks_like_hub_id
+
+            if looks_like_hub_id(ns.model):
+                download_hub_model(ns.model)  # cached: the load reads the same snapshot
+    except ModelLoadError as exc:
+        return str(exc)
+    return None
 
 
 def _print_banner(ns: argparse.Namespace, model_name: str) -> None:

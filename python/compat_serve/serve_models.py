@@ -16,6 +16,7 @@ import ctypes
 import dataclasses
 import gc
 import logging
+import sys
 from pathlib import Path
 
 from compat_serve.bootstrap import ServeOptions, build_state, check_serve_options
@@ -115,6 +116,10 @@ def collect_memory() -> None:
 
 
 def _trim_c_heap() -> None:
+    # glibc only (Linux). macOS's allocator hands freed pages back by itself (madvise), and
+    # musl has no malloc_trim: elsewhere the step is skipped (docs/platforms.md).
+    if sys.platform != "linux":
+        return
     try:
         libc = ctypes.CDLL(None)
         trim = libc.malloc_trim

@@ -8,6 +8,7 @@ registry, the prefix cache's stats); nothing here waits for the engine thread.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -71,7 +72,12 @@ def _cache(engine: Engine) -> dict[str, Any]:
 
 
 def _process_rss_bytes() -> int | None:
-    """Resident memory of this process (Linux /proc; None elsewhere)."""
+    """Resident memory of this process (Linux /proc; None elsewhere).
+
+    macOS has no /proc and the standard library no current-RSS call (getrusage gives the
+    peak), so there the dashboard shows the process memory as unknown (docs/platforms.md)."""
+    if sys.platform != "linux":
+        return None
     try:
         with open("/proc/self/statm", encoding="ascii") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
