@@ -10,7 +10,8 @@ PORT ?= 8000
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup system-libs build serve test test-rust test-python lint fmt bench bench-rust bench-python clean
+.PHONY: setup system-libs build serve test test-rust test-python test-cpu-fallback test-users-path lint fmt bench bench-rust bench-python gpu-kit gpu-kit-check clean \
+	wheel check-installed docs cli-docs second-python
 
 # npm clients the end-to-end tests run (offline, in a network namespace), installed into a
 # cache the tests own: tests/e2e/test_opencode.py.
@@ -18,7 +19,12 @@ NPM_CACHE := .test-cache/npm
 OPENCODE_VERSION := 1.18.33
 OPENCODE := $(NPM_CACHE)/opencode-$(OPENCODE_VERSION).stamp
 
-setup: $(STAMP) $(OPENCODE)
+# actionlint checks the release workflow (.github/workflows/), built from the Go module proxy.
+ACTIONLINT_VERSION := v1.7.12
+ACTIONLINT := .test-cache/go/actionlint-$(ACTIONLINT_VERSION)/actionlint
+DIST := dist
+
+setup: $(STAMP) $(OPENCODE) $(ACTIONLINT) second-python
 
 # Debian packages: pthread OpenBLAS (MLX on the CPU is ~14x faster with it), iproute2
 # (the Claude Code end-to-end test runs in a loopback-only network namespace) and
@@ -50,21 +56,74 @@ $(OPENCODE):
 	  echo "!! npm not found: tests/e2e/test_opencode.py needs opencode-ai (install Node.js and npm)"; \
 	fi
 
+$(ACTIONLINT):
+	@command -v go >/dev/null || { echo "!! go not found: install Go to build actionlint"; exit 1; }
+	GOBIN=$(abspath $(dir $(ACTIONLINT))) go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
+
+# The installed-product check imports the wheel on a second CPython (>= 3.12). Use one that is
+# installed (python3.1x on PATH, pyenv's); else ask uv for one (needs its download host).
+second-python: $(STAMP)
+	@$(PY) -m tests.installed_product --find-second-python >/dev/null || \
+	  $(VENV)/bin/uv python install 3.13 || \
+	  echo "!! no second Python: the installed-product check skips its abi3 import on 3.12+"
+
 # Rebuild the native module in place (fast when nothing changed).
 build: setup
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
 	  maturin develop --release --skip-install -q
 
+# The abi3 wheel (one per platform, CPython >= 3.11) and the sdist, into dist/. Same
+# environment as `build`, so cargo reuses its release artifacts (seconds).
+wheel: build
+	rm -f $(DIST)/compat_serve-*
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
+	  maturin build --release -q -o $(DIST)
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
+	  maturin sdist -o $(DIST)
+
+# The wheel as a user gets it: fresh venvs outside the tree (tests/installed_product.py).
+check-installed: wheel
+	$(PY) -m tests.installed_product --dist $(DIST)
+
+# The documentation site (mkdocs.yml, docs/), strict: a broken link or a missing page fails.
+# (Not --quiet: it hides the warnings that --strict counts, and the build then passes.)
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+# Regenerate docs/reference/cli.md from the argparse parsers (tests fail when it is stale).
+cli-docs: setup
+	$(PY) -m compat_serve.cli_reference > docs/reference/cli.md
+
 serve: build
 	$(VENV)/bin/compat-serve --host $(HOST) --port $(PORT) $(ARGS)
 
-test: build lint test-rust test-python
+test: build lint docs check-installed test-rust test-python test-cpu-fallback test-users-path
 
 test-rust:
 	cargo test --workspace --quiet
 
 test-python: build
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+# The decode tests once more with the Rust CPU kernels turned off, so the fallback a CPU
+# without AVX-512 runs (input-major weights, MLX's decode attention) is tested here too.
+CPU_FALLBACK_TESTS := \
+	tests/python/test_cpu_linear.py::test_the_embedded_model_decodes_on_the_kernel \
+	tests/python/test_cpu_attention.py::test_the_embedded_model_prefills_split \
+	tests/python/test_cpu_layout.py \
+	tests/python/test_engine.py::test_greedy_tokens_match_mlx_lm_generate_step \
+	tests/python/test_batching.py::test_prompts_prefilled_together_match_each_alone \
+	tests/python/test_kv_quant_engine.py::test_eight_bit_greedy_matches_unquantized_and_repeats_from_cache
+test-cpu-fallback: build
+	COMPAT_SERVE_CPU_KERNELS=off $(VENV)/bin/pytest -q $(CPU_FALLBACK_TESTS) $(PYTEST_ARGS)
+
+# The users' path (--dtype quantized): the embedded GGUF kept quantized and the tiny llama
+# quantized by mlx.nn.quantize, on stock mlx-lm modules, as Metal and CUDA users run them.
+# The tests are listed in tests/users_path_lane.py (MLX's CPU quantized matmul is ~15x
+# slower than dense: a small subset).
+test-users-path: build
+	COMPAT_SERVE_TEST_DTYPE=quantized $(VENV)/bin/pytest -q -m users_path \
+	  $$($(PY) tests/users_path_lane.py) $(PYTEST_ARGS)
 
 lint: build
 	cargo fmt --all --check
@@ -73,6 +132,7 @@ lint: build
 	$(VENV)/bin/ruff format --check python tests benches
 	$(VENV)/bin/mypy
 	$(PY) -m mypy.stubtest compat_serve._native
+	$(ACTIONLINT) .github/workflows/*.yml
 
 fmt:
 	cargo fmt --all
@@ -111,6 +171,18 @@ bench-python: build
 	$(PY) benches/multi_model_replay.py
 	$(PY) benches/load_speed.py
 
+# The GPU kit (#35): wheels a lent NVIDIA device lacks, our abi3 wheel and the embedded
+# GGUF, packed in parts that fit the device tool's calls (.gpu-kit/, ignored); the calls
+# are written into benches/gpu/README.md. The smoke of its benchmark runs in test-python
+# (tests/python/test_gpu_kit_smoke.py).
+gpu-kit: build
+	$(PY) benches/gpu/make_kit.py
+
+# The kit on a stand-in for the device (Python 3.12, the device's packages, mlx's CPU
+# library in place of the CUDA one): reassembles the parts and runs run.py --smoke.
+gpu-kit-check:
+	bash benches/gpu/check_kit.sh
+
 clean:
 	cargo clean
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(DIST) site

@@ -123,7 +123,7 @@ def main() -> int:
     print(f"template_render: {args.template}, {TURNS} turns, {len(prompt)} chars")
     print(f"  compat_serve (Rust): {rust_s * 1e6:9.1f} us/render  ({1 / rust_s:7.0f} renders/s)")
     print(
-        f"  jinja2 (transformers): {jinja_s * 1e6:7.1f} us/render  ({1 / jinja_s:7.0f} renders/s)"
+        f"  jinja2 (reference):    {jinja_s * 1e6:7.1f} us/render  ({1 / jinja_s:7.0f} renders/s)"
     )
     print(f"  speedup: {jinja_s / rust_s:.2f}x")
     return 0

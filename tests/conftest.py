@@ -8,6 +8,7 @@ uvicorn server on a free loopback port, in a background thread.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -23,6 +24,40 @@ ensure_fast_blas()
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
+
+# The users'-path lane (`make test-users-path`) sets this to "quantized": the session models
+# keep their weights quantized (the embedded GGUF as shipped, the tiny llama through
+# `mlx.nn.quantize`) and run stock mlx-lm modules, as on Metal and CUDA.
+TEST_DTYPE_ENV = "COMPAT_SERVE_TEST_DTYPE"
+TEST_DTYPE = os.environ.get(TEST_DTYPE_ENV, "auto")
+USERS_PATH = TEST_DTYPE == "quantized"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests listed in tests/users_path_lane.py get the `users_path` marker (the lane
+    runs `pytest -m users_path`). Tests marked `quantized_only` assert what only the users'
+    path does (its weights stay quantized): they run in that lane and are deselected
+    elsewhere."""
+    from tests.users_path_lane import USERS_PATH_TESTS
+
+    lane = set(USERS_PATH_TESTS)
+    collected = {item.nodeid.split("[")[0] for item in items}
+    for item in items:
+        if item.nodeid.split("[")[0] in lane:
+            item.add_marker(pytest.mark.users_path)
+    whole_files = not config.option.keyword and all("::" not in a for a in config.args)
+    if USERS_PATH and whole_files:
+        # A renamed test would silently leave the lane: name it instead.
+        files = {nodeid.split("::")[0] for nodeid in collected}
+        missing = sorted(t for t in lane - collected if t.split("::")[0] in files)
+        if missing:
+            raise pytest.UsageError(f"tests/users_path_lane.py lists unknown tests: {missing}")
+    if USERS_PATH:
+        return
+    dropped = [item for item in items if item.get_closest_marker("quantized_only") is not None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item.get_closest_marker("quantized_only") is None]
 
 
 def free_port() -> int:
@@ -89,7 +124,7 @@ def info_logs() -> Iterator[None]:
 def embedded_model() -> LoadedModel:
     from compat_serve.models.loader import load_model
 
-    return load_model(None)
+    return load_model(None, dtype=TEST_DTYPE)
 
 
 @pytest.fixture(scope="session")
@@ -97,10 +132,11 @@ def tiny_llama_model(embedded_model: LoadedModel) -> LoadedModel:
     """A randomly initialised two-layer llama with the embedded model's tokenizer and chat
     template (tests/tiny_models.py): the same engine and server paths at a fraction of the
     compute, for tests whose checks do not depend on what the model says (protocol shapes,
-    usage and prefix-cache accounting)."""
-    from tests.tiny_models import tiny_model
+    usage and prefix-cache accounting). Quantized in the users'-path lane."""
+    from tests.tiny_models import quantize_tiny, tiny_model
 
-    return tiny_model("llama", embedded_model)
+    tiny = tiny_model("llama", embedded_model)
+    return quantize_tiny(tiny) if USERS_PATH else tiny
 
 
 @pytest.fixture(scope="session")

@@ -257,6 +257,21 @@ def tiny_model(
     )
 
 
+def quantize_tiny(loaded: LoadedModel, *, bits: int = 4, group_size: int = 32) -> LoadedModel:
+    """`loaded` with every linear layer and the embedding quantized in place by
+    `mlx.nn.quantize` (as `mlx_lm.convert -q` does), reported as the users' path."""
+    import mlx.core as mx
+    from mlx import nn
+
+    nn.quantize(loaded.model, group_size=group_size, bits=bits)
+    mx.eval(loaded.model.parameters())
+    return dataclasses.replace(
+        loaded,
+        dtype=f"quantized-{bits}bit",
+        extra={**loaded.extra, "dtype_requested": "quantized"},
+    )
+
+
 def write_model_dir(
     out: Path,
     model_type: str,

@@ -16,6 +16,7 @@ from compat_serve.engine.memory import parse_memory_size
 from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.models.loader import load_model, read_chat_template_file, replace_chat_template
 from compat_serve.models.types import LoadedModel
+from compat_serve.models.weights import DTYPE_CHOICES
 from compat_serve.parsers import OutputParsing
 from compat_serve.parsers.formats.envelope import ENVELOPE_FORMAT
 from compat_serve.parsers.registry import (
@@ -80,6 +81,10 @@ class ServeOptions:
     reasoning_parser: str = "auto"
     # One model over several ranks (distributed/): "tensor", "pipeline" or None.
     distributed: str | None = None
+    # How the weights are held (models/weights.py `resolve_dtype`): auto, quantized (the
+    # users' path on any machine: weights as stored, stock mlx-lm modules), float16,
+    # bfloat16 or float32.
+    dtype: str = "auto"
 
 
 def _engine_config(options: ServeOptions) -> EngineConfig:
@@ -178,6 +183,10 @@ def check_serve_options(options: ServeOptions) -> EngineConfig:
     check_generation_config_choice(options.generation_config)
     if options.max_queue < 1:
         raise ValueError("--max-queue must be at least 1")
+    if options.dtype not in DTYPE_CHOICES:
+        raise ValueError(
+            f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, not {options.dtype!r}"
+        )
     engine_config = _engine_config(options)
     context_length_option(options.context_length)
     check_parser_choices(options.tool_parser, options.reasoning_parser)
@@ -190,7 +199,7 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
     template = read_chat_template_file(options.chat_template) if options.chat_template else None
     context_length = context_length_option(options.context_length)
     if loaded is None:
-        loaded = load_model(options.model)
+        loaded = load_model(options.model, dtype=options.dtype)
     if template is not None and options.chat_template is not None:
         loaded = replace_chat_template(loaded, template, options.chat_template)
     if isinstance(context_length, int):

@@ -16,6 +16,8 @@ from compat_serve.server.sampling_defaults import GENERATION_CONFIG_CHOICES
 log = logging.getLogger("compat_serve")
 
 INLINE_SYSTEM_CHOICES = ("auto", "preserve", "fold")
+# models/weights.py DTYPE_CHOICES, repeated so --help does not import mlx.
+DTYPE_CHOICES = ("auto", "quantized", "float16", "bfloat16", "float32")
 
 
 def build_serve_parser() -> argparse.ArgumentParser:
@@ -47,7 +49,7 @@ def build_serve_parser() -> argparse.ArgumentParser:
         dest="models_file",
         help="serve the models a YAML file lists (ids, paths, alias patterns such as "
         "claude-*haiku*, ttl, pin, preload, default and per-model serve options; see the "
-        "README), loaded on demand under --memory-budget",
+        "docs: Several models), loaded on demand under --memory-budget",
     )
     p.add_argument(
         "--memory-budget",
@@ -61,6 +63,15 @@ def build_serve_parser() -> argparse.ArgumentParser:
         default=300.0,
         help="seconds a request for a model that must wait for memory (the resident "
         "models are busy) waits before it is answered overloaded (default 300)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPE_CHOICES,
+        help="how the weights are held: auto (default; dense float32 on the CPU, as stored "
+        "on Metal/CUDA), quantized (weights as stored and stock mlx-lm modules on any "
+        "machine: the path Mac and GPU users run, ~15x slower on the CPU), float16, "
+        "bfloat16 or float32",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
@@ -396,6 +407,10 @@ def _serve(ns: argparse.Namespace) -> int:
     if ns.shutdown_timeout < 0:
         log.error("--shutdown-timeout must be >= 0, not %s", ns.shutdown_timeout)
         return 2
+    failure = _model_preflight(ns)
+    if failure is not None:
+        log.error("%s", failure)
+        return 2
     # The fast BLAS must be loaded before anything imports mlx.core.
     from compat_serve.models.blas import ensure_fast_blas
 
@@ -404,6 +419,9 @@ def _serve(ns: argparse.Namespace) -> int:
     if ns.distributed is not None:  # refusals before the heavy imports and the weights
         if ns.models_dir is not None or ns.models_file is not None:
             log.error("--distributed serves one model (--model): drop --models-dir / --models")
+            return 2
+        if ns.dtype != "auto":  # the ranks load their shards as stored (distributed/loading.py)
+            log.error("--dtype is not applied with --distributed: drop --dtype %s", ns.dtype)
             return 2
         from compat_serve.distributed.startup import RankBuilder
 
@@ -457,6 +475,7 @@ def _serve(ns: argparse.Namespace) -> int:
             tool_parser=ns.tool_parser,
             reasoning_parser=ns.reasoning_parser,
             distributed=ns.distributed,
+            dtype=ns.dtype,
         )
         flags = ModelFlags(
             models_dir=ns.models_dir,
@@ -493,6 +512,30 @@ def _serve(ns: argparse.Namespace) -> int:
     if build is not None and build.lost_rank:
         return 3  # a rank of the group died or hung: a supervisor restarts them all
     return 0
+
+
+def _model_preflight(ns: argparse.Namespace) -> str | None:
+    """Why the model cannot be had, in one line, before mlx is imported (seconds) or None.
+
+    A user who ran only `pip install compat-serve` has no embedded model; a hub id on a
+    machine without network cannot be fetched. Both are told at once what to pass instead.
+    """
+    from compat_serve.models.errors import ModelLoadError
+
+    try:
+        if not ns.model and ns.models_dir is None and ns.models_file is None:
+            if ns.distributed is None:  # --distributed refuses the embedded model itself
+                from compat_serve.models.embedded import embedded_model_path
+
+                embedded_model_path()
+        elif ns.model:
+            from compat_serve.models.hub import download_hub_model, looks_like_hub_id
+
+            if looks_like_hub_id(ns.model):
+                download_hub_model(ns.model)  # cached: the load reads the same snapshot
+    except ModelLoadError as exc:
+        return str(exc)
+    return None
 
 
 def _print_banner(ns: argparse.Namespace, model_name: str) -> None:

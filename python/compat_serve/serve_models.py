@@ -16,13 +16,14 @@ import ctypes
 import dataclasses
 import gc
 import logging
-import os
+import sys
 from pathlib import Path
 
 from compat_serve.bootstrap import ServeOptions, build_state, check_serve_options
 from compat_serve.engine.host import EngineHost
 from compat_serve.engine.memory import device_memory, headroom_bytes, parse_memory_size, plan_memory
 from compat_serve.models.load_steps import LoadSteps, host, note_evaluation
+from compat_serve.models.weight_estimate import estimate_weight_bytes
 from compat_serve.registry.config_file import load_models_file
 from compat_serve.registry.entries import ModelEntry, entries_from_dir
 from compat_serve.registry.hub import ModelHub
@@ -69,23 +70,14 @@ def memory_budget(text: str | None) -> int:
     return parse_memory_size(text, total=device)
 
 
-def model_files_bytes(path: str | None) -> int:
-    """Bytes of a model's files (the embedded model's GGUF for None)."""
-    if path is None:
-        from compat_serve.models.embedded import embedded_model_path
-
-        path = str(embedded_model_path())
-    if os.path.isdir(path):
-        return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
-    return os.path.getsize(path)
-
-
 def estimate_bytes(base: ServeOptions, entry: ModelEntry) -> int:
-    """What a model will hold before it is loaded: its files as weights, and its KV and
-    prefix-cache budgets as the engine will plan them. After a load the hub uses what
-    the engine measured instead."""
+    """What a model will hold, before it is loaded: its weights as the loader will make
+    them (read from its files' headers under the weight plan of its dtype, e.g. float32
+    on the CPU: models/weight_estimate.py), and its KV and prefix-cache budgets as the
+    engine will plan them. The one estimate admission, eviction and the never-fits
+    refusal all use; after a load the hub checks it against what the engine measured."""
     options = entry_options(base, entry)
-    weights = model_files_bytes(entry.path)
+    weights = estimate_weight_bytes(entry.path, options.dtype or "auto")
     kv = None if options.kv_memory == "30%" else parse_memory_size(options.kv_memory)
     cache = None if options.cache_memory == "20%" else parse_memory_size(options.cache_memory)
     if not options.prefix_cache:
@@ -100,7 +92,7 @@ def load_state_steps(options: ServeOptions) -> LoadSteps[ServerState]:
     it has one) in one host slice."""
     from compat_serve.models.loader import load_model_steps
 
-    loaded = yield from load_model_steps(options.model)
+    loaded = yield from load_model_steps(options.model, dtype=options.dtype)
     yield host("engine start-up")
     state = build_state(options, loaded)
     note_evaluation("engine start-up", 0)
@@ -124,6 +116,10 @@ def collect_memory() -> None:
 
 
 def _trim_c_heap() -> None:
+    # glibc only (Linux). macOS's allocator hands freed pages back by itself (madvise), and
+    # musl has no malloc_trim: elsewhere the step is skipped (docs/platforms.md).
+    if sys.platform != "linux":
+        return
     try:
         libc = ctypes.CDLL(None)
         trim = libc.malloc_trim
@@ -181,7 +177,9 @@ def build_hub(
     )
     if single_state is not None:
         single = registry.entries[0]
-        hub.adopt(single.id, single_state, estimate_bytes(base, single))
+        # Alone (no budget), nothing reads its size: no estimate to check.
+        estimate = None if budget is None else estimate_bytes(base, single)
+        hub.adopt(single.id, single_state, estimate)
     for entry in registry.entries:
         if (entry.preload or entry.pin) and hub.slots[entry.id].state is None:
             need = hub.estimate(hub.slots[entry.id])

@@ -18,6 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.platform_gates import needs_network_namespace
+
+pytestmark = needs_network_namespace
+
 RECIPE_ENV = {
     "ANTHROPIC_API_KEY": "x",
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",

@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_claude_code import RECIPE_ENV, WAIT_FOR_SERVER, claude_binary, scripted_server
+from tests.platform_gates import needs_network_namespace
 from tests.shared_data import templates_dir
+
+pytestmark = needs_network_namespace
 
 PORT = 8124
 REPO = Path(__file__).resolve().parents[2]

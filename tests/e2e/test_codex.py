@@ -26,7 +26,10 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_claude_code import WAIT_FOR_SERVER, scripted_server
+from tests.platform_gates import needs_network_namespace
 from tests.shared_data import templates_dir
+
+pytestmark = needs_network_namespace
 
 PORT = 8130
 REPO = Path(__file__).resolve().parents[2]

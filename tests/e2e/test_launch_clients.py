@@ -19,7 +19,10 @@ from pathlib import Path
 
 from tests.e2e.test_claude_code import RECIPE_ENV, claude_binary, scripted_server
 from tests.e2e.test_codex import _need_namespace, codex_binary
+from tests.platform_gates import needs_network_namespace
 from tests.shared_data import templates_dir
+
+pytestmark = needs_network_namespace
 
 REPO = Path(__file__).resolve().parents[2]
 PORT = 8152

@@ -31,7 +31,10 @@ import pytest
 
 from compat_serve.chat.tool_injection import tools_prompt
 from tests.e2e.test_claude_code import scripted_server
+from tests.platform_gates import needs_network_namespace
 from tests.shared_data import templates_dir
+
+pytestmark = needs_network_namespace
 
 REPO = Path(__file__).resolve().parents[2]
 OPENCODE = REPO / ".test-cache" / "npm" / "node_modules" / ".bin" / "opencode"

@@ -103,6 +103,20 @@ def test_bad_bodies_are_400(
     assert_anthropic_error(post(server, body), 400, "invalid_request_error", needle)
 
 
+def test_an_empty_prefill_alone_is_the_stated_rule_on_both_routes(server: RunningServer) -> None:
+    # Schema-valid (JSON Schema cannot say "not only an empty final assistant message"),
+    # so the document states the rule in words and both routes answer it the same way.
+    document = httpx.get(f"{server.base_url}/openapi.json", timeout=30).json()
+    for name in ("MessagesRequest", "CountTokensRequest"):
+        messages = document["components"]["schemas"][name]["properties"]["messages"]
+        assert messages["description"].startswith("At least one message must have content")
+    body = {**OK, "messages": [{"role": "assistant", "content": ""}]}
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        response = post(server, body, path=path)
+        message = assert_anthropic_error(response, 400, "invalid_request_error")
+        assert message == "messages: all messages are empty", message
+
+
 def test_bad_json(server: RunningServer) -> None:
     response = post(server, content=b'{"model": ', headers={"content-type": "application/json"})
     assert_anthropic_error(response, 400, "invalid_request_error", "JSON")

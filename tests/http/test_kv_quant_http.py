@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import RunningServer, start_server
 from tests.http.responses_helpers import stream_events
+from tests.platform_gates import needs_proc_rss
 from tests.tiny_models import tiny_model
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ def rss_bytes() -> int:
     return 0
 
 
+@needs_proc_rss
 def test_sixty_four_clients_under_a_small_budget(tiny64: LoadedModel) -> None:
     kv_memory = 576 * 512  # 512 tokens of this model's 8-bit K/V
     running = start_server(

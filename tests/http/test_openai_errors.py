@@ -73,26 +73,6 @@ def assert_openai_error(response: httpx.Response, status: int, *needles: str) ->
             "text-only",
             "messages[0].content[0]",
         ),
-        (
-            {
-                "model": "m",
-                "messages": [
-                    {"role": "user", "content": "x"},
-                    {
-                        "role": "assistant",
-                        "tool_calls": [
-                            {
-                                "id": "c1",
-                                "type": "function",
-                                "function": {"name": "f", "arguments": "{bad"},
-                            }
-                        ],
-                    },
-                ],
-            },
-            "not valid JSON",
-            "messages[1].tool_calls[0].function.arguments",
-        ),
     ],
 )
 def test_bad_chat_requests(
@@ -111,6 +91,24 @@ def test_malformed_json(server: RunningServer) -> None:
         headers={"content-type": "application/json"},
     )
     assert_openai_error(response, 400, "not valid JSON")
+
+
+def test_a_text_prompt_of_no_tokens_is_the_stated_rule(
+    server: RunningServer, embedded_model: LoadedModel
+) -> None:
+    # Schema-valid (a non-empty string), but this vocabulary has no token for U+0013.
+    assert embedded_model.tokenizer.encode("\x13", add_special_tokens=False) == []
+    document = httpx.get(f"{server.base_url}/openapi.json", timeout=30).json()
+    prompt = document["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]
+    assert "text must tokenize to at least one token" in prompt["description"]
+    for path in ("/v1/completions", "/v1/completions/render"):
+        for body in ({"model": "m", "prompt": "\x13"}, {"model": "m", "prompt": ["\x13\x13"]}):
+            error = assert_openai_error(post(server, path, json=body), 400)
+            assert error["message"] == (
+                "prompt: the text tokenizes to no tokens (this model's vocabulary has none "
+                "for its characters)"
+            )
+            assert error["param"] == "prompt"
 
 
 def test_prompt_longer_than_context(server: RunningServer) -> None:

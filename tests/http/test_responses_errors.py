@@ -174,6 +174,23 @@ CASES: list[tuple[str, dict[str, Any], int, str]] = [
         400,
         "text.format.schema",
     ),
+    (
+        # Its input pattern sits in the call grammar of all tools; the 400 names the tool.
+        "custom tool regex that does not compile",
+        {
+            "tools": [
+                # Parameters without `properties`: read only custom tools' (was a 500).
+                {"type": "function", "name": "f", "parameters": {"type": "object"}},
+                {
+                    "type": "custom",
+                    "name": "c",
+                    "format": {"type": "grammar", "syntax": "regex", "definition": "{x"},
+                },
+            ]
+        },
+        400,
+        "tools[1].format.definition",
+    ),
     ("unknown reasoning effort", {"reasoning": {"effort": "max"}}, 400, "reasoning.effort"),
     ("unknown reasoning summary", {"reasoning": {"summary": "all"}}, 400, "reasoning.summary"),
     ("max_output_tokens of 0", {"max_output_tokens": 0}, 400, "max_output_tokens"),

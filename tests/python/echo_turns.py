@@ -1,12 +1,14 @@
 """A forced tool call and the next turn, per chat template, on one engine (shared by
 tests/python/test_forced_calls_per_template.py and benches/echo_survival.py).
 
-Turn 1: the template renders a user request with one tool; the embedded model generates
-under the grammar of the format detected for the template; the format's parser reads the
-call back. Turn 2: the server's own reply message (`chat_message`, what an OpenAI client
-echoes) and a tool result go back through the OpenAI adapter (`chat_messages`: JSON-string
-arguments become objects, as the templates expect) and the template; the engine's prefix
-cache reports how much of the new prompt it read.
+Turn 1: an OpenAI request forces the call (by default by name, `{"type": "function",
+...}`; `any` sends `"required"`) and goes through the server's adapter (`chat_request`:
+the template variables, tools and grammar a forced call gets), the template renders it,
+the embedded model generates under the grammar of the format detected for the template,
+and the format's parser reads the call back. Turn 2, as a client sends it next: the
+server's own reply message (`chat_message`, what an OpenAI client echoes) and a tool
+result, no `tool_choice` (the call is no longer forced), through the same adapter and
+template; the engine's prefix cache reports how much of the new prompt it read.
 
 Echo survival of a template = (turn-2 cache read - turn-1 prompt) / generated call
 tokens, where the generated call tokens are those the model wrote before its stop token
@@ -23,17 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from compat_serve.chat.prompt import Prompt, PromptBuilder, PromptError
 from compat_serve.chat.types import ChatRequest
-from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams
+from compat_serve.engine.types import EngineRequest, FinishReason
 from compat_serve.parsers import OutputParsing, RequestTools
 from compat_serve.parsers.events import ParsedTurn
 from compat_serve.parsers.registry import detect_tool_format, resolve_reasoning
-from compat_serve.server.openai.adapter import chat_message, chat_messages
-from compat_serve.server.openai.protocol import ChatMessageIn
+from compat_serve.server.openai.adapter import chat_message, chat_request
+from compat_serve.server.openai.protocol import ChatCompletionRequest
 from tests.shared_data import manifest_rows, templates_dir
 
 if TYPE_CHECKING:
@@ -58,6 +60,11 @@ BASH = {
 }
 USER = {"role": "user", "content": "List the files in /tmp."}
 TOOL_RESULT = "a.txt\nb.txt"
+# How turn 1 forces the call: OpenAI `tool_choice` by choice name.
+CHOICES: dict[str, Any] = {
+    "named": {"type": "function", "function": {"name": "Bash"}},
+    "any": "required",
+}
 # Templates that cannot render OpenAI-shaped `tools` (they need variables or shapes of
 # their own).
 NEEDS_OWN_VARIABLES = {
@@ -152,24 +159,30 @@ def _same_start(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     return same
 
 
-def first_turn(model: LoadedModel, file: str, max_tokens: int = 256) -> TemplateTurns:
+def openai_chat(body: dict[str, Any], max_tokens: int) -> ChatRequest:
+    """A chat request as the server's OpenAI route makes it from `body` (greedy)."""
+    wire = json.loads(json.dumps({"model": "m", "max_tokens": max_tokens, **body}))
+    chat = chat_request(ChatCompletionRequest.model_validate(wire), default_max_tokens=max_tokens)
+    return replace(chat, sampling=replace(chat.sampling, temperature=0))
+
+
+def first_turn(
+    model: LoadedModel, file: str, max_tokens: int = 256, choice: str = "named"
+) -> TemplateTurns:
     template = (templates_dir() / file).read_text(encoding="utf-8")
     builder = PromptBuilder(template, model.tokenizer)
-    chat = ChatRequest(
-        messages=[USER],
-        sampling=SamplingParams(max_tokens=max_tokens, temperature=0),
-        tools=[BASH],
-        tool_choice="required",
-        parallel_tool_calls=False,
-        template_kwargs={"enable_thinking": False},
-    )
+    body = {"messages": [USER], "tools": [BASH], "tool_choice": CHOICES[choice]}
+    chat = openai_chat(body, max_tokens)
     prompt = builder.build(chat)
     parsing = OutputParsing(
         detect_tool_format(template), resolve_reasoning("auto", template), model.tokenizer
     )
-    tools = RequestTools.from_chat_tools([BASH], parallel=False)
+    # As the server does (server/generation.py `admit_chat`).
+    tools = RequestTools.from_chat_tools(
+        chat.tools, only=chat.forced_tool, parallel=chat.parallel_tool_calls
+    )
     request_parsing = parsing.for_request(
-        tools, prompt.text, call_id_prefix="call_", tool_choice="required"
+        tools, prompt.text, call_id_prefix="call_", tool_choice=chat.tool_choice
     )
     assert request_parsing.grammar is not None
     request = EngineRequest(
@@ -211,14 +224,13 @@ def run_first_turns(engine: Engine, jobs: list[TemplateTurns]) -> None:
         )
 
 
-def next_turn_messages(job: TemplateTurns) -> list[dict[str, Any]]:
-    """The conversation an OpenAI client sends next: the reply as the server returned it,
-    then the tool's result, through the server's adapter."""
+def next_turn_body(job: TemplateTurns) -> dict[str, Any]:
+    """The request an OpenAI client sends next: the reply as the server returned it, then
+    the tool's result; the call is no longer forced."""
     assert job.turn is not None and job.turn.tool_calls
     reply = chat_message(job.turn)
     result = {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": TOOL_RESULT}
-    wire = json.loads(json.dumps([USER, reply, result]))  # as it travels
-    return chat_messages([ChatMessageIn.model_validate(m) for m in wire])
+    return {"messages": [USER, reply, result], "tools": [BASH]}
 
 
 def build_next_turns(jobs: list[TemplateTurns], mode: str) -> list[EngineRequest]:
@@ -226,12 +238,7 @@ def build_next_turns(jobs: list[TemplateTurns], mode: str) -> list[EngineRequest
     `next[mode]` gets its prompt or the template's refusal); the requests to run."""
     requests = []
     for job in jobs:
-        chat = ChatRequest(
-            messages=next_turn_messages(job),
-            sampling=SamplingParams(max_tokens=1, temperature=0),
-            tools=[BASH],
-            template_kwargs={"enable_thinking": False},
-        )
+        chat = openai_chat(next_turn_body(job), max_tokens=1)
         job.builder.reply_history_mode = mode
         try:
             prompt = job.builder.build(chat)
@@ -260,9 +267,11 @@ def run_next_turns(engine: Engine, jobs: list[TemplateTurns], mode: str) -> None
 
 
 def table(jobs: list[TemplateTurns]) -> str:
-    """The per-template echo table, in both modes, with the mean survivals."""
+    """The per-template echo table, in both modes, with the mean survivals: turn 1's
+    prompt tokens and how many of them turn 2 read from the cache (`t1 read`), the call's
+    tokens and the share of them turn 2 re-read."""
     rows = [
-        f"{'template':52} {'format':16} {'turn1':>5} {'call':>4} "
+        f"{'template':52} {'format':16} {'turn1':>5} {'t1 read':>7} {'call':>4} "
         f"{'template: exact echo':>20} {'spliced: read2 echo':>19}"
     ]
     for job in jobs:
@@ -274,7 +283,8 @@ def table(jobs: list[TemplateTurns]) -> str:
             elif job.kept_prompt(mode) < len(job.prompt):
                 notes.append(f"{name}: history differs from turn 1 after {job.kept_prompt(mode)}")
         rows.append(
-            f"{job.file:52} {job.format:16} {len(job.prompt):5} {job.call_tokens:4} "
+            f"{job.file:52} {job.format:16} {len(job.prompt):5} "
+            f"{min(spliced.read, len(job.prompt)):7} {job.call_tokens:4} "
             f"{job.echo_exact('template'):15} {job.survival('template'):4.0%} "
             f"{spliced.read:14} {job.survival('loop'):4.0%}  {'; '.join(notes)}".rstrip()
         )

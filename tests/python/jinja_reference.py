@@ -1,9 +1,15 @@
 """transformers' chat-template environment, rebuilt for tests as the reference renderer.
 
 Mirrors `transformers.utils.chat_template_utils._cached_compile_jinja_template`:
-ImmutableSandboxedEnvironment(trim_blocks, lstrip_blocks, loopcontrols + the
-`{% generation %}` tag), HF `tojson`, `raise_exception`, `strftime_now`, `dict`,
-and a namespace that rejects underscore names. Our Rust renderer must match it.
+a sandbox with trim_blocks, lstrip_blocks, loopcontrols + the `{% generation %}`
+tag, HF `tojson`, `raise_exception`, `strftime_now`, `dict`, and a namespace that
+rejects underscore names. Our Rust renderer must match it.
+
+One difference on purpose: the reference is jinja2's `SandboxedEnvironment`, which
+lets a template change lists and dicts (`ns.ids.append(x)`, as both Kimi K2
+templates' tool-call queue does, and as llama.cpp renders them), where transformers
+uses `ImmutableSandboxedEnvironment`, which refuses it. `immutable=True` rebuilds
+transformers' exact environment (to check this rebuild against transformers).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 import jinja2.parser
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
 
 class GenerationTag(jinja2.ext.Extension):
@@ -82,8 +88,11 @@ def _now(fmt: str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def compile_template(source: str, strftime_now: Any = _now) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
+def compile_template(
+    source: str, strftime_now: Any = _now, *, immutable: bool = False
+) -> jinja2.Template:
+    sandbox = ImmutableSandboxedEnvironment if immutable else SandboxedEnvironment
+    env = sandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[GenerationTag, jinja2.ext.loopcontrols],

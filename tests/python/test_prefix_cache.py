@@ -16,6 +16,7 @@ from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
 from tests.greedy_ties import assert_same_or_near_tie
+from tests.platform_gates import needs_proc_rss
 from tests.tiny_models import tiny_model
 
 if TYPE_CHECKING:
@@ -232,6 +233,7 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
+@needs_proc_rss
 def test_many_conversations_stay_within_the_cache_budget(embedded_model: LoadedModel) -> None:
     import mlx.core as mx
     from mlx_lm.models import llama

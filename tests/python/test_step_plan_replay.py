@@ -46,7 +46,7 @@ from compat_serve.engine.step_plan import (
     Verify,
 )
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams
-from tests.tiny_models import tiny_model
+from tests.tiny_models import quantize_tiny, tiny_model
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -166,6 +166,8 @@ def replay(loaded: LoadedModel, recording: Recording) -> dict[str, list[int]]:
     replay runs the very same ops, shapes and weights in the same process as the engine,
     so it must reproduce the engine's bits; `assert_same_kv` checks the KV bit for bit."""
     twin = tiny_model("llama", loaded)  # same seed, same weights, nothing shared
+    if loaded.dtype.startswith("quantized"):  # the users'-path lane's quantized tiny llama
+        twin = quantize_tiny(twin)
     follower = StepApplier(ModelRunner(twin))
     prefix = ShardPrefix(BLOCK)
     tokens: dict[str, list[int]] = {}

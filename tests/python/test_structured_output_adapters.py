@@ -245,12 +245,14 @@ def test_openai_tool_choice_mapping() -> None:
     required = openai(tools=OPENAI_TOOLS, tool_choice="required", parallel_tool_calls=False)
     assert (required.tool_choice, required.forced_tool) == ("required", None)
     assert required.parallel_tool_calls is False
-    assert required.template_kwargs == {"enable_thinking": False}
+    # A forced call renders the prompt an auto call does (#34: the next turn, which no
+    # longer forces it, keeps that prompt in the cache); its grammar skips thinking.
+    assert required.template_kwargs == auto.template_kwargs == {}
     named = openai(
         tools=OPENAI_TOOLS, tool_choice={"type": "function", "function": {"name": "Read"}}
     )
     assert (named.tool_choice, named.forced_tool) == ("required", "Read")
-    assert named.template_kwargs == {"enable_thinking": False}
+    assert named.template_kwargs == {}
     # The client's own template variables win.
     kept = openai(
         tools=OPENAI_TOOLS, tool_choice="required", chat_template_kwargs={"enable_thinking": True}
@@ -387,10 +389,11 @@ def test_anthropic_tool_choice_mapping() -> None:
     )
     assert (forced_any.tool_choice, forced_any.forced_tool) == ("required", None)
     assert forced_any.parallel_tool_calls is False
-    assert forced_any.template_kwargs == {"enable_thinking": False}
+    # The prompt an auto call renders (#34); the forced grammar skips the thinking.
+    assert forced_any.template_kwargs == auto.template_kwargs == {}
     named = anthropic(tools=ANTHROPIC_TOOLS, tool_choice={"type": "tool", "name": "Read"})
     assert (named.tool_choice, named.forced_tool) == ("required", "Read")
-    assert named.template_kwargs == {"enable_thinking": False}
+    assert named.template_kwargs == {}
     disabled = anthropic(
         tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}, thinking={"type": "disabled"}
     )

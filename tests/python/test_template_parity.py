@@ -3,9 +3,11 @@ transformers' jinja2 rendering byte for byte, or both must raise.
 
 jinja2 runs live (no stored expected strings) in the environment of
 `tests/python/jinja_reference.py`, a rebuild of transformers'
-`_cached_compile_jinja_template`; `test_reference_matches_transformers` checks that
-rebuild against transformers' own compiled templates. `strftime_now` is frozen to
-the same instant on both sides.
+`_cached_compile_jinja_template` on jinja2's `SandboxedEnvironment` (templates may
+change lists and dicts, as Kimi K2's tool-call queue does);
+`test_reference_matches_transformers` checks that rebuild, made immutable, against
+transformers' own compiled templates. `strftime_now` is frozen to the same instant
+on both sides.
 """
 
 from __future__ import annotations
@@ -224,6 +226,60 @@ CONVERSATIONS: dict[str, dict[str, Any]] = {
             },
         ]
     },
+    # An agent's tool loop: a call, its result, two parallel calls, their results,
+    # the answer. Kimi K2 queues each call's id and pops one per result.
+    "tool_loop_three_turns": {
+        "messages": [
+            SYSTEM,
+            {"role": "user", "content": "Find the Rust files, then the weather in Oslo and Rome."},
+            {
+                "role": "assistant",
+                "content": "Searching first.",
+                "tool_calls": [
+                    tool_call("call_s", "search_files", {"patterns": [{"glob": "*.rs"}]})
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_s", "name": "search_files", "content": "a.rs"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    tool_call("call_o", "get_weather", {"city": "Oslo"}),
+                    tool_call("call_r", "get_weather", {"city": "Rome", "days": 2}),
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_o", "name": "get_weather", "content": "-3 °C"},
+            {"role": "tool", "tool_call_id": "call_r", "name": "get_weather", "content": "18 °C"},
+            {"role": "assistant", "content": "a.rs; Oslo -3 °C, Rome 18 °C."},
+            {"role": "user", "content": "Thanks."},
+        ],
+        "tools": TOOLS,
+    },
+    # Calls without ids and with string arguments (OpenAI's wire form): Kimi K2
+    # Instruct numbers them `functions.NAME:N` and prints the string as it is.
+    "tool_calls_without_ids": {
+        "messages": [
+            {"role": "user", "content": "Weather in Lyon and Nice?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Lyon"}},
+                    },
+                    {
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Nice"}'},
+                    },
+                ],
+            },
+            {"role": "tool", "name": "get_weather", "content": "12 °C"},
+            {"role": "tool", "name": "get_weather", "content": "16 °C"},
+            {"role": "tool", "name": "get_weather", "content": "extra result, no call left"},
+        ],
+        "tools": [WEATHER_TOOL],
+    },
     "null_content_tool_call": {
         "messages": [
             {"role": "user", "content": "Weather?"},
@@ -274,9 +330,9 @@ def build_context(template: str, conversation: str, add_generation_prompt: bool)
     return context
 
 
-def render_jinja2(source: str, context: dict[str, Any]) -> str:
+def render_jinja2(source: str, context: dict[str, Any], *, immutable: bool = False) -> str:
     # As transformers calls it: tools and documents are always passed.
-    template = compile_template(source, frozen_strftime_now)
+    template = compile_template(source, frozen_strftime_now, immutable=immutable)
     return template.render(**{"documents": None, **context})
 
 
@@ -337,6 +393,30 @@ def test_parity(template: str | None, conversation: str, add_generation_prompt: 
     assert render_rust(source, context) == expected
 
 
+KIMI_K2_TEMPLATES = ("moonshotai-Kimi-K2-Instruct.jinja", "moonshotai-Kimi-K2.jinja")
+
+
+@pytest.mark.parametrize("template", KIMI_K2_TEMPLATES)
+def test_kimi_k2_renders_tool_loops(template: str) -> None:
+    """Parity above also passes when both sides raise: here both must render."""
+    source = (TEMPLATES_DIR / template).read_text(encoding="utf-8")
+    context = build_context(template, "tool_loop_three_turns", True)
+    prompt = render_rust(source, copy.deepcopy(context))
+    assert prompt == render_jinja2(source, context)
+    assert prompt.count("<|tool_call_begin|>") == 3
+    assert prompt.count("## Return of ") == 3
+    if template == "moonshotai-Kimi-K2-Instruct.jinja":
+        # Each result is labelled with the queued id of its call, in order.
+        for call_id in ("call_s", "call_o", "call_r"):
+            assert f"## Return of {call_id}\n" in prompt
+        unnamed = build_context(template, "tool_calls_without_ids", True)
+        prompt = render_rust(source, copy.deepcopy(unnamed))
+        assert prompt == render_jinja2(source, unnamed)
+        assert "<|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>" in prompt
+        assert 'functions.get_weather:2<|tool_call_argument_begin|>{"city": "Nice"}' in prompt
+        assert "## Return of functions.get_weather:3\nextra result" in prompt
+
+
 def test_reference_matches_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The reference environment renders exactly like transformers' own."""
     ctu = pytest.importorskip("transformers.utils.chat_template_utils")
@@ -353,7 +433,7 @@ def test_reference_matches_transformers(monkeypatch: pytest.MonkeyPatch) -> None
         for conversation in ("tool_call_roundtrip", "unicode_content"):
             context = build_context(path.name, conversation, True)
             try:
-                ours = render_jinja2(source, copy.deepcopy(context))
+                ours = render_jinja2(source, copy.deepcopy(context), immutable=True)
             except Exception as exc:
                 ours = f"raised {type(exc).__name__}"
             hf_template = ctu._cached_compile_jinja_template(source)

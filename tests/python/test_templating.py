@@ -55,8 +55,16 @@ def test_runtime_errors_raise_template_error() -> None:
         render("{{ messages[0].content + 1 }}")
     with pytest.raises(TemplateError, match="not iterable"):
         render("{% for t in tools %}{{ t }}{% endfor %}")  # tools is None, as in jinja2
-    with pytest.raises(TemplateError, match="unsafe"):
-        render("{% set q = [] %}{{ q.append(1) }}")  # the immutable sandbox refuses
+    with pytest.raises(TemplateError, match="pop from empty list"):
+        render("{% set q = [] %}{{ q.pop() }}")  # as in jinja2's SandboxedEnvironment
+    with pytest.raises(TemplateError, match="'tuple' object has no method 'append'"):
+        render("{% set q = (1,) %}{{ q.append(1) }}")
+
+
+def test_lists_and_dicts_change_in_place() -> None:
+    # jinja2's SandboxedEnvironment renders this (transformers' immutable one refuses).
+    source = "{% set q = namespace(ids=[]) %}{% set _ = q.ids.append(messages[0]) %}{{ q.ids }}"
+    assert render(source) == "[{'role': 'user', 'content': 'hi'}]"
 
 
 def test_template_error_is_an_exception() -> None:

@@ -1,7 +1,8 @@
 """The API-neutral chat request both HTTP adapters produce.
 
 Messages are plain dicts in the shape Hugging Face chat templates expect
-(`role`, `content` as a string, `tool_calls` with dict `arguments`, `tool_call_id`),
+(`role`, `content` as a string, `tool_calls` with dict `arguments` (a string where the
+client sent arguments that are not a JSON object), `tool_call_id`),
 because that is what the template engine consumes.
 """
 

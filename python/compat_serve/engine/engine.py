@@ -184,9 +184,18 @@ class Engine:
             "format": kv_format.tag,
             "bits": kv_format.bits,
             "group_size": kv_format.group_size if kv_format.quantized else None,
-            "dtype": self.model.dtype,
+            "dtype": self._kv_value_dtype(),
             "bytes_per_token": self._kv_bytes_per_token,
         }
+
+    def _kv_value_dtype(self) -> str:
+        """The element type of unquantized K/V as measured at startup: with `--dtype
+        quantized` the weights are "quantized-4bit" but K/V are the activations' float
+        type. Quantized K/V report the model's dtype, as before."""
+        measured = self.kv_layout.get("dtype")
+        if not self.config.kv_format.quantized and isinstance(measured, str):
+            return measured
+        return self.model.dtype
 
     def _render_kv_format(self) -> list[str]:
         kv_format = self.config.kv_format
@@ -281,7 +290,7 @@ class Engine:
                 self.config.batched_tokens,
                 self.config.prefill_chunk,
                 self.kv_capacity_tokens,
-                self.config.kv_format.describe(self.model.dtype),
+                self.config.kv_format.describe(self._kv_value_dtype()),
                 self._kv_bytes_per_token,
                 "" if host is None else f", on the shared engine thread ({host.engines} models)",
             )

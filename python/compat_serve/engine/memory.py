@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,23 +74,33 @@ def cgroup_limit_bytes() -> int | None:
     return None
 
 
+def gpu_memory_from_info(info: Mapping[str, object]) -> tuple[int, str] | None:
+    """The usable memory in `mx.device_info(mx.gpu)`: Metal reports its recommended working
+    set (and `memory_size`), CUDA the card's `total_memory` (and `free_memory`); None when
+    the dict has neither (the CPU backend, or a GPU-less CUDA build)."""
+    for key, source in (
+        ("max_recommended_working_set_size", "Metal recommended working set"),
+        ("total_memory", "CUDA device memory"),
+        ("memory_size", "GPU memory size"),
+    ):
+        size = info.get(key)
+        if isinstance(size, int) and size > 0:
+            return size, source
+    return None
+
+
 def device_memory() -> tuple[int, str]:
     """(bytes, where the number comes from) the model may use: on Metal the recommended
-    working set (`mx.metal.device_info()`), on CUDA the GPU's memory, on the CPU the
+    working set, on CUDA the GPU's memory (both from `mx.device_info(mx.gpu)`; CUDA has no
+    `memory_size` key, so reading that one fell back to the host's RAM), on the CPU the
     cgroup limit or else physical RAM."""
     import mlx.core as mx
 
     try:
-        if mx.metal.is_available():
-            info = mx.metal.device_info()
-            size = int(info.get("max_recommended_working_set_size", 0))
-            if size > 0:
-                return size, "Metal recommended working set"
-        cuda = getattr(mx, "cuda", None)
-        if cuda is not None and cuda.is_available():
-            size = int(mx.device_info().get("memory_size", 0))
-            if size > 0:
-                return size, "CUDA device memory"
+        if mx.default_device() == mx.gpu:
+            found = gpu_memory_from_info(mx.device_info(mx.gpu))
+            if found is not None:
+                return found
     except (AttributeError, RuntimeError, TypeError, ValueError):
         pass
     ram = physical_memory_bytes()

@@ -142,6 +142,8 @@ def _in_ld_preload(path: str) -> bool:
 def _mlx_already_loaded() -> bool:
     if "mlx.core" in sys.modules:
         return True
+    if sys.platform != "linux":  # /proc is Linux's; elsewhere sys.modules is the answer
+        return False
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             return any("libmlx" in line for line in maps)

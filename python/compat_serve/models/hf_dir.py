@@ -8,7 +8,6 @@ backend quantized layers are dequantized and every float parameter becomes float
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ from mlx.nn.layers.base import Module
 
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.hf_tokenizer import load_hf_tokenizer, read_json
+from compat_serve.models.hub import HUB_ALLOW_PATTERNS, download_hub_model, looks_like_hub_id
 from compat_serve.models.load_steps import (
     WORKER,
     LoadSteps,
@@ -47,42 +47,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-HUB_ALLOW_PATTERNS = [
-    "*.json",
-    "model*.safetensors",
-    "*.py",
-    "tokenizer.model",
-    "*.tiktoken",
-    "tiktoken.model",
-    "*.txt",
-    "*.jsonl",
-    "*.jinja",
-]
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 DEFAULT_CONTEXT_LENGTH = 4096
-
-
-def looks_like_hub_id(spec: str) -> bool:
-    """`org/name` that is not an existing path."""
-    return bool(_HUB_ID.match(spec)) and not Path(spec).exists()
-
-
-def download_hub_model(repo_id: str, *, revision: str | None = None) -> Path:
-    """Resolve a hub id to a local snapshot (cached by huggingface_hub; needs the network once)."""
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError as exc:  # pragma: no cover - mlx-lm depends on it
-        raise ModelLoadError("huggingface_hub is required to load hub ids") from exc
-    logger.info("resolving hub model %s", repo_id)
-    try:
-        return Path(
-            snapshot_download(repo_id, revision=revision, allow_patterns=HUB_ALLOW_PATTERNS)
-        )
-    except Exception as exc:
-        raise ModelLoadError(
-            f"cannot fetch {repo_id!r} from the Hugging Face hub ({type(exc).__name__}: {exc}). "
-            "Pass a local model directory or a .gguf file, or check the network / HF_TOKEN."
-        ) from exc
 
 
 def context_length_from_config(

@@ -74,12 +74,20 @@ def load_model_steps(
     from compat_serve.models.weights import compute_backend, resolve_dtype
 
     # Check the cheap things first: a typo should fail before a multi-second load.
-    resolve_dtype(dtype, warn=False)
+    plan = resolve_dtype(dtype, warn=False)
     override = read_chat_template_file(chat_template_path) if chat_template_path else None
     loaded = yield from _dispatch(spec, dtype)
+    loaded.extra["dtype_requested"] = plan.requested
     # The CPU fast paths rewrite mlx-lm modules; a vision-language model runs as mlx-vlm
-    # wrote it. They read the evaluated weights (and may re-lay them): one host slice.
-    if compute_backend() == "cpu" and loaded.extra.get("vision") is None:
+    # wrote it, and `--dtype quantized` keeps the users' path (weights as stored, stock
+    # modules, MLX's kernels) so it can be tested on any machine. They read the evaluated
+    # weights (and may re-lay them): one host slice.
+    fast_paths = (
+        compute_backend() == "cpu"
+        and not plan.keep_quantized
+        and loaded.extra.get("vision") is None
+    )
+    if fast_paths:
         yield host("CPU fast paths")
         kernel = kernel_available()
         if kernel:

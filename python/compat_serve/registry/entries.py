@@ -45,6 +45,7 @@ PER_MODEL_OPTIONS: dict[str, tuple[type, ...]] = {
     "generation_config": (str,),
     "tool_parser": (str,),
     "reasoning_parser": (str,),
+    "dtype": (str,),
 }
 
 

@@ -4,6 +4,12 @@
   that model's `ServerState`, loading it first if it is cold. Concurrent requests for a
   cold model share one load (one task, awaited by all).
 - Listing and polling routes read `slots` and never load anything.
+- Every size decision (admission, eviction, the never-fits refusal) reads one estimate
+  per model: before its first load, the size its loader will make of its files under its
+  weight plan (serve_models.estimate_bytes); after a load, the size measured then (a
+  warning is logged when the two differ by more than `ESTIMATE_MARGIN`). A load that
+  measures more than the whole budget is unloaded at once and refused like one
+  estimated too large, so no admitted model exceeds the budget.
 - Before a load, room is made under the memory budget: idle models past their TTL go
   first, then the least recently used idle unpinned ones. A model with requests in
   flight is never evicted, so no request is aborted: a request holds a lease on its
@@ -51,6 +57,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("compat_serve.registry")
 
 _POLL_S = 0.05
+# How far a measured size may stray from the estimate before the hub warns about it.
+ESTIMATE_MARGIN = 0.10
 
 
 class ModelHub:
@@ -96,8 +104,6 @@ class ModelHub:
         self._load_lock: asyncio.Lock | None = None
         self._reaper: asyncio.Task[None] | None = None
         self.engines_started = False
-        # Largest measured / estimated size seen at a load.
-        self._growth = 1.0
 
     @classmethod
     def of_one(cls, state: ServerState) -> ModelHub:
@@ -131,8 +137,15 @@ class ModelHub:
         slot.state = state
         slot.loaded_at = slot.last_used = time.monotonic()
         slot.resident_bytes = slot.measured_bytes = resident_bytes(state)
-        if estimate:
-            self._growth = max(self._growth, slot.resident_bytes / estimate)
+        if estimate and abs(slot.resident_bytes - estimate) > ESTIMATE_MARGIN * estimate:
+            log.warning(
+                "model %s: estimated %s before loading, measured %s resident (more than "
+                "%.0f%% off); the measured size is used from now on",
+                model_id,
+                gib(estimate),
+                gib(slot.resident_bytes),
+                ESTIMATE_MARGIN * 100,
+            )
         self.metrics.loads.inc(model=model_id)
         self.metrics.set_resident(model_id, slot.resident_bytes)
         if self.engines_started:
@@ -277,7 +290,12 @@ class ModelHub:
 
     async def _load_now(self, slot: ModelSlot) -> ServerState:
         entry = slot.entry
-        estimate = await self._make_room(slot)
+        try:
+            estimate = await self._make_room(slot)
+        except ModelRequestError:
+            raise
+        except Exception as exc:  # files the estimate cannot read: the loader could not either
+            raise self._load_failed(slot, exc) from exc
         started = time.monotonic()
         log.info("loading model %s (%s)", entry.id, entry.path or "embedded")
         try:
@@ -286,15 +304,20 @@ class ModelHub:
             else:
                 state = await asyncio.to_thread(self._load_fn, entry)
         except Exception as exc:  # any loader failure: this model's, not the server's
-            slot.resident_bytes = 0
-            slot.failure, slot.failure_stamp = str(exc), files_stamp(entry.path)
-            log.error("model %s failed to load: %s", entry.id, exc)
-            raise ModelRequestError(
-                500, f"model {entry.id!r} failed to load: {exc}", code="model_load_failed"
-            ) from exc
+            raise self._load_failed(slot, exc) from exc
         if self.draining:
             state.draining = True
         self.adopt(entry.id, state, estimate)
+        budget = self.budget_bytes
+        if budget is not None and slot.resident_bytes > budget:
+            # Larger than estimated and than the whole budget: it never stays resident.
+            message = self._too_large(entry, slot.resident_bytes, budget, "measured at its load")
+            slot.unloading = True
+            try:
+                await self._release(slot, "too large")  # its own requests' leases: none ran
+            finally:
+                slot.unloading = False
+            raise ModelRequestError(400, message, code="model_too_large")
         if not self.engines_started:
             self._start_fn(state)
         await self._trim()
@@ -308,15 +331,31 @@ class ModelHub:
         )
         return state
 
+    def _load_failed(self, slot: ModelSlot, exc: Exception) -> ModelRequestError:
+        """Remember a failed load (400 until the model's files change); its 500."""
+        slot.resident_bytes = 0
+        slot.failure, slot.failure_stamp = str(exc), files_stamp(slot.entry.path)
+        log.error("model %s failed to load: %s", slot.entry.id, exc)
+        return ModelRequestError(
+            500, f"model {slot.entry.id!r} failed to load: {exc}", code="model_load_failed"
+        )
+
     # ---- memory ----------------------------------------------------------------------
 
     def estimate(self, slot: ModelSlot) -> int:
-        """A model's size: as measured at its last load, else its files' estimate scaled
-        by the largest measured/estimated ratio seen (a GGUF file is smaller than its
-        weights as loaded on the CPU)."""
+        """A model's size: as measured at its last load, else as estimated before
+        loading from its weight plan (the same for two entries of the same files)."""
         if slot.measured_bytes is not None:
             return slot.measured_bytes
-        return int(self._estimate_fn(slot.entry) * self._growth)
+        return self._estimate_fn(slot.entry)
+
+    def _too_large(self, entry: ModelEntry, need: int, budget: int, how: str) -> str:
+        message = (
+            f"model {entry.id!r} needs about {gib(need)} (weights, KV and prefix cache, "
+            f"{how}) and can never fit the memory budget of {gib(budget)} (--memory-budget)"
+        )
+        self._never_fits[entry.id] = message
+        return message
 
     def resident_total(self) -> int:
         """Bytes of the resident models, and those reserved by loads under way."""
@@ -333,12 +372,8 @@ class ModelHub:
             return None
         need = self.estimate(slot)
         if need > budget:
-            message = (
-                f"model {slot.entry.id!r} needs about {gib(need)} (weights, KV and prefix "
-                f"cache) and can never fit the memory budget of {gib(budget)} "
-                "(--memory-budget)"
-            )
-            self._never_fits[slot.entry.id] = message
+            how = "estimated before loading" if slot.measured_bytes is None else "measured"
+            message = self._too_large(slot.entry, need, budget, how)
             raise ModelRequestError(400, message, code="model_too_large")
         deadline = time.monotonic() + self.wait_timeout_s
         try:
@@ -364,8 +399,8 @@ class ModelHub:
         return need
 
     async def _trim(self) -> None:
-        """After a load measured more than its estimate (a GGUF file is smaller than its
-        weights as loaded): unload idle models until the budget holds again."""
+        """After a load measured more than its estimate: unload idle models until the
+        budget holds again."""
         budget = self.budget_bytes
         while budget is not None and self.resident_total() > budget:
             victim = self._victim()
@@ -404,17 +439,23 @@ class ModelHub:
                 raise ModelRequestError(
                     503, f"model {model_id!r} still has requests in flight", overloaded=True
                 )
-            state, slot.state = slot.state, None
-            await asyncio.to_thread(self._release_fn, state)
-            del state  # the hub's last reference: the weights and KV can go
-            await asyncio.to_thread(self._collect_fn)
+            await self._release(slot, reason)
         finally:
             slot.unloading = False
-        slot.resident_bytes = 0
-        self.metrics.set_resident(model_id, 0)
-        self.metrics.evictions.inc(model=model_id, reason=reason)
-        log.info("model %s unloaded (%s)", model_id, reason)
         return True
+
+    async def _release(self, slot: ModelSlot, reason: str) -> None:
+        """Stop a resident model's engine and free its memory (the caller has waited for
+        its requests, or none has run on it)."""
+        state, slot.state = slot.state, None
+        if state is not None:
+            await asyncio.to_thread(self._release_fn, state)
+        del state  # the hub's last reference: the weights and KV can go
+        await asyncio.to_thread(self._collect_fn)
+        slot.resident_bytes = 0
+        self.metrics.set_resident(slot.entry.id, 0)
+        self.metrics.evictions.inc(model=slot.entry.id, reason=reason)
+        log.info("model %s unloaded (%s)", slot.entry.id, reason)
 
     async def _reap(self) -> None:
         """Unload idle models whose TTL has passed, once a second."""

@@ -34,6 +34,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from compat_serve import __version__
+from compat_serve.models.weight_report import weights_status
 from compat_serve.registry.hub import ModelHub, ModelRequestError, ModelSlot
 from compat_serve.server.generation import model_error, model_hub, server_state
 from compat_serve.server.state import ServerState
@@ -258,6 +259,8 @@ async def ollama_ps(request: Request) -> dict[str, Any]:
                 "size": slot.resident_bytes,
                 "size_vram": 0,
                 "context_length": slot.state.context_length,
+                # Not Ollama's: the weight plan this model runs (dtype, CPU fast paths).
+                "weights": weights_status(slot.state.engine.model),
             }
         )
     return {"models": models}

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from compat_serve.engine.metrics import CONTENT_TYPE
+from compat_serve.models.weight_report import weights_status
 from compat_serve.registry.hub import ModelHub
 from compat_serve.registry.metrics import merge_expositions
 from compat_serve.server.generation import model_hub
@@ -31,6 +32,8 @@ def models_status(hub: ModelHub) -> list[dict[str, Any]]:
             "pinned": slot.pinned,
             "in_flight": slot.in_flight,
             "failure": slot.failure,
+            # The weight plan the resident model runs (models/weight_report.py).
+            "weights": weights_status(slot.state.engine.model) if slot.state else None,
         }
         for slot in hub.slots.values()
     ]
@@ -70,6 +73,7 @@ async def status(request: Request) -> dict[str, Any]:
         "kv_tokens_reserved": int(engine.metrics.kv_tokens_reserved.value()),
         "kv_tokens_capacity": engine.kv_capacity_tokens,
         "kv_cache": engine.kv_format_status(),
+        "weights": weights_status(engine.model),
         "context_length": state.context_length,
         "speculation": engine.speculation_status(),
         "sampling_defaults": state.sampling_defaults.as_dict(),

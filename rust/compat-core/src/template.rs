@@ -10,8 +10,10 @@
 //! - `tojson` is `json.dumps` with transformers' arguments ([`json`]);
 //! - `indent` and `trim` follow jinja2's algorithms, and `str.strip`/`split`
 //!   use Python's whitespace rules ([`builtins`]);
-//! - methods that mutate (`list.append`, `dict.update`, ...) raise, as the
-//!   immutable sandbox does;
+//! - methods that mutate (`list.append`, `dict.update`, ...) work as in
+//!   jinja2's `SandboxedEnvironment` (transformers' immutable sandbox refuses
+//!   them; llama.cpp and jinja2's default sandbox render them): a template that
+//!   calls one renders with mutable lists and dicts ([`mutable`]);
 //! - `~` joins Python `str()`s; `safe`/`escape` create Markup, and
 //!   `Markup + str` escapes the string ([`ops`]);
 //! - the tests `iterable`, `sequence` and `number` follow Python's types;
@@ -20,13 +22,15 @@
 
 mod builtins;
 mod json;
+mod mutable;
 mod ops;
 mod pyfmt;
 mod source;
 
 use chrono::NaiveDateTime;
-use minijinja::value::Value;
-use minijinja::{AutoEscape, Environment, UndefinedBehavior};
+use minijinja::filters;
+use minijinja::value::{Kwargs, Value};
+use minijinja::{AutoEscape, Environment, State, UndefinedBehavior};
 
 use crate::error::CoreError;
 
@@ -36,6 +40,9 @@ const TEMPLATE_NAME: &str = "chat_template";
 #[derive(Debug)]
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The template mutates lists or dicts: its context is made of
+    /// [`mutable`] values (other templates keep minijinja's cheaper ones).
+    mutable: bool,
 }
 
 impl ChatTemplate {
@@ -54,8 +61,9 @@ impl ChatTemplate {
             .build()
             .map_err(|e| CoreError::Template(e.to_string()))?;
         let desugared = source::desugar(source);
-        let compiled_source = ops::rewrite_operators(&desugared, syntax.clone())
-            .unwrap_or_else(|| desugared.into_owned());
+        let rewritten = ops::rewrite_operators(&desugared, syntax.clone());
+        let mutable = rewritten.mutable;
+        let compiled_source = rewritten.source.unwrap_or_else(|| desugared.into_owned());
         let mut env = Environment::new();
         env.set_syntax(syntax);
         env.set_undefined_behavior(UndefinedBehavior::Lenient);
@@ -88,9 +96,23 @@ impl ChatTemplate {
         env.add_filter("escape", ops::escape);
         env.add_filter("e", ops::escape);
         env.add_filter("forceescape", ops::forceescape);
+        if mutable {
+            // The functions and filters that return a new Python list or dict.
+            env.add_function(ops::MUTABLE_FUNCTION, mutable::to_mutable);
+            env.add_function("dict", mutable::py_dict);
+            env.add_filter("list", |state: &State, value: Value| {
+                filters::list(state, value).map(mutable::to_mutable)
+            });
+            env.add_filter("sort", |state: &State, value: Value, kwargs: Kwargs| {
+                filters::sort(state, value, kwargs).map(mutable::to_mutable)
+            });
+            env.add_filter("dictsort", |value: &Value, kwargs: Kwargs| {
+                filters::dictsort(value, kwargs).map(mutable::to_mutable)
+            });
+        }
         env.add_template_owned(TEMPLATE_NAME, compiled_source)
             .map_err(|e| template_error(&e))?;
-        Ok(Self { env })
+        Ok(Self { env, mutable })
     }
 
     /// Renders with `ctx`, a JSON object of template variables (`messages`,
@@ -105,9 +127,12 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| template_error(&e))?;
-        template
-            .render(json_to_value(ctx))
-            .map_err(|e| template_error(&e))
+        let ctx = if self.mutable {
+            mutable::json_to_mutable(ctx)
+        } else {
+            json_to_value(ctx)
+        };
+        template.render(ctx).map_err(|e| template_error(&e))
     }
 }
 
@@ -221,12 +246,6 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, "a b|['a', 'b']|v|1|k=v");
-    }
-
-    #[test]
-    fn mutation_is_refused_like_the_immutable_sandbox() {
-        let err = render("{% set xs = [] %}{{ xs.append(1) }}", &json!({})).unwrap_err();
-        assert!(err.to_string().contains("unsafe"), "{err}");
     }
 
     #[test]

@@ -209,15 +209,37 @@ def _any_value(g: GrammarBuilder) -> str:
     return g.rule(value, f"{string} | {scalar} | {obj} | {arr}")
 
 
+def _literal(g: GrammarBuilder, value: Any) -> str:
+    """One value as the template's `format_argument` writes it: strings between `<|"|>`
+    quotes (the quote may be a special token, so it is its own piece), other values as
+    in JSON, objects with bare keys in sorted order."""
+    if isinstance(value, str):
+        return f"{g.lit(QUOTE)} {g.lit(value) if value else ''} {g.lit(QUOTE)}"
+    comma = ' "," '
+    if isinstance(value, Mapping):
+        pairs = [f"{g.lit(f'{k}:')} {_literal(g, value[k])}" for k in sorted(value)]
+        return f'"{{" {comma.join(pairs)} "}}"'
+    if isinstance(value, list):
+        return f'"[" {comma.join(_literal(g, v) for v in value)} "]"'
+    return g.lit(json.dumps(value))
+
+
+def _literals(schema: Mapping[str, Any]) -> list[Any] | None:
+    """The values `const` or `enum` allow (whatever `type` says, or without one)."""
+    if "const" in schema:
+        return [schema["const"]]
+    enum = schema.get("enum")
+    return list(enum) if isinstance(enum, list) and enum else None
+
+
 def _value(g: GrammarBuilder, hint: str, schema: Any, any_value: list[str]) -> str:
     kind = schema.get("type") if isinstance(schema, Mapping) else None
+    literals = _literals(schema) if isinstance(schema, Mapping) else None
+    if literals is not None:
+        # `enum` / `const` pin the value, typed or not (`unit: {"enum": ["c", "f"]}`
+        # has no type: it used to fall through to any value, #34).
+        return g.rule(f"{hint}_enum", " | ".join(f"({_literal(g, v)})" for v in literals))
     if kind == "string":
-        literals = schema.get("enum") if isinstance(schema.get("enum"), list) else None
-        if isinstance(schema.get("const"), str):
-            literals = [schema["const"]]
-        if literals and all(isinstance(v, str) for v in literals):
-            inner = " | ".join(g.lit(v) for v in literals)
-            return f"{g.lit(QUOTE)} ({inner}) {g.lit(QUOTE)}"
         # The text and its closing quote as one lazy lexeme (a greedy text lexeme could
         # not end before a quote it might still be part of).
         return f"{g.lit(QUOTE)} {g.text_until(f'{hint}_text', QUOTE, length=_length(schema))}"

@@ -84,9 +84,10 @@ def to_chat_request(
     max_tokens = body.max_tokens if isinstance(body, MessagesRequest) else None
     template_kwargs = _thinking_kwargs(body.thinking, max_tokens)
     tools = _tools(body.tools, body.tool_choice)
+    # A forced call renders the prompt an `auto` call would (no `enable_thinking: false`
+    # of its own): the next turn, usually `auto`, then renders the same history and reads
+    # turn 1 and the call from the cache (#34). The forced grammar skips the thinking.
     tool_choice = _tool_choice(body.tool_choice, body.thinking, tools)
-    if tool_choice == "required":
-        template_kwargs["enable_thinking"] = False  # a forced call disables thinking
     grammar = _output_grammar(body)
     images: list[ImageRef] | None = [] if vision else None
     messages = _system_messages(body.system) + chat_messages(body.messages, images)

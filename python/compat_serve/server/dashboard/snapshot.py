@@ -8,11 +8,13 @@ registry, the prefix cache's stats); nothing here waits for the engine thread.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 from compat_serve import __version__
 from compat_serve.engine.memory import physical_memory_bytes
+from compat_serve.models.weight_report import weights_status
 from compat_serve.server.discovery import capabilities
 
 if TYPE_CHECKING:
@@ -70,7 +72,12 @@ def _cache(engine: Engine) -> dict[str, Any]:
 
 
 def _process_rss_bytes() -> int | None:
-    """Resident memory of this process (Linux /proc; None elsewhere)."""
+    """Resident memory of this process (Linux /proc; None elsewhere).
+
+    macOS has no /proc and the standard library no current-RSS call (getrusage gives the
+    peak), so there the dashboard shows the process memory as unknown (docs/platforms.md)."""
+    if sys.platform != "linux":
+        return None
     try:
         with open("/proc/self/statm", encoding="ascii") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -125,6 +132,7 @@ def _model(state: ServerState) -> dict[str, Any]:
         "source": loaded.source,
         "architecture": loaded.model_type,
         "dtype": loaded.dtype,
+        "weights": weights_status(loaded),
         "state": "loaded" if engine.running else "stopped",
         "context_window": state.context_length,
         "max_prompt_tokens": engine.max_prompt_tokens,

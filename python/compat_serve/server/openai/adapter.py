@@ -99,18 +99,20 @@ def _text_content(message: ChatMessageIn, index: int, images: list[ImageRef] | N
     return join_parts(texts)
 
 
-def _arguments(raw: str | dict[str, Any], where: str) -> dict[str, Any]:
+def _arguments(raw: str | dict[str, Any]) -> str | dict[str, Any]:
+    """A past call's arguments for the template: the object of JSON object text (or
+    `{}` for blank), else the string as the client sent it. OpenAI takes any string here
+    (a model may have written arguments that are not JSON, and the client echoes them),
+    so a template gets that string as it would get any non-object arguments."""
     if isinstance(raw, dict):
         return raw
+    if not raw.strip():
+        return {}
     try:
-        parsed = json.loads(raw) if raw.strip() else {}
-    except json.JSONDecodeError as exc:
-        raise ApiError(
-            400, f"{where}: arguments are not valid JSON ({exc.msg})", param=where
-        ) from exc
-    if not isinstance(parsed, dict):
-        raise ApiError(400, f"{where}: arguments must be a JSON object", param=where)
-    return parsed
+        parsed = json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+    return parsed if isinstance(parsed, dict) else raw
 
 
 def chat_messages(
@@ -129,10 +131,7 @@ def chat_messages(
                     "type": "function",
                     "function": {
                         "name": call.function.name,
-                        "arguments": _arguments(
-                            call.function.arguments,
-                            f"messages[{i}].tool_calls[{k}].function.arguments",
-                        ),
+                        "arguments": _arguments(call.function.arguments),
                     },
                 }
                 for k, call in enumerate(m.tool_calls)
@@ -161,10 +160,11 @@ def chat_request(
     if choice == "none":
         tools = None
     forced_tool = choice if choice not in ("auto", "none", "required") else None
+    # A forced call renders the prompt an `auto` call would (the template's own thinking
+    # default): a next turn that no longer forces the call then keeps turn 1's prompt and
+    # the echoed call in the cache (#34). The forced grammar starts with the call
+    # (closing a thinking block the prompt opened), so no thinking comes first.
     template_kwargs = dict(body.chat_template_kwargs or {})
-    if forced_tool is not None or choice == "required":
-        # A forced call starts right away: no thinking first, unless the client asks.
-        template_kwargs.setdefault("enable_thinking", False)
     return ChatRequest(
         messages=chat_messages(body.messages, images),
         sampling=dataclasses.replace(

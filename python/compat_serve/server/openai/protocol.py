@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from compat_serve.engine.types import MAX_TOP_LOGPROBS
 from compat_serve.server.json_types import INTEGRAL, U32_MAX, JsonInt
-from compat_serve.server.schema_rules import JSON_OBJECT_TEXT, at_most_one, needs, nullable
 from compat_serve.server.schema_rules import NULL as _NULL
+from compat_serve.server.schema_rules import at_most_one, needs, nullable
 
 _JSON_OBJECT = {"type": "object", "additionalProperties": True}
 # What `tool_choice` accepts (the named function must be one of `tools`).
@@ -143,11 +143,10 @@ class FunctionCall(_Lenient):
         str | dict[str, Any],
         WithJsonSchema(
             {
-                "anyOf": [
-                    JSON_OBJECT_TEXT,
-                    _JSON_OBJECT,
-                ],
-                "description": "a JSON object, or its JSON text (integers within 64 bits)",
+                "anyOf": [{"type": "string"}, _JSON_OBJECT],
+                "description": "a JSON object, or its JSON text (integers within 64 bits); "
+                "any other string (arguments a model wrote that are not a JSON object) is "
+                "kept and given to the chat template as that string",
                 "default": "{}",
             }
         ),
@@ -288,7 +287,11 @@ class CompletionRequest(_SamplingFields):
                         "minItems": 1,
                         "maxItems": 1,
                     },
-                ]
+                ],
+                # Which characters the model's vocabulary can write is not JSON Schema's.
+                "description": "text or token ids; text must tokenize to at least one "
+                "token (a text made only of characters the model's vocabulary has no "
+                "tokens for, such as some control characters, is a 400)",
             }
         ),
     ]

@@ -238,12 +238,20 @@ async def _completions(body: CompletionRequest, request: Request) -> Any:
     )
 
 
+EMPTY_TOKENIZATION = (
+    "prompt: the text tokenizes to no tokens (this model's vocabulary has none for its characters)"
+)
+
+
 async def completion_ids(state: ServerState, prompt: str | list[int]) -> tuple[int, ...]:
     """A completion prompt's token ids; 400 for an empty prompt or an id out of range."""
     if isinstance(prompt, str):
         if not prompt:
             raise ApiError(400, "prompt: must not be empty", param="prompt")
-        return tuple(await asyncio.to_thread(state.prompt_builder.encode, prompt))
+        ids = tuple(await asyncio.to_thread(state.prompt_builder.encode, prompt))
+        if not ids:  # every character one the vocabulary cannot write (e.g. "\x13")
+            raise ApiError(400, EMPTY_TOKENIZATION, param="prompt")
+        return ids
     if not prompt:
         raise ApiError(400, "prompt: must not be empty", param="prompt")
     vocab = state.engine.model.tokenizer.vocab_size

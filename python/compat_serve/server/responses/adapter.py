@@ -188,8 +188,10 @@ def plan_request(
         chat_tools = None
     if choice.raw_custom is not None:
         grammar = choice.raw_custom.grammar
-    if choice.mode == "required" or choice.raw_custom is not None:
-        # A forced call starts right away: no thinking first, unless the client asks.
+    if choice.raw_custom is not None:
+        # A forced custom tool's grammar starts right away: no thinking first, unless the
+        # client asks. A forced function call keeps the prompt an `auto` call renders
+        # (#34: the next turn keeps it in the cache); its grammar skips the thinking.
         template_kwargs.setdefault("enable_thinking", False)
     include = body.include or []
     chat = ChatRequest(

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from compat_serve.engine.types import FinishReason
+from compat_serve._native import GrammarError
+from compat_serve.engine.types import FinishReason, Grammar
 from compat_serve.server import sse
 from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError, generation_error
@@ -21,7 +23,8 @@ from compat_serve.server.responses.encoder import Event, ResponseBuilder, base_r
 from compat_serve.server.responses.protocol import ResponsesRequest
 from compat_serve.server.responses.sealed_reasoning import ReasoningSeal
 from compat_serve.server.responses.store import ResponseStore, Stored
-from compat_serve.server.responses.tools import ResponseTools
+from compat_serve.server.responses.tools import ResponseTools, custom_input_schemas
+from compat_serve.server.state import ServerState
 from compat_serve.server.turn import TurnOutput
 
 router = APIRouter()
@@ -98,6 +101,7 @@ async def _create_response(body: ResponsesRequest, request: Request) -> Any:
         default_max_tokens=state.context_length,
         vision=reads_images(state),
     )
+    await _check_custom_patterns(state, plan.tools)
     response_id = item_id("resp")
     builder = ResponseBuilder(
         base_response(response_id, body, body.tool_choice),
@@ -141,6 +145,19 @@ async def _create_response(body: ResponsesRequest, request: Request) -> Any:
         raise ApiError(499, "client closed the request")
     remember()
     return JSONResponse(final)
+
+
+async def _check_custom_patterns(state: ServerState, tools: ResponseTools) -> None:
+    """A custom tool's regex (or regular Lark) format becomes its input's JSON pattern in
+    the call grammar of all tools; one that does not compile is a 400 naming the tool's
+    `format.definition`, as when that grammar is compiled alone for a forced call."""
+    for field, schema in custom_input_schemas(tools):
+        try:
+            await asyncio.to_thread(
+                state.engine.compile_grammar, Grammar("json_schema", schema, field)
+            )
+        except GrammarError as exc:
+            raise ApiError(400, f"{field}: does not compile: {exc}", param=field) from exc
 
 
 def _user_item(text: str) -> list[Any]:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,23 @@ class ResponseTools:
     def only(self, chat_names: set[str]) -> ResponseTools:
         keep = [t for t in self.chat_tools if t["function"]["name"] in chat_names]
         return ResponseTools(keep, {n: e for n, e in self.by_chat_name.items() if n in chat_names})
+
+
+def custom_input_schemas(tools: ResponseTools) -> list[tuple[str, str]]:
+    """(field, JSON schema text) of each custom tool's input string with a pattern, as
+    the call grammar of all tools embeds it. The route compiles each alone, so a pattern
+    that does not compile is a 400 naming its tool's `format.definition` rather than
+    `tools` (the whole call grammar)."""
+    out = []
+    for tool in tools.chat_tools:
+        function = tool["function"]
+        entry = tools.by_chat_name.get(function["name"])
+        if entry is None or entry.kind != "custom" or entry.grammar is None:
+            continue  # function tools' parameters are any JSON schema: not ours to read
+        value = function["parameters"]["properties"][CUSTOM_INPUT]  # _custom's own shape
+        if "pattern" in value:
+            out.append((entry.grammar.field, json.dumps(value)))
+    return out
 
 
 def chat_name(name: str, namespace: str | None) -> str:

@@ -9,6 +9,7 @@ use minijinja::value::{from_args, Kwargs, Rest, Value, ValueKind, ValueOrKwargs}
 use minijinja::{Error, ErrorKind, State};
 
 use super::json::{dumps, DumpOptions};
+use super::mutable::{is_mutator, PyList};
 use super::pyfmt::{is_py_space, py_str, to_py_str};
 
 /// Marks an error raised by the template itself through `raise_exception`, so
@@ -379,24 +380,6 @@ fn py_split(s: &str, sep: Option<&str>, maxsplit: i64) -> Result<Vec<String>, Er
     })
 }
 
-/// Methods that mutate their receiver. jinja2's `ImmutableSandboxedEnvironment`
-/// refuses them (`SecurityError`), so we refuse them too instead of emulating.
-const MUTATING_METHODS: &[&str] = &[
-    "append",
-    "extend",
-    "insert",
-    "pop",
-    "remove",
-    "clear",
-    "sort",
-    "reverse",
-    "update",
-    "setdefault",
-    "popitem",
-    "add",
-    "discard",
-];
-
 /// Python methods on values: str `strip`/`lstrip`/`rstrip`/`split` with Python's
 /// whitespace rules here, everything else from minijinja-contrib's `pycompat`.
 pub fn unknown_method(
@@ -421,17 +404,25 @@ pub fn unknown_method(
                 kwargs.assert_all_used()?;
                 let sep = sep.filter(|v| !v.is_none()).map(|v| to_py_str(&v));
                 let parts = py_split(s, sep.as_deref(), maxsplit.unwrap_or(-1))?;
-                return Ok(Value::from(parts));
+                // A Python list: a mutating template may change it in place.
+                return Ok(PyList::new_value(
+                    parts.into_iter().map(Value::from).collect(),
+                ));
             }
             _ => {}
         }
     }
-    if matches!(value.kind(), ValueKind::Seq | ValueKind::Map) && MUTATING_METHODS.contains(&method)
-    {
+    // Lists and dicts a template may change are `PyList`/`PyDict` objects,
+    // which handle their mutators before this callback runs. What reaches it
+    // is a value Python would not let change either (a tuple, `range()`, the
+    // generator of `|map`), or one minijinja built that we do not convert.
+    if matches!(value.kind(), ValueKind::Seq | ValueKind::Map) && is_mutator(method) {
         return Err(Error::new(
             ErrorKind::InvalidOperation,
             format!(
-                "access to attribute '{method}' of '{}' object is unsafe.",
+                "'{}' object has no method '{method}' here: only lists and dicts of the \
+                 context, literals, `+`, `|list`, `|sort`, `|dictsort`, `dict()` and \
+                 `str.split()` can be changed in place",
                 py_type_name(value)
             ),
         ));

@@ -1,5 +1,6 @@
-//! Python semantics for the operators `~` and `+`, applied by rewriting the
-//! operator into a function call at the spans minijinja's own parser reports.
+//! Python semantics for the operators `~` and `+`, and for templates that
+//! mutate lists and dicts, applied by rewriting the source at the spans
+//! minijinja's own parser reports.
 //!
 //! - `a ~ b` is `str(a) + str(b)` in jinja2; minijinja formats operands its own
 //!   way (`1e-07` prints as `0.0000001`). Every `~` becomes `__py_concat(a, b)`.
@@ -10,6 +11,12 @@
 //!   `e` or `forceescape`) every `a + b` becomes `__py_add(a, b)`. Markup is
 //!   represented by minijinja's safe strings. Templates without those filters
 //!   keep minijinja's `+`, which agrees with Python's on plain values.
+//! - A template that calls a list or dict mutator (`xs.append(x)`, ...) renders
+//!   with mutable values ([`super::mutable`]): every list or dict literal
+//!   becomes `__py_mutable([...])` (a fresh object per evaluation; minijinja
+//!   folds constant literals into one shared value) and every `a + b` becomes
+//!   `__py_add(a, b)`, which builds a new list where minijinja's `+` would keep
+//!   a lazy view of both operands. Templates that never mutate are unchanged.
 
 use minijinja::machinery::ast::{BinOpKind, CallArg, Expr, Stmt};
 use minijinja::machinery::parse;
@@ -17,35 +24,65 @@ use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Value, ValueKind};
 use minijinja::{Error, ErrorKind};
 
+use super::mutable::{self, PyList};
 use super::pyfmt::{py_str, to_py_str};
 
 /// Name of the Python-semantics `+` function.
 pub const ADD_FUNCTION: &str = "__py_add";
 /// Name of the Python-semantics `~` function.
 pub const CONCAT_FUNCTION: &str = "__py_concat";
+/// Name of the function that turns a literal into a mutable list or dict.
+pub const MUTABLE_FUNCTION: &str = "__py_mutable";
 
 const MARKUP_FILTERS: &[&str] = &["safe", "escape", "e", "forceescape"];
 
-/// Rewrites `a ~ b` to `__py_concat(a, b)`, and `a + b` to `__py_add(a, b)` if
-/// the template can create Markup. Returns `None` when nothing needs to change
-/// (or the source does not parse: compiling it then reports the error).
-pub fn rewrite_operators(source: &str, syntax: SyntaxConfig) -> Option<String> {
+/// The source to compile and whether the template mutates lists or dicts.
+#[derive(Debug, Default)]
+pub struct Rewritten {
+    /// `None` when the source compiles as it is.
+    pub source: Option<String>,
+    /// The template calls a mutator: render with mutable lists and dicts.
+    pub mutable: bool,
+}
+
+/// Rewrites `a ~ b` to `__py_concat(a, b)`, `a + b` to `__py_add(a, b)` if the
+/// template can create Markup or mutates, and wraps literals in mutating
+/// templates. A source that does not parse comes back unchanged (compiling it
+/// then reports the error).
+pub fn rewrite_operators(source: &str, syntax: SyntaxConfig) -> Rewritten {
     let may_concat = source.contains('~');
     let may_markup = MARKUP_FILTERS.iter().any(|f| source.contains(f)) && source.contains('+');
-    if !may_concat && !may_markup {
-        return None;
+    let may_mutate = mutable::LIST_MUTATORS
+        .iter()
+        .chain(mutable::DICT_MUTATORS)
+        .any(|m| source.contains(m));
+    if !may_concat && !may_markup && !may_mutate {
+        return Rewritten::default();
     }
-    let ast = parse(source, "chat_template", syntax).ok()?;
+    let Ok(ast) = parse(source, "chat_template", syntax) else {
+        return Rewritten::default();
+    };
     let mut found = Found::default();
     found.stmt(&ast);
+    let mutable = found.mutates;
+    Rewritten {
+        source: apply_edits(source, &found),
+        mutable,
+    }
+}
+
+fn apply_edits(source: &str, found: &Found) -> Option<String> {
     let ops: Vec<&Op> = found
         .ops
         .iter()
-        .filter(|op| op.symbol == '~' || found.markup)
+        .filter(|op| op.symbol == '~' || found.markup || found.mutates)
         .collect();
-    if ops.is_empty() {
+    let literals: &[(usize, usize)] = if found.mutates { &found.literals } else { &[] };
+    if ops.is_empty() && literals.is_empty() {
         return None;
     }
+    // (offset, phase, order, text, bytes replaced). At one offset: closes
+    // (inner first), then an operator, then opens (outer first).
     let mut edits: Vec<(usize, u8, usize, &str, usize)> = Vec::new();
     for op in ops {
         let gap = source.get(op.left_end..op.right_start)?;
@@ -56,13 +93,17 @@ pub fn rewrite_operators(source: &str, syntax: SyntaxConfig) -> Option<String> {
         } else {
             "__py_add("
         };
-        // At one offset: closes (inner first), then the operator, then opens (outer first).
         edits.push((op.end, 0, len, ")", 0));
         edits.push((at, 1, 0, ",", 1));
         edits.push((op.start, 2, usize::MAX - len, open, 0));
     }
+    for &(start, end) in literals {
+        let len = end - start;
+        edits.push((end, 0, len, ")", 0));
+        edits.push((start, 2, usize::MAX - len, "__py_mutable(", 0));
+    }
     edits.sort_unstable_by_key(|&(pos, phase, order, _, _)| (pos, phase, order));
-    let mut out = String::with_capacity(source.len() + edits.len() * 4);
+    let mut out = String::with_capacity(source.len() + edits.len() * 8);
     let mut pos = 0;
     for (at, _, _, text, replaced) in edits {
         out.push_str(source.get(pos..at)?);
@@ -82,11 +123,16 @@ struct Op {
     right_start: usize,
 }
 
-/// The operators to rewrite and whether a Markup-producing filter occurs.
+/// The operators to rewrite, whether a Markup-producing filter occurs, and
+/// for mutating templates the spans of list and dict literals.
 #[derive(Default)]
 struct Found {
     ops: Vec<Op>,
     markup: bool,
+    mutates: bool,
+    literals: Vec<(usize, usize)>,
+    /// Inside an assignment target (`for a, b in`), where a literal is a pattern.
+    in_target: bool,
 }
 
 impl Found {
@@ -101,7 +147,7 @@ impl Found {
             Stmt::Template(t) => self.stmts(&t.children),
             Stmt::EmitExpr(e) => self.expr(&e.expr),
             Stmt::ForLoop(f) => {
-                self.expr(&f.target);
+                self.target(&f.target);
                 self.expr(&f.iter);
                 self.opt(f.filter_expr.as_ref());
                 self.stmts(&f.body);
@@ -114,13 +160,13 @@ impl Found {
             }
             Stmt::WithBlock(w) => {
                 for (target, value) in &w.assignments {
-                    self.expr(target);
+                    self.target(target);
                     self.expr(value);
                 }
                 self.stmts(&w.body);
             }
             Stmt::Set(s) => {
-                self.expr(&s.target);
+                self.target(&s.target);
                 self.expr(&s.expr);
             }
             Stmt::SetBlock(s) => {
@@ -158,6 +204,20 @@ impl Found {
                 self.args(&d.call.args);
             }
             Stmt::EmitRaw(_) | Stmt::Continue(_) | Stmt::Break(_) => {}
+        }
+    }
+
+    fn target(&mut self, expr: &Expr<'_>) {
+        self.in_target = true;
+        self.expr(expr);
+        self.in_target = false;
+    }
+
+    fn literal(&mut self, expr: &Expr<'_>) {
+        if !self.in_target {
+            let span = expr.span();
+            self.literals
+                .push((span.start_offset as usize, span.end_offset as usize));
         }
     }
 
@@ -241,12 +301,19 @@ impl Found {
                 self.expr(&g.subscript_expr);
             }
             Expr::Call(c) => {
+                if let Expr::GetAttr(g) = &c.expr {
+                    self.mutates |= mutable::is_mutator(g.name);
+                }
                 self.expr(&c.expr);
                 self.args(&c.args);
             }
-            Expr::List(l) => self.exprs(&l.items),
+            Expr::List(l) => {
+                self.literal(expr);
+                self.exprs(&l.items);
+            }
             Expr::Tuple(t) => self.exprs(&t.items),
             Expr::Map(m) => {
+                self.literal(expr);
                 self.exprs(&m.keys);
                 self.exprs(&m.values);
             }
@@ -324,7 +391,7 @@ pub fn py_add(a: &Value, b: &Value) -> Result<Value, Error> {
             Ok(if a.is_tuple() {
                 Value::from(minijinja::value::Tuple::from(items))
             } else {
-                Value::from(items)
+                PyList::new_value(items)
             })
         }
         _ => Err(unsupported(a, b)),
@@ -365,7 +432,7 @@ mod tests {
     use super::*;
 
     fn rewrite(src: &str) -> Option<String> {
-        rewrite_operators(src, SyntaxConfig::default())
+        rewrite_operators(src, SyntaxConfig::default()).source
     }
 
     #[test]
@@ -401,6 +468,25 @@ mod tests {
             rewrite("{{ (a)+(b)|safe }}").as_deref(),
             Some("{{ __py_add((a),(b)|safe) }}")
         );
+    }
+
+    #[test]
+    fn mutating_templates_wrap_literals_and_additions() {
+        let src =
+            "{% for a, b in [[1], {'k': []}] %}{% set _ = ns.q.append([a] + b) %}{% endfor %}";
+        let rewritten = rewrite_operators(src, SyntaxConfig::default());
+        assert!(rewritten.mutable);
+        assert_eq!(
+            rewritten.source.as_deref(),
+            Some(
+                "{% for a, b in __py_mutable([__py_mutable([1]), __py_mutable({'k': __py_mutable([])})]) %}\
+                 {% set _ = ns.q.append(__py_add(__py_mutable([a]) , b)) %}{% endfor %}"
+            )
+        );
+        // Without a mutator call nothing changes.
+        let plain = rewrite_operators("{{ [1] + {'append': 1}.append }}", SyntaxConfig::default());
+        assert!(!plain.mutable);
+        assert_eq!(plain.source, None);
     }
 
     #[test]

@@ -327,6 +327,14 @@ function renderMemory(snap) {
   $("memory-bars").replaceChildren(...bars);
 }
 
+// "stock mlx-lm (asked: quantized)" or "CPU fast paths: row-major, ..." (/v1/status weights).
+function weightPlan(weights) {
+  if (!weights) return "–";
+  const paths = Object.values(weights.fast_paths || {});
+  const modules = paths.length ? `${weights.modules}: ${paths.join("; ")}` : weights.modules;
+  return `${modules} (--dtype ${weights.requested})`;
+}
+
 function kvFormat(model) {
   const kv = model.kv_format || {};
   const layers = Object.entries(kv.layers || {}).map(([kind, n]) => `${n} ${kind}`);
@@ -354,6 +362,7 @@ function renderModel(snap) {
     ["state", model.state],
     ["source", model.source],
     ["architecture", `${model.architecture}, ${model.dtype}`],
+    ["weights", weightPlan(model.weights)],
     ["served window", `${fmtInt(model.context_window)} tokens`],
     ["longest prompt", `${fmtInt(model.max_prompt_tokens)} tokens`],
     ["KV format", kvFormat(model)],

@@ -1,0 +1,256 @@
+"""Bytes a model's weights will take once loaded, from its files' headers alone.
+
+The model registry admits, evicts and refuses models by size before it loads them, so it
+needs the size the loader *will* produce, not the size on disk: the loader applies a
+weight plan (`weights.resolve_dtype`) that on the CPU dequantizes a 4-bit GGUF to float32
+(about 6x its file). This module reads only the tensor table of a GGUF file or of a
+directory's safetensors files (names, shapes, stored types; no tensor data) and sums what
+each tensor becomes under that plan:
+
+- kept as stored (`quantized`, or `auto` on Metal/CUDA): MLX's own layout of the stored
+  tensor (a GGUF Q4_0/Q4_1/Q8_0 tensor becomes an MLX affine triple of packed weight,
+  f16 scales and f16 biases per group of 32; other GGUF quantized types, which MLX reads
+  as float16, count 2 bytes a weight);
+- dense (`auto` on the CPU, `float32`, `float16`, `bfloat16`): every floating or quantized
+  weight as a dense tensor of that dtype; integer tensors as stored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compat_serve.models.errors import ModelLoadError
+from compat_serve.models.weights import Backend, resolve_dtype
+
+__all__ = [
+    "StoredTensor",
+    "estimate_weight_bytes",
+    "gguf_tensors",
+    "safetensors_tensors",
+    "stored_tensors",
+]
+
+_DENSE_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+# safetensors dtype -> (bytes per element, floating)
+_SAFETENSORS_TYPES = {
+    "F64": (8, True),
+    "F32": (4, True),
+    "F16": (2, True),
+    "BF16": (2, True),
+    "F8_E4M3": (1, True),
+    "F8_E5M2": (1, True),
+    "I64": (8, False),
+    "U64": (8, False),
+    "I32": (4, False),
+    "U32": (4, False),
+    "I16": (2, False),
+    "U16": (2, False),
+    "I8": (1, False),
+    "U8": (1, False),
+    "BOOL": (1, False),
+}
+# GGUF (ggml) tensor types MLX loads as stored: 0 F32, 1 F16, 30 BF16, 24-27 I8..I64.
+_GGUF_DENSE = {0: 4, 1: 2, 30: 2}
+_GGUF_INTEGER = {24: 1, 25: 2, 26: 4, 27: 8}
+# Types `mx.load` turns into MLX affine quantization (group 32): Q4_0, Q4_1 -> 4 bits, Q8_0 -> 8.
+_GGUF_MLX_QUANT_BITS = {2: 4, 3: 4, 8: 8}
+_GGUF_GROUP = 32
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """One tensor as a model's files hold it: its dense element count, the bytes it takes
+    kept as stored (in MLX's layout), and whether it is floating point (or quantized)
+    and so takes the dense dtype when the plan dequantizes."""
+
+    name: str
+    elements: int
+    stored_bytes: int
+    floating: bool
+
+
+# ---- GGUF ---------------------------------------------------------------------------------
+
+# GGUF metadata value types -> struct format of a scalar (8: string, 9: array).
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q"}
+_GGUF_SCALARS.update({11: "q", 12: "d"})
+
+
+class _Header:
+    """A cursor over a GGUF file mapped in memory (the header is read in place: a
+    tokenizer's 100k strings are skipped without a system call each)."""
+
+    def __init__(self, data: mmap.mmap, path: str) -> None:
+        self.data, self.path, self.at = data, path, 0
+
+    def take(self, fmt: str) -> Any:
+        size = struct.calcsize("<" + fmt)
+        if self.at + size > len(self.data):
+            raise ModelLoadError(f"{self.path}: truncated GGUF header")
+        value = struct.unpack_from("<" + fmt, self.data, self.at)[0]
+        self.at += size
+        return value
+
+    def skip(self, size: int) -> None:
+        self.at += size
+        if self.at > len(self.data):
+            raise ModelLoadError(f"{self.path}: truncated GGUF header")
+
+    def string(self) -> str:
+        size = self.take("Q")
+        text = bytes(self.data[self.at : self.at + size]).decode("utf-8", errors="replace")
+        self.skip(size)
+        return text
+
+    def skip_value(self, kind: int) -> None:
+        if kind == 8:
+            self.skip(self.take("Q"))
+        elif kind == 9:
+            item_kind, count = self.take("I"), self.take("Q")
+            if item_kind in _GGUF_SCALARS:  # fixed-size items: one skip
+                self.skip(count * struct.calcsize("<" + _GGUF_SCALARS[item_kind]))
+            else:
+                for _ in range(count):
+                    self.skip_value(item_kind)
+        elif kind in _GGUF_SCALARS:
+            self.skip(struct.calcsize("<" + _GGUF_SCALARS[kind]))
+        else:
+            raise ModelLoadError(f"{self.path}: unknown GGUF metadata type {kind}")
+
+
+def _gguf_stored_bytes(kind: int, elements: int) -> tuple[int, bool]:
+    if kind in _GGUF_DENSE:
+        return elements * _GGUF_DENSE[kind], True
+    if kind in _GGUF_INTEGER:
+        return elements * _GGUF_INTEGER[kind], False
+    if kind in _GGUF_MLX_QUANT_BITS:
+        groups = math.ceil(elements / _GGUF_GROUP)
+        return elements * _GGUF_MLX_QUANT_BITS[kind] // 8 + groups * 2 * 2, True
+    return elements * 2, True  # other quantized types: MLX dequantizes them to float16
+
+
+def gguf_tensors(path: str) -> list[StoredTensor]:
+    """The tensor table of a GGUF file (version 2 or 3), read without its data."""
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return _gguf_table(_Header(data, path))
+    except (OSError, ValueError) as exc:  # ValueError: an empty file cannot be mapped
+        raise ModelLoadError(f"cannot read GGUF {path}: {exc}") from exc
+
+
+def _gguf_table(header: _Header) -> list[StoredTensor]:
+    if bytes(header.data[:4]) != b"GGUF":
+        raise ModelLoadError(f"{header.path}: not a GGUF file")
+    header.skip(4)
+    if header.take("I") not in (2, 3):
+        raise ModelLoadError(f"{header.path}: unsupported GGUF version")
+    n_tensors, n_meta = header.take("Q"), header.take("Q")
+    for _ in range(n_meta):
+        header.skip(header.take("Q"))  # the key
+        header.skip_value(header.take("I"))
+    tensors = []
+    for _ in range(n_tensors):
+        name = header.string()
+        dims = [header.take("Q") for _ in range(header.take("I"))]
+        kind = header.take("I")
+        header.skip(8)  # offset of the data
+        elements = math.prod(dims)
+        stored, floating = _gguf_stored_bytes(kind, elements)
+        tensors.append(StoredTensor(name, elements, stored, floating))
+    return tensors
+
+
+# ---- safetensors directories -------------------------------------------------------------
+
+
+def _safetensors_header(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        header: Any = json.loads(f.read(size))
+    if not isinstance(header, dict):
+        raise ModelLoadError(f"{path}: not a safetensors file")
+    return header
+
+
+def _quant_bits(config: Mapping[str, Any], prefix: str) -> int:
+    """Bits of a quantized layer from config.json (mlx-lm's `quantization`, with
+    per-layer overrides); 4 when the config does not say."""
+    quant = config.get("quantization") or config.get("quantization_config") or {}
+    if not isinstance(quant, Mapping):
+        return 4
+    own = quant.get(prefix)
+    if isinstance(own, Mapping) and isinstance(own.get("bits"), int):
+        return int(own["bits"])
+    bits = quant.get("bits")
+    return int(bits) if isinstance(bits, int) and bits > 0 else 4
+
+
+def safetensors_tensors(model_dir: str) -> list[StoredTensor]:
+    """The tensors of a model directory's `*.safetensors` files, read from their headers.
+    A quantized layer (a packed `weight` beside `scales`) counts its dense element count
+    (from its bits in config.json) on the weight, and its scales and biases as stored."""
+    root = Path(model_dir)
+    try:
+        config: Any = json.loads((root / "config.json").read_text())
+        entries: dict[str, tuple[str, list[int]]] = {}
+        for file in sorted(root.glob("*.safetensors")):
+            for name, info in _safetensors_header(file).items():
+                if name != "__metadata__" and isinstance(info, dict):
+                    entries[name] = (str(info["dtype"]), [int(d) for d in info["shape"]])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"cannot read the safetensors headers of {model_dir}: {exc}") from exc
+    config = config if isinstance(config, dict) else {}
+    quantized = {n[: -len(".scales")] for n in entries if n.endswith(".scales")}
+    tensors = []
+    for name, (dtype, shape) in entries.items():
+        itemsize, floating = _SAFETENSORS_TYPES.get(dtype, (4, False))
+        elements = math.prod(shape)
+        stored = elements * itemsize
+        prefix, _, leaf = name.rpartition(".")
+        if prefix in quantized:
+            if leaf == "weight":  # packed: `bits` per dense element
+                elements = stored * 8 // _quant_bits(config, prefix)
+                floating = True
+            else:  # scales and biases go away when the layer is made dense
+                elements, floating = 0, True
+        tensors.append(StoredTensor(name, elements, stored, floating))
+    return tensors
+
+
+# ---- the estimate -------------------------------------------------------------------------
+
+
+def stored_tensors(path: str) -> list[StoredTensor]:
+    """The tensor table of a model path: a `.gguf` file or a model directory."""
+    if os.path.isdir(path):
+        return safetensors_tensors(path)
+    return gguf_tensors(path)
+
+
+def _planned_bytes(tensors: Iterable[StoredTensor], dense: str | None) -> int:
+    if dense is None:
+        return sum(t.stored_bytes for t in tensors)
+    itemsize = _DENSE_ITEMSIZE[dense]
+    return sum(t.elements * itemsize if t.floating else t.stored_bytes for t in tensors)
+
+
+def estimate_weight_bytes(
+    path: str | None, dtype: str | None = "auto", backend: Backend | None = None
+) -> int:
+    """Bytes the weights of the model at `path` (None: the embedded model) will take once
+    loaded with `dtype` (the `--dtype` choices; None or "auto": the backend's rule) on
+    `backend` (default: this process's)."""
+    if path is None:
+        from compat_serve.models.embedded import embedded_model_path
+
+        path = str(embedded_model_path())
+    plan = resolve_dtype(dtype, backend, warn=False)
+    return _planned_bytes(stored_tensors(path), plan.dense)
