@@ -18,10 +18,12 @@ Pairs, on the embedded model (float32 weights on the CPU):
   `kernel_available` false: another CPU's float order);
 - 8-bit and 4-bit KV (group 64), engine alone, batched, and batched without the kernels,
   vs mlx-lm's `QuantizedKVCache` filled as greedy decoding fills it;
-and f32 KV on the tiny random llama (tests/tiny_models.py), batched vs alone.
+the users' path (`dtype="quantized"`: the GGUF's weights kept quantized), alone and
+batched vs the model alone; and f32 KV on the tiny random llama (tests/tiny_models.py),
+batched vs alone.
 
-Run: `.venv/bin/python benches/greedy_tie_tolerances.py [--tokens 32] [--only f32|quantized|tiny]
-[--bits 8 4]` (about 15 minutes in all on 2 shared cores).
+Run: `.venv/bin/python benches/greedy_tie_tolerances.py [--tokens 32]
+[--only f32|quantized|users|tiny] [--bits 8 4]` (about 15 minutes in all on 2 shared cores).
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ def compare(
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--only", choices=["f32", "quantized", "tiny"], default=None)
+    parser.add_argument("--only", choices=["f32", "quantized", "tiny", "users"], default=None)
     parser.add_argument("--bits", type=int, nargs="+", default=[8, 4], choices=[8, 4])
     args = parser.parse_args()
     n = args.tokens
@@ -171,6 +173,12 @@ def main() -> None:
                 compare(name, kernels, kernels, prompts, n, kv, together)
             name = f"{bits}-bit KV, batched, no kernels vs QuantizedKVCache"
             compare(name, plain, kernels, prompts, n, kv, True)
+    if args.only in (None, "users"):
+        # The users' path (--dtype quantized): Q4_1/Q8_0 weights kept quantized, stock
+        # mlx-lm modules, float32 KV; MLX's quantized products in another shape per batch.
+        users = load_model(None, dtype="quantized")
+        compare("quantized weights, alone vs model alone", users, users, prompts, n, f32, False)
+        compare("quantized weights, batched vs model alone", users, users, prompts, n, f32, True)
     if args.only in (None, "tiny"):
         tiny = tiny_model("llama", kernels)
         tiny_prompts = [tuple(chat_ids(tiny, text)) for text in PROMPTS]

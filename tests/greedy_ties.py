@@ -38,11 +38,12 @@ if TYPE_CHECKING:
     from compat_serve.engine.types import EngineEvent, EngineRequest
     from compat_serve.models.types import LoadedModel
 
-# float32 weights and float32 KV (the embedded model dequantized on the CPU, and the tiny
-# random models): batched vs alone, cached vs uncached, drafts vs plain, one rank vs two,
-# the Rust kernels vs MLX's ops. Measured (benches/greedy_tie_tolerances.py, 8 prompts x
-# 24 tokens): log-probabilities differ by at most 7.1e-5 between these paths, so a top-two
-# margin moves by at most ~1.4e-4; the smallest margin met on the way was 5e-3.
+# float32 KV, weights float32 (the embedded model dequantized on the CPU, the tiny random
+# models) or kept quantized (the users' path, --dtype quantized): batched vs alone, cached
+# vs uncached, drafts vs plain, one rank vs two, the Rust kernels vs MLX's ops. Measured
+# (benches/greedy_tie_tolerances.py, 8 prompts x 24 tokens; 8 on quantized weights):
+# log-probabilities differ by at most 7.1e-5 between these paths, so a top-two margin
+# moves by at most ~1.4e-4; the smallest margin met on the way was 5e-3.
 F32_TIE = 1e-3
 # 8-bit KV (q8, group 64), against mlx-lm's `QuantizedKVCache` or the engine's own 8-bit
 # path in another batch shape: a float-order difference of 1e-6 in a new K/V row moves a
