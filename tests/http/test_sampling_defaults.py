@@ -38,7 +38,11 @@ def tiny_dir(embedded_model: LoadedModel, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture(scope="module")
 def model_defaults(tiny_dir: Path) -> Iterator[RunningServer]:
-    running = start_server(load_model(str(tiny_dir)))
+    # No prefix cache on these servers: a repeated request computes its prompt exactly as
+    # the first did (one at a time, the same shapes), so greedy texts compare exactly. A
+    # cache read would sum in another order and could flip a near tie of this random
+    # model (tests/greedy_ties.py).
+    running = start_server(load_model(str(tiny_dir)), prefix_cache=False)
     yield running
     running.stop()
 
@@ -47,6 +51,7 @@ def model_defaults(tiny_dir: Path) -> Iterator[RunningServer]:
 def flags_over_an_ignored_file(tiny_dir: Path) -> Iterator[RunningServer]:
     running = start_server(
         load_model(str(tiny_dir)),
+        prefix_cache=False,
         generation_config="none",
         default_top_k=0,
         default_temperature=1.0,

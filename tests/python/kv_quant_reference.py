@@ -24,6 +24,15 @@ def mlx_lm_greedy(
 ) -> list[int]:
     """Greedy tokens through mlx-lm's own caches (`KVCache`, or `QuantizedKVCache` of
     the format), one sequence, no engine."""
+    return mlx_lm_greedy_logits(model, kv_format, prompt, steps)[0]
+
+
+def mlx_lm_greedy_logits(
+    model: LoadedModel, kv_format: KVFormat, prompt: tuple[int, ...], steps: int
+) -> tuple[list[int], list[Any]]:
+    """`mlx_lm_greedy`'s tokens and the logits each was chosen from (the reference's own
+    margins, for tests/greedy_ties.py: a quantized cache read in another shape gives
+    other logits, so they are kept rather than recomputed)."""
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
@@ -33,8 +42,9 @@ def mlx_lm_greedy(
         return QuantizedKVCache(kv_format.group_size, kv_format.bits)
 
     cache = [layer_cache() for _ in model.model.layers]
-    inputs, tokens = mx.array([prompt]), []
+    inputs, tokens, logits = mx.array([prompt]), [], []
     for _ in range(steps):
-        tokens.append(int(mx.argmax(model.model(inputs, cache=cache)[0, -1]).item()))
+        logits.append(model.model(inputs, cache=cache)[0, -1].astype(mx.float32))
+        tokens.append(int(mx.argmax(logits[-1]).item()))
         inputs = mx.array([[tokens[-1]]])
-    return tokens
+    return tokens, logits

@@ -14,6 +14,7 @@ from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
 from tests.chat_prompts import chat_ids
+from tests.greedy_ties import assert_same_or_near_tie
 from tests.tiny_models import HYBRID_CONFIGS, tiny_model
 
 if TYPE_CHECKING:
@@ -29,9 +30,6 @@ PROMPTS = [
     "Say hello in French.",
     "Count to ten.",
 ]
-# Greedy outputs may differ where the top two logits are closer than this: batched
-# matmuls sum in another order (floating-point reordering, not a mixed-up batch).
-NEAR_TIE = 1e-3
 
 
 def greedy(max_tokens: int, **extra: Any) -> SamplingParams:
@@ -92,28 +90,6 @@ async def tokens_of(engine: Engine, request: EngineRequest) -> list[int]:
     if final.stop_token_id is not None:
         produced.append(final.stop_token_id)
     return produced
-
-
-def top2_gap(loaded: LoadedModel, ids: list[int]) -> float:
-    """Gap between the two largest next-token logits, computed alone (batch of one)."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
-
-    model: Any = loaded.model
-    logits = model(mx.array([ids]), cache=make_prompt_cache(model))[0, -1]
-    top = mx.sort(logits)[-2:].tolist()
-    return float(top[1] - top[0])
-
-
-def assert_same_or_near_tie(
-    loaded: LoadedModel, prompt: tuple[int, ...], alone: list[int], batched: list[int]
-) -> None:
-    for i, (a, b) in enumerate(zip(alone, batched, strict=False)):
-        if a != b:
-            gap = top2_gap(loaded, [*prompt, *alone[:i]])
-            assert gap < NEAR_TIE, f"position {i}: {a} alone, {b} batched, top-2 gap {gap}"
-            return
-    assert len(alone) == len(batched), (alone, batched)
 
 
 def run_alone_then_together(

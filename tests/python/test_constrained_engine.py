@@ -26,6 +26,7 @@ from compat_serve.engine.types import (
     SamplingParams,
 )
 from tests.chat_prompts import chat_ids
+from tests.greedy_ties import assert_same_or_near_tie
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -82,6 +83,10 @@ def text_of(events: list[EngineEvent]) -> str:
     return "".join(e.text for e in events)
 
 
+def tokens_of(events: list[EngineEvent]) -> list[int]:
+    return [t for e in events for t in e.token_ids]
+
+
 def test_sampled_json_validates_in_a_batch_with_free_rows(
     engine: Engine, embedded_model: LoadedModel
 ) -> None:
@@ -96,9 +101,12 @@ def test_sampled_json_validates_in_a_batch_with_free_rows(
     for events in together[:4]:
         assert events[-1].finish_reason is FinishReason.STOP_TOKEN
         jsonschema.validate(json.loads(text_of(events)), SCHEMA)
-    # Unconstrained rows sharing the batch generate exactly what they generate alone.
-    assert text_of(together[4]) == text_of(alone)
-    assert text_of(together[5]) == text_of(alone)
+    # Unconstrained rows sharing the batch generate what they generate alone (up to a
+    # near tie: a batch sums in another order).
+    for events in together[4:]:
+        assert_same_or_near_tie(
+            embedded_model, free[0].prompt_ids, tokens_of(alone), tokens_of(events)
+        )
 
 
 def test_regex_and_lark_constrain_greedy_output(

@@ -15,6 +15,7 @@ from compat_serve.engine.engine import Engine
 from compat_serve.engine.errors import EngineOverloaded, PromptTooLong
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, SamplingParams
 from tests.chat_prompts import chat_ids
+from tests.greedy_ties import assert_same_or_near_tie
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -86,7 +87,7 @@ def test_greedy_tokens_match_mlx_lm_generate_step(
     # Our token ids are reported for emitted text; the final stop token is not shown.
     if final.finish_reason is FinishReason.STOP_TOKEN:
         produced.append(final.stop_token_id)  # type: ignore[arg-type]
-    assert produced == reference[: len(produced)]
+    assert_same_or_near_tie(embedded_model, ids, reference[: len(produced)], produced)
     assert final.usage is not None and final.usage.completion_tokens == len(produced)
 
 

@@ -27,6 +27,7 @@ from compat_serve.models.load_steps import watch_evaluations
 from compat_serve.models.loader import load_model_steps
 from compat_serve.serve_models import load_state_steps
 from tests.chat_prompts import chat_ids
+from tests.greedy_ties import assert_same_or_near_tie
 from tests.tiny_models import write_model_dir
 
 if TYPE_CHECKING:
@@ -74,7 +75,10 @@ def test_a_hosted_engine_writes_the_tokens_of_an_engine_on_its_own_thread(
             _tokens(main, "m", ids, GREEDY), _tokens(background, "b", ids, GREEDY)
         )
 
-    assert asyncio.run(both()) == [reference, reference]
+    # The same path (one request, same chunks) on another thread: the same tokens, up to
+    # a near tie (a hosted step is the same computation, but nothing promises the bits).
+    for tokens in asyncio.run(both()):
+        assert_same_or_near_tie(embedded_model, ids, reference, tokens)
     names = [t.name for t in threading.enumerate()]
     assert names.count("compat-engine-host-test") == 1
     assert main.running and background.running
@@ -233,7 +237,7 @@ def test_a_load_evaluates_on_the_host_thread_while_a_resident_model_decodes(
             )
 
         reference, loaded = asyncio.run(both())
-        assert loaded == reference
+        assert_same_or_near_tie(embedded_model, short, reference, loaded)
     finally:
         state.engine.shutdown()
     assert [t.name for t in threading.enumerate()].count(host.thread_name) == 1

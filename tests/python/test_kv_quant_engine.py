@@ -16,7 +16,13 @@ from compat_serve.engine.engine import Engine
 from compat_serve.engine.kv_quant import KVFormat
 from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
-from tests.python.kv_quant_reference import SHORT_PROMPTS, mlx_lm_greedy
+from tests.greedy_ties import (
+    F32_TIE,
+    Q8_KV_TIE,
+    assert_greedy_equal_up_to_tie,
+    assert_same_or_near_tie,
+)
+from tests.python.kv_quant_reference import SHORT_PROMPTS, mlx_lm_greedy_logits
 from tests.python.test_prefix_cache import TEXT, run, started
 
 if TYPE_CHECKING:
@@ -72,10 +78,14 @@ def test_eight_bit_greedy_matches_unquantized_and_repeats_from_cache(
     first = together(eight_bit, prompts)
     same = sum(a[0] == b[0] for a, b in zip(reference, first, strict=True))
     assert same >= 4, (same, [r[0] for r in reference], [f[0] for f in first])
-    # The same prompts again: served from quantized cache blocks, same tokens, and the
-    # same cached reads as the unquantized engine.
+    # The same prompts again: served from quantized cache blocks, the same tokens (up to a
+    # near tie of 8-bit KV: the cached rows prefill in other chunks), and the same cached
+    # reads as the unquantized engine.
     again = together(eight_bit, prompts)
-    assert [a[0] for a in again] == [f[0] for f in first]
+    for prompt, a, f in zip(prompts, again, first, strict=True):
+        assert_same_or_near_tie(
+            embedded_model, prompt, f[0], a[0], tolerance=Q8_KV_TIE, kv_format=Q8
+        )
     reference_again = together(native, prompts)
     assert [u.cached_tokens for _, u in again] == [u.cached_tokens for _, u in reference_again]
     assert eight_bit.kv_format_status()["format"] == "q8g64"
@@ -86,11 +96,18 @@ def test_eight_bit_batched_greedy_is_mlx_lm_quantized_kv_greedy(
     eight_bit: Engine, embedded_model: LoadedModel
 ) -> None:
     """The reference for 8-bit KV is mlx-lm's `QuantizedKVCache`: the engine's batched,
-    left-padded quantized rows give its tokens exactly, 16 of them, on every prompt, also
-    where 8-bit departs from unquantized on a near tie (two of these five)."""
+    left-padded quantized rows give its tokens, 16 of them, on every prompt, up to a near
+    tie of mlx-lm's own logits. A batch and mlx-lm's one sequence sum in other orders, and
+    8-bit rounding turns that into whole steps (issue #34: on another AVX-512 EPYC prompt 5
+    departed at token 12; here, with the kernels off, a chat prompt departs on a margin of
+    0.032, benches/greedy_tie_tolerances.py)."""
     prompts = [encode(embedded_model, p) for p in SHORT_PROMPTS]
     batched = [tokens for tokens, _ in together(eight_bit, prompts, max_tokens=16)]
-    assert batched == [mlx_lm_greedy(embedded_model, Q8, p, 16) for p in prompts]
+    for prompt, tokens in zip(prompts, batched, strict=True):
+        reference, logits = mlx_lm_greedy_logits(embedded_model, Q8, prompt, 16)
+        assert_greedy_equal_up_to_tie(
+            reference, tokens, logits.__getitem__, tolerance=Q8_KV_TIE, what=str(prompt)
+        )
 
 
 def test_a_budget_that_holds_part_of_a_prompt_holds_all_of_it_at_eight_bit(
@@ -127,7 +144,10 @@ def test_disk_tier_keeps_the_format_and_another_format_misses(
     restarted = started(embedded_model, kv_format=Q8, cache_dir=str(tmp_path))
     try:
         tokens, usage = run(restarted, prompt, max_tokens=3)
-        assert tokens == expected
+        # Read back from disk (the stored bytes) vs computed: a near tie at most.
+        assert_same_or_near_tie(
+            embedded_model, prompt, expected, tokens, tolerance=Q8_KV_TIE, kv_format=Q8
+        )
         assert usage.cached_tokens == len(prompt) - 1  # all of it from disk
     finally:
         restarted.shutdown()
@@ -152,7 +172,10 @@ def test_speculation_rolls_back_quantized_rows(embedded_model: LoadedModel) -> N
     try:
         expected = together(plain, prompts, max_tokens=16)
         got = together(speculating, prompts, max_tokens=16)
-        assert [g[0] for g in got] == [e[0] for e in expected]
+        for prompt, g, e in zip(prompts, got, expected, strict=True):
+            assert_same_or_near_tie(
+                embedded_model, prompt, e[0], g[0], tolerance=Q8_KV_TIE, kv_format=Q8
+            )
         assert speculating.speculation_status()["draft_tokens"] > 0
     finally:
         plain.shutdown()
@@ -231,4 +254,11 @@ def test_fused_decode_over_quantized_kv_matches_the_stock_block(
     )
     stock = logits()
     assert mx.abs(ours - stock).max().item() < 1e-3
-    assert mx.array_equal(ours.argmax(axis=-1), stock.argmax(axis=-1)).item()
+    # The greedy token of each row is the stock block's, up to a near tie of its logits.
+    for row in range(3):
+        assert_greedy_equal_up_to_tie(
+            [int(stock[row].argmax().item())],
+            [int(ours[row].argmax().item())],
+            lambda _, row=row: stock[row],
+            tolerance=F32_TIE,
+        )

@@ -30,6 +30,7 @@ from compat_serve.engine.kv_quant_rotating import BatchQuantRotatingKV, QuantRot
 from compat_serve.engine.runner import ModelRunner
 from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
+from tests.greedy_ties import Q8_KV_TIE, assert_same_as_engine_or_near_tie
 from tests.tiny_models import SLIDING_WINDOW, tiny_model
 
 if TYPE_CHECKING:
@@ -222,7 +223,10 @@ def test_the_engine_serves_and_repeats_from_quantized_windows(
     assert kind is QuantRotatingKV
     assert [a.dtype for a in state[0]] == [mx.uint32, mx.float32, mx.float32]
     again = run(eight_bit, ids)
-    assert again[0] == first[0]
+    # Restored vs computed: the same tokens up to a near tie of the engine's 8-bit logits.
+    assert_same_as_engine_or_near_tie(
+        eight_bit, request(ids, 8), first[0], again[0], tolerance=Q8_KV_TIE
+    )
     assert again[1].cached_tokens == (len(ids) - 1) // BLOCK * BLOCK
     assert prefix.faults == 0
 
@@ -257,7 +261,10 @@ def test_an_abort_in_a_batch_leaves_the_other_rows_right(
 
     together, reason = asyncio.run(scenario())
     assert reason is FinishReason.ABORTED
-    assert together == alone  # the surviving rows' windows kept through join and filter
+    # The surviving rows' windows are kept through join and filter: each row's tokens are
+    # its tokens alone, up to a near tie of 8-bit KV (batched rows sum in another order).
+    for (ids, n), a, t in zip(others, alone, together, strict=True):
+        assert_same_as_engine_or_near_tie(eight_bit, request(ids, n), a, t, tolerance=Q8_KV_TIE)
     assert 3 in spy.rows and spy.rows[-1] == 1, spy.rows  # decoded together, then fewer
     assert spy.windows and set(spy.windows) == {("BatchQuantRotatingKV", mx.uint32)}
 
@@ -274,10 +281,13 @@ def test_a_restart_reads_the_quantized_window_from_disk(gemma: LoadedModel, tmp_
     restarted = started(gemma, kv_format=Q8, cache_dir=str(tmp_path))
     try:
         tokens, usage = run(restarted, ids, max_tokens=4)
-        assert tokens == expected
         assert usage.cached_tokens == (len(ids) - 1) // BLOCK * BLOCK
         assert restarted.prefix is not None and restarted.prefix.faults == 0
         assert restarted.prefix.metrics()["disk_hit_tokens"] == usage.cached_tokens
+        # Read from disk vs computed: a near tie of 8-bit KV at most.
+        assert_same_as_engine_or_near_tie(
+            restarted, request(ids, 4), expected, tokens, tolerance=Q8_KV_TIE
+        )
     finally:
         restarted.shutdown()
     unquantized = started(gemma, cache_dir=str(tmp_path))

@@ -24,6 +24,7 @@ import pytest
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.prefix import disk as prefix_disk
 from compat_serve.engine.prefix.disk import DiskStore, decode, encode
+from tests.greedy_ties import assert_same_or_near_tie
 from tests.python.test_prefix_cache import check_usage, run, started
 from tests.tiny_models import tiny_llama
 
@@ -111,7 +112,9 @@ def test_a_restarted_engine_reads_the_prompt_from_disk(
         assert usage.cached_tokens == len(prompt) - 1
         # The last prompt token's block comes back into RAM with the reply: stored anew.
         assert usage.cache_creation_tokens == 1
-        assert again == tokens == run(uncached, prompt)[0]
+        # Read from disk vs computed, and computed with the cache vs without it.
+        assert_same_or_near_tie(tiny, prompt, tokens, again)
+        assert_same_or_near_tie(tiny, prompt, run(uncached, prompt)[0], tokens)
         assert hits == ["disk"]
         assert second.prefix is not None
         metrics = second.prefix.metrics()
@@ -150,7 +153,7 @@ def test_blocks_evicted_from_a_small_ram_budget_come_back_from_disk(
         from_disk = prefix.metrics()["disk_hit_tokens"] - before
         assert from_disk >= 0.9 * len(session_a)
         assert usage.cached_tokens == len(session_a) + len(reply_a) - 1
-        assert tokens == run(uncached, continued)[0]
+        assert_same_or_near_tie(tiny, continued, run(uncached, continued)[0], tokens)
         check_usage(usage)
     finally:
         engine.shutdown()
@@ -181,7 +184,7 @@ def test_corrupted_truncated_and_unreadable_files_are_skipped(
             with caplog.at_level(logging.WARNING, logger="compat_serve.engine"):
                 tokens, usage = run(engine, prompt)
             assert usage.cached_tokens == stop * 16
-            assert tokens == run(uncached, prompt)[0]
+            assert_same_or_near_tie(tiny, prompt, run(uncached, prompt)[0], tokens)
             assert engine.prefix is not None and engine.prefix.disk is not None
             assert engine.prefix.disk.faults == 1
             assert message in caplog.text
@@ -229,7 +232,7 @@ def test_a_full_disk_stops_writes_with_a_warning(
         assert engine.prefix.disk.writing is False
         assert "disk writes stop" in caplog.text
         assert caplog.text.count("disk writes stop") == 1
-        assert tokens == run(uncached, prompt)[0]
+        assert_same_or_near_tie(tiny, prompt, run(uncached, prompt)[0], tokens)
         # Still served from RAM; nothing on disk; later requests fine.
         assert run(engine, prompt)[1].cached_tokens == len(prompt) - 1
         assert files(tmp_path) == []
@@ -305,7 +308,8 @@ def test_a_hybrid_model_resumes_from_a_snapshot_on_disk_after_a_restart(
         assert second.prefix is not None
         assert second.prefix.metrics()["disk_hit_tokens"] == usage.cached_tokens
         assert second.prefix.faults == 0
-        assert again == tokens == run(uncached, prompt)[0]
+        assert_same_or_near_tie(hybrid, prompt, tokens, again)
+        assert_same_or_near_tie(hybrid, prompt, run(uncached, prompt)[0], tokens)
     finally:
         second.shutdown()
         uncached.shutdown()

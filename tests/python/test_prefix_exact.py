@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from compat_serve.engine.engine import Engine
+from tests.greedy_ties import assert_same_or_near_tie
 from tests.python.test_prefix_cache import BLOCK, check_usage, run, started
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def test_an_exact_repeat_reads_all_but_the_last_token(
     tokens, again = run(cached, prompt, max_tokens=max_tokens, salt=salt)
     assert again.cached_tokens == length - 1
     assert again.cache_creation_tokens == 0
-    assert tokens == first_tokens
+    assert_same_or_near_tie(embedded_model, prompt, first_tokens, tokens)
     check_usage(again)
 
 
@@ -73,7 +74,7 @@ def test_a_turn_diverging_inside_a_reply_block_reads_up_to_the_divergence(
         tokens, usage = run(cached, follow_up, max_tokens=3, salt=b"diverge")
         assert usage.cached_tokens == len(prompt) + d, d
         expected, _ = run(uncached, follow_up, max_tokens=3)
-        assert tokens == expected, d
+        assert_same_or_near_tie(embedded_model, follow_up, expected, tokens)
         check_usage(usage)
 
 

@@ -28,8 +28,9 @@ from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, 
 from compat_serve.parsers.events import ToolCallArgsDelta, ToolCallStart
 from compat_serve.parsers.registry import resolve_tool_format
 from compat_serve.parsers.tool_calls import ToolCallParser
+from tests.greedy_ties import assert_same_as_engine_or_near_tie, assert_same_or_near_tie
 from tests.python.rollback_rows import KEPT, rolled_back_and_exact
-from tests.python.test_batching import assert_same_or_near_tie, chat_ids, greedy
+from tests.python.test_batching import chat_ids, greedy
 from tests.tiny_models import HYBRID_CONFIGS, tiny_model
 
 if TYPE_CHECKING:
@@ -140,8 +141,9 @@ def test_stop_strings_and_max_tokens_end_at_the_same_token(
     reqs += requests(embedded_model, "m", max_tokens=7)
     want = outputs(plain, reqs)
     got = outputs(spec, reqs)
-    for w, g in zip(want, got, strict=True):
-        assert tokens(w) == tokens(g)
+    for request, w, g in zip(reqs, want, got, strict=True):
+        if assert_same_or_near_tie(embedded_model, request.prompt_ids, tokens(w), tokens(g)):
+            continue  # parted on a near tie: the texts after it are not comparable
         assert "".join(e.text for e in w) == "".join(e.text for e in g)
         ends = [(e[-1].finish_reason, e[-1].matched_stop) for e in (w, g)]
         assert ends[0] == ends[1]
@@ -173,7 +175,8 @@ def test_json_schema_constraint_stays_exact(
     got_events = outputs(spec, reqs)
     got = [tokens(e) for e in got_events]
     for request, w, g in zip(reqs, want, got, strict=True):
-        assert_same_or_near_tie(embedded_model, request.prompt_ids, w, g)
+        # The reference's margin among the tokens its grammar allows (its own logprobs).
+        assert_same_as_engine_or_near_tie(plain, request, w, g)
     text = "".join(e.text for e in got_events[0])
     assert isinstance(json.loads(text)["items"], list)
 
@@ -190,7 +193,8 @@ def test_tool_call_output_parses_the_same(
     plain, spec = engines
     req = EngineRequest("t", prompt, greedy(24))
     want, got = outputs(plain, [req])[0], outputs(spec, [req])[0]
-    assert tokens(want) == tokens(got)
+    if assert_same_or_near_tie(embedded_model, prompt, tokens(want), tokens(got)):
+        return  # parted on a near tie: the texts after it are not comparable
     assert "".join(e.text for e in want) == "".join(e.text for e in got)
     fmt = resolve_tool_format("hermes", None)
     assert fmt is not None

@@ -160,7 +160,11 @@ def record(
 
 def replay(loaded: LoadedModel, recording: Recording) -> dict[str, list[int]]:
     """Apply the recorded plans on a fresh applier over a separately built copy of the
-    model, checking its KV after each; returns the greedy tokens its logits give."""
+    model, checking its KV after each; returns the greedy tokens its logits give.
+
+    Its tokens are compared exactly, not up to a near tie (tests/greedy_ties.py): the
+    replay runs the very same ops, shapes and weights in the same process as the engine,
+    so it must reproduce the engine's bits; `assert_same_kv` checks the KV bit for bit."""
     twin = tiny_model("llama", loaded)  # same seed, same weights, nothing shared
     if loaded.dtype.startswith("quantized"):  # the users'-path lane's quantized tiny llama
         twin = quantize_tiny(twin)
