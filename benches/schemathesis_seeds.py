@@ -1,6 +1,6 @@
 """Fuzz the OpenAPI document on many seeds: does the server agree with it on any seed?
 
-CI fuzzes three seeds (tests/http/test_openapi_schemathesis.py). This runs the same test,
+CI fuzzes two seeds (tests/http/test_openapi_schemathesis.py). This runs the same test,
 the same server (the tiny llama, the embedded model's tokenizer and template, output
 capped at 4 tokens), every schemathesis check, and the same one exemption (a positive
 case refused with the exact message of a rule the document states in words skips

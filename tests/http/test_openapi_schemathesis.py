@@ -1,12 +1,13 @@
 """Fuzz the server against its own `/openapi.json` with schemathesis, every check on.
 
-A real server, generation capped at 4 tokens, 50 examples per operation on each of three
-seeds. It runs the tiny llama (the embedded model's tokenizer, template and context
-length; nothing here depends on what the model says), so the long random prompts the
-fuzzer sends cost little prefill. Positive and negative data, the coverage phase
-(boundaries, missing fields, wrong types, undeclared methods) and every built-in check:
-server errors, status codes, content types, response schemas and headers, negative data
-rejected, positive data accepted, `Allow` on 405...
+A real server, generation capped at 4 tokens, 50 examples per operation on each of two
+seeds (benches/schemathesis_seeds.py runs seeds 1-20). It runs the tiny llama (the
+embedded model's tokenizer, template and context length; nothing here depends on what
+the model says), so the long random prompts the fuzzer sends cost little prefill.
+Positive and negative data, the coverage phase (boundaries, missing fields, wrong types,
+undeclared methods) and every built-in check: server errors, status codes, content
+types, response schemas and headers, negative data rejected, positive data accepted,
+`Allow` on 405...
 
 The document states every rule JSON Schema can (ranges, enums, required fields, at most
 one output constraint, `tool_choice` that needs tools...). A few rules it cannot: a
@@ -37,7 +38,7 @@ pytestmark = pytest.mark.model
 
 load_all_checks()
 ALL_CHECKS = list(CHECKS.get_all())
-SEEDS = (1, 2, 3)
+SEEDS = (1, 2)
 EXAMPLES = 50
 
 # The 400s (and 404s) for rules the document states in words, per path: full messages.
@@ -168,4 +169,3 @@ def _fuzz(fuzz_seed: int, *, coverage: bool, examples: int = EXAMPLES) -> Any:
 
 test_openapi_document_tells_the_truth_seed_1 = _fuzz(SEEDS[0], coverage=True)
 test_openapi_document_tells_the_truth_seed_2 = _fuzz(SEEDS[1], coverage=False)
-test_openapi_document_tells_the_truth_seed_3 = _fuzz(SEEDS[2], coverage=False)
