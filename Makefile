@@ -174,9 +174,11 @@ bench-python: build
 # The GPU kit (#35): wheels a lent NVIDIA device lacks, our abi3 wheel and the embedded
 # GGUF, packed in parts that fit the device tool's calls (.gpu-kit/, ignored); the calls
 # are written into benches/gpu/README.md. The smoke of its benchmark runs in test-python
-# (tests/python/test_gpu_kit_smoke.py).
+# (tests/python/test_gpu_kit_smoke.py). The same environment as `build`, so maturin reuses
+# its release artifacts (without it pyo3 and every crate above it recompile, twice).
 gpu-kit: build
-	$(PY) benches/gpu/make_kit.py
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
+	  $(PY) benches/gpu/make_kit.py
 
 # The kit on a stand-in for the device (Python 3.12, the device's packages, mlx's CPU
 # library in place of the CUDA one): reassembles the parts and runs run.py --smoke.
