@@ -35,16 +35,92 @@ TINY_KINDS = (
 # Words of the tiny vocabularies (and the BPE training text): enough for short code-search
 # and memory queries; anything else falls back to sub-words or [UNK].
 WORDS = (
-    "the a an of to in is it for on with as and or not this that how what where which "
-    "function class method file code search query document memory agent server model "
-    "python rust test error parse token cache prefix block hash request response value "
-    "list dict string number return import def fn let mut self none true false "
-    "embedding rerank vector score relevant passage answer question find read write "
-    "paris france capital city river apple orange fruit blue green sky sea"
-).split()
+    "the",
+    "a",
+    "an",
+    "of",
+    "to",
+    "in",
+    "is",
+    "it",
+    "for",
+    "on",
+    "with",
+    "as",
+    "and",
+    "or",
+    "not",
+    "this",
+    "that",
+    "how",
+    "what",
+    "where",
+    "which",
+    "function",
+    "class",
+    "method",
+    "file",
+    "code",
+    "search",
+    "query",
+    "document",
+    "memory",
+    "agent",
+    "server",
+    "model",
+    "python",
+    "rust",
+    "test",
+    "error",
+    "parse",
+    "token",
+    "cache",
+    "prefix",
+    "block",
+    "hash",
+    "request",
+    "response",
+    "value",
+    "list",
+    "dict",
+    "string",
+    "number",
+    "return",
+    "import",
+    "def",
+    "fn",
+    "let",
+    "mut",
+    "self",
+    "none",
+    "true",
+    "false",
+    "embedding",
+    "rerank",
+    "vector",
+    "score",
+    "relevant",
+    "passage",
+    "answer",
+    "question",
+    "find",
+    "read",
+    "write",
+    "paris",
+    "france",
+    "capital",
+    "city",
+    "river",
+    "apple",
+    "orange",
+    "fruit",
+    "blue",
+    "green",
+    "sky",
+    "sea",
+)
 QUERY_INSTRUCTION = (
-    "Instruct: Given a web search query, retrieve relevant passages that answer the query\n"
-    "Query:"
+    "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
 )
 _BPE_TEXT = [
     *(" ".join(WORDS[i : i + 9]) for i in range(0, len(WORDS), 9)),
@@ -117,7 +193,12 @@ def _sentence_transformers(
 ) -> None:
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
     ]
     if normalize:
         modules.append(
@@ -138,12 +219,16 @@ def _sentence_transformers(
         "pooling_mode_lasttoken": pooling == "lasttoken",
         "include_prompt": True,
     }
-    _write_json(model_dir / "1_Pooling" / "config.json", {"word_embedding_dimension": width, **flags})
+    _write_json(
+        model_dir / "1_Pooling" / "config.json", {"word_embedding_dimension": width, **flags}
+    )
     _write_json(
         model_dir / "config_sentence_transformers.json",
         {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"},
     )
-    _write_json(model_dir / "sentence_bert_config.json", {"max_seq_length": 48, "do_lower_case": False})
+    _write_json(
+        model_dir / "sentence_bert_config.json", {"max_seq_length": 48, "do_lower_case": False}
+    )
 
 
 def _random_like(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, mx.array]:
@@ -191,7 +276,9 @@ def write_bert_embedding(model_dir: Path) -> Path:
     from compat_serve.embeddings.encoders import BertModel, EncoderConfig
 
     vocab = _save_tokenizer(
-        model_dir, wordpiece_tokenizer(), {"tokenizer_class": "BertTokenizer", "do_lower_case": True}
+        model_dir,
+        wordpiece_tokenizer(),
+        {"tokenizer_class": "BertTokenizer", "do_lower_case": True},
     )
     config = _bert_config("BertModel", "bert", vocab, type_vocab_size=2, pad_token_id=0)
     _write_json(model_dir / "config.json", config)
@@ -205,7 +292,9 @@ def write_bert_cross_encoder(model_dir: Path) -> Path:
     from compat_serve.embeddings.encoders import BertForSequenceClassification, EncoderConfig
 
     vocab = _save_tokenizer(
-        model_dir, wordpiece_tokenizer(), {"tokenizer_class": "BertTokenizer", "do_lower_case": True}
+        model_dir,
+        wordpiece_tokenizer(),
+        {"tokenizer_class": "BertTokenizer", "do_lower_case": True},
     )
     config = _bert_config(
         "BertForSequenceClassification",

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx.nn.layers.base import Module
+from mlx.nn.layers.quantized import quantize
 
 from compat_serve.embeddings.pooling import last_positions
 from compat_serve.embeddings.text_tokens import TextTokens
@@ -50,7 +51,7 @@ def read_weights(model_dir: Path) -> dict[str, mx.array]:
     return weights
 
 
-def build_decoder(model_dir: Path, config: dict[str, Any], *, keep_head: bool) -> nn.Module:
+def build_decoder(model_dir: Path, config: dict[str, Any], *, keep_head: bool) -> Module:
     """The mlx-lm model of `config` with the directory's weights (lazy). Checkpoints saved
     without the `model.` prefix (Qwen3-Embedding's `Qwen3Model`) get it; without
     `keep_head` the LM head is dropped and only `model.model` is loaded (an untied
@@ -69,7 +70,7 @@ def build_decoder(model_dir: Path, config: dict[str, Any], *, keep_head: bool) -
         weights = model.sanitize(weights)
     quantization = config.get("quantization")
     if isinstance(quantization, dict):
-        nn.quantize(
+        quantize(
             model,
             group_size=int(quantization["group_size"]),
             bits=int(quantization["bits"]),
@@ -85,7 +86,8 @@ def build_decoder(model_dir: Path, config: dict[str, Any], *, keep_head: bool) -
             model.model.load_weights(inner, strict=True)
     except ValueError as exc:
         raise ModelLoadError(f"{model_dir}: weights do not match the config: {exc}") from exc
-    return model
+    built: Module = model
+    return built
 
 
 def decoder_hidden(model: Any) -> Any:

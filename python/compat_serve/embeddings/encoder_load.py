@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx.nn.layers.base import Module
 
 from compat_serve.embeddings.decoders import read_weights
 from compat_serve.embeddings.encoders import (
@@ -75,7 +75,7 @@ def strip_encoder_prefix(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     return out
 
 
-def load_strict(module: nn.Module, weights: dict[str, mx.array], model_dir: Path) -> None:
+def load_strict(module: Module, weights: dict[str, mx.array], model_dir: Path) -> None:
     try:
         module.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:
@@ -93,8 +93,8 @@ def encoder_model(
         raise ModelLoadError(f"{model_dir}: quantized encoder checkpoints are not supported")
     model_type = str(config["model_type"])
     weights = sanitize_encoder_weights(read_weights(model_dir))
-    embedder: nn.Module
-    reranker: nn.Module
+    embedder: Module
+    reranker: Module
     if model_type == "modernbert":
         mcfg = ModernBertConfig.from_dict(config)
         limit, width, pad, vocab = (

@@ -12,14 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
-import mlx.nn as nn
+from mlx.nn.layers.base import Module
+from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear
 
 from compat_serve.embeddings.decoders import (
     build_decoder,
     decoder_hidden,
     qwen3_rerank_pair,
-    read_weights,
     yes_no_scorer,
 )
 from compat_serve.embeddings.detect import ENCODER_TYPES, kind_from_config
@@ -75,13 +74,12 @@ def load_embedding_model_steps(
     if plan.dense is not None:
         from compat_serve.models.weights import cast_floating, dequantize_model, mx_dtype
 
-        dequantize_model(loaded.module, mx_dtype(plan.dense))
+        if has_quantized_layers(loaded.module):  # (dequantize_model imports mlx-lm: ~3 s)
+            dequantize_model(loaded.module, mx_dtype(plan.dense))
         cast_floating(loaded.module, mx_dtype(plan.dense))
         loaded.dtype = plan.dense
     yield from evaluate_in_slices(loaded.module, f"{loaded.name} weights", log=logger)
-    logger.info(
-        "%s model %s ready in %.2fs", kind, loaded.name, time.perf_counter() - t0
-    )
+    logger.info("%s model %s ready in %.2fs", kind, loaded.name, time.perf_counter() - t0)
     return loaded
 
 
@@ -128,4 +126,11 @@ def _decoder_model(
         query_prompt=st.prompt(query=True),
         document_prompt=st.prompt(query=False),
         **common,
+    )
+
+
+def has_quantized_layers(module: Module) -> bool:
+    untyped: Any = module
+    return any(
+        isinstance(m, (QuantizedLinear, QuantizedEmbedding)) for _, m in untyped.named_modules()
     )
