@@ -6,8 +6,9 @@ sentence_bert_config.json).
 
 Kinds (`TINY_KINDS`): a Qwen3-Embedding-shaped decoder (last-token pooling, Normalize, a
 query instruction), BERT (mean + Normalize), ModernBERT (CLS + Normalize, a sliding window
-shorter than the test inputs), a Qwen3-Reranker-shaped causal LM, a BERT cross-encoder and
-an XLM-RoBERTa cross-encoder (bge-reranker's architecture).
+shorter than the test inputs), a Qwen3-Reranker-shaped causal LM and its
+sequence-classification conversion (same weights, a `score` row = "yes" - "no"), a BERT
+cross-encoder and an XLM-RoBERTa cross-encoder (bge-reranker's architecture).
 
 Encoder weights are drawn with numpy from a fixed seed (so layer norms and biases are not
 their trivial 1/0 init); decoder weights are mlx-lm's own random init under a fixed seed.
@@ -28,6 +29,7 @@ TINY_KINDS = (
     "bert_embedding",
     "modernbert_embedding",
     "qwen3_reranker",
+    "qwen3_reranker_seq_cls",
     "bert_cross_encoder",
     "xlm_roberta_cross_encoder",
 )
@@ -444,11 +446,35 @@ def write_qwen3_reranker(model_dir: Path) -> Path:
     return model_dir
 
 
+def write_qwen3_reranker_seq_cls(model_dir: Path) -> Path:
+    """The Qwen3-Reranker above converted the way vLLM and sentence-transformers load it
+    (`Qwen3ForSequenceClassification`): the same backbone, and a one-row `score` head =
+    the LM head's "yes" row minus its "no" row, so sigmoid(score) = p("yes")."""
+    tok = bpe_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None)
+    vocab = _save_tokenizer(model_dir, tok, {"tokenizer_class": "Qwen2Tokenizer"})
+    config = {
+        "architectures": ["Qwen3ForSequenceClassification"],
+        **QWEN3_SIZES,
+        "vocab_size": vocab,
+        "tie_word_embeddings": False,
+        "id2label": {"0": "LABEL_0"},
+        "label2id": {"LABEL_0": 0},
+    }
+    _write_json(model_dir / "config.json", config)
+    model = _qwen3_model({**config, "architectures": ["Qwen3ForCausalLM"]}, seed=6)
+    head = model.lm_head.weight
+    weights = {f"model.{k}": v for k, v in tree_flatten(model.model.parameters())}
+    weights["score.weight"] = head[tok.token_to_id("yes")][None] - head[tok.token_to_id("no")][None]
+    _save_weights(model_dir, weights)
+    return model_dir
+
+
 _WRITERS = {
     "qwen3_embedding": ("Qwen3-Embedding-tiny", write_qwen3_embedding),
     "bert_embedding": ("bert-embedding-tiny", write_bert_embedding),
     "modernbert_embedding": ("modernbert-embed-tiny", write_modernbert_embedding),
     "qwen3_reranker": ("Qwen3-Reranker-tiny", write_qwen3_reranker),
+    "qwen3_reranker_seq_cls": ("Qwen3-Reranker-tiny-seq-cls", write_qwen3_reranker_seq_cls),
     "bert_cross_encoder": ("bert-cross-encoder-tiny", write_bert_cross_encoder),
     "xlm_roberta_cross_encoder": ("bge-reranker-tiny", write_xlm_roberta_cross_encoder),
 }

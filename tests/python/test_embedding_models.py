@@ -42,6 +42,7 @@ EMBEDDERS = {
     "qwen3_embedding": "lasttoken",
 }
 RERANKERS = ("bert_cross_encoder", "xlm_roberta_cross_encoder", "qwen3_reranker")
+QWEN3_RERANKERS = ("qwen3_reranker", "qwen3_reranker_seq_cls")
 
 ModelOf = Callable[[str], "EmbeddingModel"]
 DirOf = Callable[[str], Path]
@@ -113,7 +114,7 @@ def reference_scores(kind: str, model_dir: Path) -> tuple[list[list[int]], np.nd
     weights = ref.weights_np(model_dir)
     rows: list[list[int]] = []
     scores: list[float] = []
-    if kind == "qwen3_reranker":
+    if kind in QWEN3_RERANKERS:
         # Qwen3-Reranker's model card, "Usage".
         prefix = (
             "<|im_start|>system\nJudge whether the Document meets the requirements based on "
@@ -122,7 +123,9 @@ def reference_scores(kind: str, model_dir: Path) -> tuple[list[list[int]], np.nd
         )
         suffix = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
         instruction = "Given a web search query, retrieve relevant passages that answer the query"
-        qwen = ref.qwen3_model(model_dir)
+        # Both formats are scored by the causal LM's own yes/no logits (the seq-cls
+        # directory's weights are the same backbone and head).
+        qwen = ref.qwen3_model(model_dir.with_name("Qwen3-Reranker-tiny"))
         yes, no = tok.token_to_id("yes"), tok.token_to_id("no")
         for doc in DOCUMENTS:
             body = f"<Instruct>: {instruction}\n<Query>: {QUERY}\n<Document>: {doc}"
@@ -150,12 +153,13 @@ def reference_scores(kind: str, model_dir: Path) -> tuple[list[list[int]], np.nd
     return rows, np.array(scores)
 
 
-@pytest.mark.parametrize("kind", RERANKERS)
+@pytest.mark.parametrize("kind", [*RERANKERS, "qwen3_reranker_seq_cls"])
 def test_rerank_scores_match_the_reference_and_order_documents(
     kind: str, tiny_embedding_model: ModelOf, tiny_embedding_dir: DirOf
 ) -> None:
     model = tiny_embedding_model(kind)
     assert model.kind == "reranker"
+    tiny_embedding_dir("qwen3_reranker")  # the seq-cls reference reads its sibling
     rows, expected = reference_scores(kind, tiny_embedding_dir(kind))
     assert [model.pair_tokens(QUERY, doc) for doc in DOCUMENTS] == rows
     assert len({len(row) for row in rows}) > 1  # the batch is padded

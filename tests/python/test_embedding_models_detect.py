@@ -27,6 +27,7 @@ KINDS = {
     "bert_embedding": "embedding",
     "modernbert_embedding": "embedding",
     "qwen3_reranker": "reranker",
+    "qwen3_reranker_seq_cls": "reranker",
     "bert_cross_encoder": "reranker",
     "xlm_roberta_cross_encoder": "reranker",
 }
@@ -80,6 +81,17 @@ def test_unsupported_pooling_is_a_clear_error(tiny_embedding_dir: DirOf, tmp_pat
         pooling_mode_weightedmean_tokens=True,
     )
     with pytest.raises(ModelLoadError, match="unsupported pooling"):
+        load_embedding_model(model_dir)
+
+
+def test_an_unsupported_sentence_transformers_module_is_refused(
+    tiny_embedding_dir: DirOf, tmp_path: Path
+) -> None:
+    model_dir = copy_of(tiny_embedding_dir, "bert_embedding", tmp_path, "dense")
+    modules = json.loads((model_dir / "modules.json").read_text())
+    modules.insert(2, {"idx": 2, "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (model_dir / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ModelLoadError, match=r"module sentence_transformers\.models\.Dense"):
         load_embedding_model(model_dir)
 
 
