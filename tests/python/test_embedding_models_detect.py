@@ -54,6 +54,10 @@ def test_a_chat_model_is_chat(tiny_embedding_dir: DirOf, tmp_path: Path) -> None
     assert model_kind(chat) == "chat"
     with pytest.raises(ModelLoadError, match="is a chat model"):
         load_embedding_model(chat)
+    edit_json(chat / "config.json", architectures=["GPT2LMHeadModel"], model_type="gpt2")
+    assert model_kind(chat) == "chat"
+    edit_json(chat / "config.json", architectures=["Qwen3Model"], model_type="qwen3")
+    assert model_kind(chat) == "embedding"  # a backbone without its LM head
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
     assert model_kind(gguf) == "chat"
@@ -168,3 +172,36 @@ def test_every_load_evaluation_runs_in_a_host_step(kind: str, tiny_embedding_dir
     assert sum(n for _, n in slices) > 0
     assert all(on_host for on_host, n in slices if n)
     assert model.weight_bytes() > 0
+
+
+def test_a_quantized_decoder_embedding_model_loads_quantized_and_dense(
+    tiny_embedding_dir: DirOf, tiny_embedding_model: ModelOf, tmp_path: Path
+) -> None:
+    """An mlx-community style 4-bit conversion (quantization in config.json, `model.`
+    names, packed weights): kept quantized on request (the users' path on Metal/CUDA),
+    dequantized to float32 by default on the CPU; both embed alike."""
+    import mlx.core as mx
+    from mlx.nn.layers.quantized import quantize
+    from mlx.utils import tree_flatten
+
+    from compat_serve.embeddings.loader import has_quantized_layers
+    from tests.python.embedding_reference import qwen3_model
+
+    original = tiny_embedding_dir("qwen3_embedding")
+    model_dir = copy_of(tiny_embedding_dir, "qwen3_embedding", tmp_path, "Qwen3-Embedding-4bit")
+    backbone = qwen3_model(original).model
+    quantize(backbone, group_size=32, bits=4)
+    assert has_quantized_layers(backbone)
+    weights = {f"model.{k}": v for k, v in tree_flatten(backbone.parameters())}
+    mx.save_safetensors(str(model_dir / "model.safetensors"), weights)
+    edit_json(model_dir / "config.json", quantization={"group_size": 32, "bits": 4})
+
+    stored = load_embedding_model(model_dir, dtype="quantized")
+    dense = load_embedding_model(model_dir, dtype="float32")
+    assert has_quantized_layers(stored.module) and not has_quantized_layers(dense.module)
+    rows = [stored.tokenize(t) for t in ("the cache", "find the function in rust")]
+    quantized_out, dense_out = stored.embed(rows), dense.embed(rows)
+    assert float(mx.abs(quantized_out - dense_out).max()) < 1e-4
+    # The 4-bit weights really differ from the float32 original's.
+    full = tiny_embedding_model("qwen3_embedding").embed(rows)
+    assert float(mx.abs(dense_out - full).max()) > 1e-4
