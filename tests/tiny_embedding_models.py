@@ -7,8 +7,8 @@ sentence_bert_config.json).
 Kinds (`TINY_KINDS`): a Qwen3-Embedding-shaped decoder (last-token pooling, Normalize, a
 query instruction), BERT (mean + Normalize), ModernBERT (CLS + Normalize, a sliding window
 shorter than the test inputs), a Qwen3-Reranker-shaped causal LM and its
-sequence-classification conversion (same weights, a `score` row = "yes" - "no"), a BERT
-cross-encoder and an XLM-RoBERTa cross-encoder (bge-reranker's architecture).
+sequence-classification conversion (same weights, a `score` row = "yes" - "no"), and
+cross-encoders: BERT, XLM-RoBERTa (bge-reranker's architecture) and ModernBERT.
 
 Encoder weights are drawn with numpy from a fixed seed (so layer norms and biases are not
 their trivial 1/0 init); decoder weights are mlx-lm's own random init under a fixed seed.
@@ -32,6 +32,7 @@ TINY_KINDS = (
     "qwen3_reranker_seq_cls",
     "bert_cross_encoder",
     "xlm_roberta_cross_encoder",
+    "modernbert_cross_encoder",
 )
 
 # Words of the tiny vocabularies (and the BPE training text): enough for short code-search
@@ -339,13 +340,8 @@ def write_xlm_roberta_cross_encoder(model_dir: Path) -> Path:
     return model_dir
 
 
-def write_modernbert_embedding(model_dir: Path) -> Path:
-    from compat_serve.embeddings.modernbert import ModernBertConfig, ModernBertModel
-
-    vocab = _save_tokenizer(
-        model_dir, wordpiece_tokenizer(), {"tokenizer_class": "PreTrainedTokenizerFast"}
-    )
-    config = {
+def _modernbert_config(vocab: int, **extra: Any) -> dict[str, Any]:
+    return {
         "architectures": ["ModernBertModel"],
         "model_type": "modernbert",
         "vocab_size": vocab,
@@ -366,11 +362,47 @@ def write_modernbert_embedding(model_dir: Path) -> Path:
         "pad_token_id": 0,
         "cls_token_id": 2,
         "sep_token_id": 3,
+        **extra,
     }
+
+
+def write_modernbert_embedding(model_dir: Path) -> Path:
+    from compat_serve.embeddings.modernbert import ModernBertConfig, ModernBertModel
+
+    vocab = _save_tokenizer(
+        model_dir, wordpiece_tokenizer(), {"tokenizer_class": "PreTrainedTokenizerFast"}
+    )
+    config = _modernbert_config(vocab)
     _write_json(model_dir / "config.json", config)
     module = ModernBertModel(ModernBertConfig.from_dict(config))
     _save_weights(model_dir, _random_like(_shapes(module), seed=4))
     _sentence_transformers(model_dir, "cls", normalize=True, width=32, prompts={})
+    return model_dir
+
+
+def write_modernbert_cross_encoder(model_dir: Path) -> Path:
+    """`ModernBertForSequenceClassification` with mean `classifier_pooling` (gte-reranker-
+    modernbert's architecture), one label."""
+    from compat_serve.embeddings.modernbert import (
+        ModernBertConfig,
+        ModernBertForSequenceClassification,
+    )
+
+    vocab = _save_tokenizer(
+        model_dir, wordpiece_tokenizer(), {"tokenizer_class": "PreTrainedTokenizerFast"}
+    )
+    config = _modernbert_config(
+        vocab,
+        architectures=["ModernBertForSequenceClassification"],
+        classifier_pooling="mean",
+        classifier_activation="gelu",
+        classifier_bias=False,
+        id2label={"0": "LABEL_0"},
+        label2id={"LABEL_0": 0},
+    )
+    _write_json(model_dir / "config.json", config)
+    module = ModernBertForSequenceClassification(ModernBertConfig.from_dict(config), 1)
+    _save_weights(model_dir, _random_like(_shapes(module), seed=7))
     return model_dir
 
 
@@ -477,6 +509,7 @@ _WRITERS = {
     "qwen3_reranker_seq_cls": ("Qwen3-Reranker-tiny-seq-cls", write_qwen3_reranker_seq_cls),
     "bert_cross_encoder": ("bert-cross-encoder-tiny", write_bert_cross_encoder),
     "xlm_roberta_cross_encoder": ("bge-reranker-tiny", write_xlm_roberta_cross_encoder),
+    "modernbert_cross_encoder": ("modernbert-reranker-tiny", write_modernbert_cross_encoder),
 }
 
 

@@ -140,3 +140,15 @@ def softmax_yes_np(logits: np.ndarray, yes: int, no: int) -> float:
     pair = np.array([logits[no], logits[yes]], dtype=np.float64)
     e = np.exp(pair - pair.max())
     return float(e[1] / e.sum())
+
+
+def gelu_np(x: np.ndarray) -> np.ndarray:
+    """Exact GELU: x * Phi(x)."""
+    from math import erf, sqrt
+
+    return x * 0.5 * (1.0 + np.vectorize(erf)(x / sqrt(2.0)))
+
+
+def layer_norm_np(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    centred = x - x.mean()
+    return centred / np.sqrt((centred**2).mean() + eps) * weight

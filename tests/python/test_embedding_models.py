@@ -41,7 +41,12 @@ EMBEDDERS = {
     "modernbert_embedding": "cls",
     "qwen3_embedding": "lasttoken",
 }
-RERANKERS = ("bert_cross_encoder", "xlm_roberta_cross_encoder", "qwen3_reranker")
+RERANKERS = (
+    "bert_cross_encoder",
+    "xlm_roberta_cross_encoder",
+    "modernbert_cross_encoder",
+    "qwen3_reranker",
+)
 QWEN3_RERANKERS = ("qwen3_reranker", "qwen3_reranker_seq_cls")
 
 ModelOf = Callable[[str], "EmbeddingModel"]
@@ -133,14 +138,21 @@ def reference_scores(kind: str, model_dir: Path) -> tuple[list[list[int]], np.nd
             rows.append(ids)
             scores.append(ref.softmax_yes_np(ref.decoder_logits(qwen, ids)[-1], yes, no))
         return rows, np.array(scores)
-    prefix = "bert." if kind == "bert_cross_encoder" else "roberta."
-    module = ref.mlx_embeddings_encoder(model_dir, prefix)
+    prefix = {"bert_cross_encoder": "bert.", "xlm_roberta_cross_encoder": "roberta."}
+    module = ref.mlx_embeddings_encoder(model_dir, prefix.get(kind, "model."))
     for doc in DOCUMENTS:
         encoding = tok.encode(QUERY, doc)
         rows.append(encoding.ids)
         if kind == "bert_cross_encoder":
             pooled = ref.bert_pooler_output(module, encoding.ids, encoding.type_ids)
             logit = pooled @ weights["classifier.weight"][0] + weights["classifier.bias"][0]
+        elif kind == "modernbert_cross_encoder":
+            # HF ModernBertForSequenceClassification: mean pooling (the config's
+            # classifier_pooling), head = dense -> exact GELU -> LayerNorm (no bias).
+            mean = ref.encoder_hidden(module, encoding.ids).mean(axis=0)
+            dense = ref.gelu_np(mean @ weights["head.dense.weight"].T)
+            normed = ref.layer_norm_np(dense, weights["head.norm.weight"], eps=1e-5)
+            logit = normed @ weights["classifier.weight"][0] + weights["classifier.bias"][0]
         else:
             first = ref.encoder_hidden(module, encoding.ids)[0]
             dense = np.tanh(

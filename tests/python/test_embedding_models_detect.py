@@ -30,6 +30,7 @@ KINDS = {
     "qwen3_reranker_seq_cls": "reranker",
     "bert_cross_encoder": "reranker",
     "xlm_roberta_cross_encoder": "reranker",
+    "modernbert_cross_encoder": "reranker",
 }
 
 
