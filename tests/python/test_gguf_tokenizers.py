@@ -9,6 +9,7 @@ transformers converts it to as references. The GGUF carries what llama.cpp's con
 
 from __future__ import annotations
 
+import json
 import unicodedata
 from dataclasses import replace
 from pathlib import Path
@@ -202,3 +203,29 @@ def test_unsupported_tokenizer_is_a_one_line_refusal(
     message = str(caught.value)
     assert named in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["gemma3", "phi3", "deepseek-v3"])
+def test_converted_directory_keeps_the_tokenizer(
+    built: dict[str, tuple[Built, GGUFTokenizerInfo]], name: str, tmp_path: Path
+) -> None:
+    """What `convert-gguf` writes (models/convert.py: the backend's tokenizer.json and a
+    tokenizer_config.json) loads back, in compat-serve and in transformers (what mlx-lm uses),
+    to the same ids and text."""
+    from transformers import AutoTokenizer
+
+    from compat_serve.models.convert import _tokenizer_config
+    from compat_serve.models.hf_tokenizer import load_hf_tokenizer
+
+    info = built[name][1]
+    info.tokenizer.backend.save(str(tmp_path / "tokenizer.json"))
+    config = _tokenizer_config(info.tokenizer, info.chat_template, 4096)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    ours = load_hf_tokenizer(tmp_path, {}).tokenizer
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    for text in [*CORPUS, "Hi" + "".join(FAMILIES[name].special)]:
+        ids = info.tokenizer.encode(text, add_special_tokens=True)
+        assert ours.encode(text, add_special_tokens=True) == ids, text
+        assert hf(text)["input_ids"] == ids, text
+        expected = info.tokenizer.decode(ids)
+        assert hf.decode(ids, skip_special_tokens=True) == ours.decode(ids) == expected, text
