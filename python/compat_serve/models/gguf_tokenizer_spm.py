@@ -46,14 +46,15 @@ def _merges(
     vocab: dict[str, int], ranks: dict[str, float], mergeable: set[str]
 ) -> list[tuple[str, str]]:
     """Every split of a mergeable piece into two mergeable pieces, best merged piece first."""
-    ranked: list[tuple[float, int, str, str]] = []
-    for piece in mergeable:
-        for cut in range(1, len(piece)):
-            left, right = piece[:cut], piece[cut:]
-            if left in mergeable and right in mergeable:
-                ranked.append((-ranks[piece], vocab[piece], left, right))
-    ranked.sort()
-    return [(left, right) for _, _, left, right in ranked]
+    # Pieces in rank order, then their splits: no sort over the (many more) merges. A
+    # comprehension, since a 262k-piece vocabulary (Gemma 3) has millions of cuts to try.
+    ordered = sorted(mergeable, key=lambda piece: (-ranks[piece], vocab[piece]))
+    return [
+        (piece[:cut], piece[cut:])
+        for piece in ordered
+        for cut in range(1, len(piece))
+        if piece[:cut] in mergeable and piece[cut:] in mergeable
+    ]
 
 
 def build_spm_backend(
