@@ -229,3 +229,29 @@ def test_converted_directory_keeps_the_tokenizer(
         assert hf(text)["input_ids"] == ids, text
         expected = info.tokenizer.decode(ids)
         assert hf.decode(ids, skip_special_tokens=True) == ours.decode(ids) == expected, text
+
+
+def test_unused_padding_tokens_are_never_produced(
+    built: dict[str, tuple[Built, GGUFTokenizerInfo]], tmp_path: Path
+) -> None:
+    """llama.cpp pads a SentencePiece vocabulary to the model's size with unused "[PADn]"
+    tokens (Phi-3: 32011 pieces, 32064 logits): ids stay those of the unpadded vocabulary."""
+    from tests.gguf_vocab import _spm_vocab, spm_model
+
+    family = FAMILIES["phi3"]
+    tokens, types, scores = _spm_vocab(spm_model(family))
+    pads = [f"[PAD{i}]" for i in range(len(tokens), len(tokens) + 8)]
+    path = write_vocab_gguf(
+        tmp_path / "padded.gguf",
+        family,
+        tokens=[*tokens, *pads],
+        types=[*types, *[5] * len(pads)],  # 5: UNUSED
+        scores=[*scores, *[-10000.0] * len(pads)],
+    )
+    tok = _load(path).tokenizer
+    reference = built["phi3"][1].tokenizer
+    for text in [*CORPUS, " ".join(pads)]:
+        ids = tok.encode(text)
+        assert ids == reference.encode(text), text
+        assert max(ids, default=0) < len(tokens)
+    assert tok.vocab_size == len(tokens) + len(pads)
