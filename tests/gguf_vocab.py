@@ -158,7 +158,8 @@ FAMILIES: dict[str, Family] = {
             "qwen2",
             "Qwen-Qwen3-Coder.jinja",
             _CHATML,
-            ("<think>", "</think>"),
+            # Whitespace runs as added tokens, which llama.cpp writes as text.
+            ("<think>", "</think>", "    ", "\t\t"),
             eos="<|im_end|>",
             normalizer={"type": "NFC"},
             splits=(_QWEN2,),

@@ -24,6 +24,8 @@ from tokenizers import models as tk_models
 __all__ = ["KNOWN_BPE_PRES", "build_bpe_backend", "bytes_to_unicode"]
 
 TOKEN_TYPE_CONTROL: Final = 3
+TOKEN_TYPE_USER_DEFINED: Final = 4
+_ADDED_TYPES: Final = frozenset({TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED})
 
 _CONTRACTIONS: Final = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
 _GPT2: Final = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -160,14 +162,15 @@ def build_bpe_backend(
 ) -> BackendTokenizer:
     """The `tokenizers` pipeline (no added tokens yet) for a byte-level BPE vocabulary."""
     # Normal tokens are spelled in the byte alphabet already; respell any that are not (some
-    # converters store raw text) so BPE can reach them. Control tokens keep their spelling:
-    # they are matched whole as added tokens, never built by merges.
+    # converters store raw text) so BPE can reach them. Control and user-defined tokens keep
+    # their spelling (llama.cpp writes them as text, "    " for a run of spaces): they are
+    # matched whole as added tokens under their own id, never built by merges.
     byte_map = bytes_to_unicode()
     alphabet = set(byte_map.values())
     vocab: dict[str, int] = {}
     for index, (token, ttype) in enumerate(zip(tokens, types, strict=False)):
         spelled = token
-        if ttype != TOKEN_TYPE_CONTROL and not set(token) <= alphabet:
+        if ttype not in _ADDED_TYPES and not set(token) <= alphabet:
             spelled = "".join(byte_map[b] for b in token.encode("utf-8"))
         vocab.setdefault(spelled, index)
     merges: list[tuple[str, str]] = []
