@@ -255,3 +255,21 @@ def test_unused_padding_tokens_are_never_produced(
         assert ids == reference.encode(text), text
         assert max(ids, default=0) < len(tokens)
     assert tok.vocab_size == len(tokens) + len(pads)
+
+
+def test_every_known_pre_tokenizer_builds_and_round_trips(tmp_path: Path) -> None:
+    """Each `tokenizer.ggml.pre` name compat-serve accepts compiles to a working pipeline:
+    byte-level, so any text (here the corpus) decodes back (NFC for Qwen's)."""
+    from compat_serve.models.gguf_tokenizer_bpe import KNOWN_BPE_PRES, bytes_to_unicode
+
+    tokens = [*bytes_to_unicode().values(), "\u0120\u0120"]  # "ĠĠ": two spaces
+    for pre in sorted(KNOWN_BPE_PRES):
+        family = replace(FAMILIES["qwen2.5"], pre=pre, special=(), bos=None, eos=None)
+        path = write_vocab_gguf(
+            tmp_path / "pre.gguf", family, tokens=tokens, types=[1] * 257, merges=["Ġ Ġ"]
+        )
+        tok = _load(path).tokenizer
+        for text in CORPUS:
+            nfc = pre in ("qwen2", "qwen35")
+            expected = unicodedata.normalize("NFC", text) if nfc else text
+            assert tok.decode(tok.encode(text)) == expected, (pre, text)
