@@ -26,6 +26,7 @@ import gguf
 import sentencepiece as spm
 from tokenizers import (
     AddedToken,
+    Regex,
     Tokenizer,
     decoders,
     models,
@@ -77,7 +78,6 @@ class Family:
     # BPE: the family's tokenizer.json pieces.
     normalizer: dict[str, Any] | None = None
     splits: tuple[str, ...] = ()
-    digits: bool = False
     ignore_merges: bool = False
     # SPM: trainer options.
     dummy_prefix: bool = True
@@ -289,18 +289,10 @@ _TRAINING = [
 
 def _pre_tokenizer(family: Family) -> pre_tokenizers.PreTokenizer:
     steps: list[pre_tokenizers.PreTokenizer] = [
-        pre_tokenizers.Split(pattern=pattern_regex(r), behavior="isolated") for r in family.splits
+        pre_tokenizers.Split(pattern=Regex(r), behavior="isolated") for r in family.splits
     ]
-    if family.digits:
-        steps.append(pre_tokenizers.Digits(individual_digits=True))
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
     return pre_tokenizers.Sequence(steps)
-
-
-def pattern_regex(regex: str) -> Any:
-    from tokenizers import Regex
-
-    return Regex(regex)
 
 
 def bpe_reference(family: Family, vocab_size: int = 1200) -> Tokenizer:
