@@ -180,6 +180,13 @@ def test_sentencepiece_defaults_follow_llama_cpp(tmp_path: Path) -> None:
     write_vocab_gguf(path, family, tokens=tokens, types=types, scores=scores, add_eos=True)
     tok = _load(path).tokenizer
     assert tok.encode("Hello", add_special_tokens=True)[-1] == tok.eos_token_id == 2
+    # Gemma's files say add_space_prefix = false; one that does not still gets none.
+    gemma = FAMILIES["gemma3"]
+    tokens, types, scores = _spm_vocab(spm_model(gemma))
+    write_vocab_gguf(path, gemma, tokens=tokens, types=types, scores=scores, omit=("space_prefix",))
+    gemma_tok = _load(path).tokenizer
+    first = gemma_tok.backend.id_to_token(gemma_tok.encode("Hello")[0]) or ""
+    assert not first.startswith("\u2581"), first
 
 
 @pytest.mark.parametrize(

@@ -39,8 +39,8 @@ TOKEN_TYPE_UNKNOWN: Final = 2
 TOKEN_TYPE_CONTROL: Final = 3
 TOKEN_TYPE_USER_DEFINED: Final = 4
 
-# Architectures whose SentencePiece merges follow the piece order, not the scores.
-_RANK_BY_POSITION: Final = frozenset({"gemma", "gemma2", "gemma3", "gemma3n"})
+# Gemma: SentencePiece merges follow the piece order, not the scores, and no prefix space.
+_GEMMA: Final = frozenset({"gemma", "gemma2", "gemma3", "gemma3n"})
 # llama.cpp adds BOS for these when the file does not say (`tokenizer_add_bos = true`).
 _BOS_BY_DEFAULT_PRES: Final = frozenset({"llama3", "llama-v3", "llama-bpe", "tekken"})
 
@@ -83,12 +83,14 @@ def _backend(
     if model == "llama":
         unk_id = meta.get_int("tokenizer.ggml.unknown_token_id", 0)
         unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
+        gemma = meta.get_str("general.architecture") in _GEMMA
         backend = build_spm_backend(
             tokens,
             types,
             _floats(meta, "tokenizer.ggml.scores"),
-            add_space_prefix=bool(meta.get_bool("tokenizer.ggml.add_space_prefix", True)),
-            rank_by_position=meta.get_str("general.architecture") in _RANK_BY_POSITION,
+            # Gemma never prefixes a space (its files say so; older ones may not).
+            add_space_prefix=bool(meta.get_bool("tokenizer.ggml.add_space_prefix", not gemma)),
+            rank_by_position=gemma,
             unk_token=unk,
         )
         return backend, pre or "default", True
