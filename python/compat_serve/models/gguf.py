@@ -75,10 +75,10 @@ logger = logging.getLogger(__name__)
 _permute_rows = permute_rows  # the tests write llama.cpp's layout with it
 
 # Types `mx.load` hands back as dense float16 although the file stores them quantized:
-# where weights stay quantized they are quantized again with MLX's affine scheme (group 32)
-# at these bits: Q6_K at 6 bits (groups of 32 span two of its 16-value sub-blocks), Q2_K at
-# 4 (2-bit groups of 32 would add more error than the file has).
-_REQUANTIZE_BITS = {"Q6_K": 6, "Q2_K": 4}
+# where weights stay quantized they are quantized again with MLX's affine scheme (group 32).
+# Neither maps exactly (their sub-blocks are 16 values, MLX's smallest group 32), so each
+# gets more bits than it had: Q6_K (chosen for near-lossless layers) 8, Q2_K 4.
+_REQUANTIZE_BITS = {"Q6_K": 8, "Q2_K": 4}
 
 
 def _refuse_unreadable(path: str) -> dict[str, str]:

@@ -30,10 +30,11 @@ _DEFAULT_SWA_PATTERN = 6  # llama.cpp hard-codes Gemma 3's five local : one glob
 _LOCAL_ROPE_BASE = 10000.0  # llama.cpp's `rope_freq_base_train_swa` for Gemma 3
 
 
-def _query_scalar(h: Hparams, config: Mapping[str, Any]) -> float:
+def _query_scalar(h: Hparams, config: Mapping[str, Any]) -> int:
+    """An int, as Hugging Face's Gemma configs (transformers validates the type)."""
     if config["num_hidden_layers"] == _LAYERS_27B[h.arch]:
-        return config["hidden_size"] / config["num_attention_heads"]
-    return float(config["head_dim"])
+        return int(config["hidden_size"]) // int(config["num_attention_heads"])
+    return int(config["head_dim"])
 
 
 def gemma2_config(h: Hparams, weights: Mapping[str, mx.array]) -> dict[str, Any]:
