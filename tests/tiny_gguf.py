@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,7 +132,9 @@ def _deepseek2(w: gguf.GGUFWriter, c: dict[str, Any], *, split_kv_b: bool) -> No
 # The head_dim-less families get hidden/heads = 16; gemma2's query scale is head_dim's, as
 # llama.cpp uses for every size but 27B.
 CASES: dict[str, GGUFCase] = {
-    "qwen2": GGUFCase("qwen2", {**_ATTENTION, "rms_norm_eps": 1e-6}, gguf.MODEL_ARCH.QWEN2, _attention_hparams),
+    "qwen2": GGUFCase(
+        "qwen2", {**_ATTENTION, "rms_norm_eps": 1e-6}, gguf.MODEL_ARCH.QWEN2, _attention_hparams
+    ),
     "qwen3": GGUFCase("qwen3", FAMILY_CONFIGS["qwen3"], gguf.MODEL_ARCH.QWEN3, _attention_hparams),
     "mistral": GGUFCase(
         "llama",
@@ -145,6 +146,22 @@ CASES: dict[str, GGUFCase] = {
     "phi3": GGUFCase(
         "phi3",
         {**_ATTENTION, "rms_norm_eps": 1e-5, "original_max_position_embeddings": 4096},
+        gguf.MODEL_ARCH.PHI3,
+        _phi3,
+    ),
+    # Phi-3-128k's LongRoPE: per-frequency factors as `rope_factors_long/short` tensors.
+    "phi3-longrope": GGUFCase(
+        "phi3",
+        {
+            **_ATTENTION,
+            "rms_norm_eps": 1e-5,
+            "original_max_position_embeddings": 1024,
+            "rope_scaling": {
+                "type": "longrope",
+                "long_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0],
+                "short_factor": [1.0, 1.0, 1.1, 1.2, 1.3, 1.5, 1.8, 2.0],
+            },
+        },
         gguf.MODEL_ARCH.PHI3,
         _phi3,
     ),
@@ -161,8 +178,12 @@ CASES: dict[str, GGUFCase] = {
         gguf.MODEL_ARCH.GEMMA2,
         _gemma,
     ),
-    "gemma3": GGUFCase("gemma3_text", FAMILY_CONFIGS["gemma3_text"], gguf.MODEL_ARCH.GEMMA3, _gemma),
-    "qwen3moe": GGUFCase("qwen3_moe", FAMILY_CONFIGS["qwen3_moe"], gguf.MODEL_ARCH.QWEN3MOE, _qwen3moe),
+    "gemma3": GGUFCase(
+        "gemma3_text", FAMILY_CONFIGS["gemma3_text"], gguf.MODEL_ARCH.GEMMA3, _gemma
+    ),
+    "qwen3moe": GGUFCase(
+        "qwen3_moe", FAMILY_CONFIGS["qwen3_moe"], gguf.MODEL_ARCH.QWEN3MOE, _qwen3moe
+    ),
     "mixtral": GGUFCase(
         "mixtral",
         {**_ATTENTION, "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2},
@@ -183,7 +204,7 @@ CASES: dict[str, GGUFCase] = {
         lambda w, c: _deepseek2(w, c, split_kv_b=False),
         {"split_kv_b": False},
     ),
-}  # fmt: skip
+}
 
 QUANT_TYPES = {"F32": Q.F32, "F16": Q.F16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0, "Q4_1": Q.Q4_1}
 
@@ -217,6 +238,34 @@ def _quantizable(gguf_name: str, array: np.ndarray, qtype: Q) -> bool:
     return qtype == Q.F16 or array.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0
 
 
+def _hf_name(case: GGUFCase, name: str) -> str:
+    """mlx-lm's name as the converter sees it: stacked experts under their merged names."""
+    if case.model_type == "mixtral":
+        for mlx, hf in (("gate_proj", "w1"), ("down_proj", "w2"), ("up_proj", "w3")):
+            name = name.replace(f"switch_mlp.{mlx}", f"experts.{hf}")
+    name = name.replace("switch_mlp.", "experts.")
+    return name.replace(".e_score_correction_bias", ".e_score_correction.bias")
+
+
+def _converted(
+    case: GGUFCase, gguf_name: str, value: np.ndarray, config: dict[str, Any]
+) -> np.ndarray:
+    """One tensor as the family's converter stores it."""
+    if case.arch == gguf.MODEL_ARCH.LLAMA and gguf_name.endswith(
+        ("attn_q.weight", "attn_k.weight")
+    ):
+        heads = config["num_attention_heads"]
+        if gguf_name.endswith("attn_k.weight"):
+            heads = config["num_key_value_heads"]
+        rows, rest = value.shape[0], value.shape[1:]
+        permuted = value.reshape(heads, 2, rows // heads // 2, *rest).swapaxes(1, 2)
+        return permuted.reshape(value.shape)
+    gemma = case.arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3)
+    if gemma and gguf_name.endswith("norm.weight"):
+        return value + 1
+    return value
+
+
 def _gguf_tensors(
     case: GGUFCase, weights: dict[str, np.ndarray], config: dict[str, Any]
 ) -> dict[str, np.ndarray]:
@@ -224,26 +273,12 @@ def _gguf_tensors(
     names = gguf.get_tensor_name_map(case.arch, config["num_hidden_layers"])
     out: dict[str, np.ndarray] = {}
     for name, value in weights.items():
-        hf = name
-        # mlx-lm's stacked experts are the converter's merged names before mapping.
-        if case.model_type == "mixtral":
-            hf = hf.replace("switch_mlp.gate_proj", "experts.w1")
-            hf = hf.replace("switch_mlp.down_proj", "experts.w2")
-            hf = hf.replace("switch_mlp.up_proj", "experts.w3")
-        hf = hf.replace("switch_mlp.", "experts.").replace(".e_score_correction_bias", ".e_score_correction.bias")
-        if ".embed_q." in hf or ".unembed_out." in hf:
+        if ".embed_q." in name or ".unembed_out." in name:
             continue  # written below from the pair
+        hf = _hf_name(case, name)
         gguf_name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, f"no llama.cpp name for {hf}"
-        if case.arch == gguf.MODEL_ARCH.LLAMA and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
-            heads = config["num_attention_heads"]
-            if gguf_name.endswith("attn_k.weight"):
-                heads = config["num_key_value_heads"]
-            rows = value.shape[0]
-            value = value.reshape(heads, 2, rows // heads // 2, *value.shape[1:]).swapaxes(1, 2).reshape(value.shape)
-        if case.arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3) and gguf_name.endswith("norm.weight"):
-            value = value + 1
-        out[gguf_name] = value
+        out[gguf_name] = _converted(case, gguf_name, value, config)
     if case.arch == gguf.MODEL_ARCH.DEEPSEEK2:
         for layer in range(config["num_hidden_layers"]):
             p = f"model.layers.{layer}.self_attn"
@@ -286,8 +321,10 @@ def _round_tripped(
     for layer in range(config["num_hidden_layers"]):
         p, b = f"model.layers.{layer}.self_attn", f"blk.{layer}"
         if case.options["split_kv_b"]:
-            for name, gguf_name in ((f"{p}.embed_q.weight", f"{b}.attn_k_b.weight"),
-                                    (f"{p}.unembed_out.weight", f"{b}.attn_v_b.weight")):
+            for name, gguf_name in (
+                (f"{p}.embed_q.weight", f"{b}.attn_k_b.weight"),
+                (f"{p}.unembed_out.weight", f"{b}.attn_v_b.weight"),
+            ):
                 if types[gguf_name] != Q.F32:
                     out[name] = _round_trip(weights[name], types[gguf_name])
         elif types[f"{b}.attn_kv_b.weight"] != Q.F32:
@@ -295,7 +332,7 @@ def _round_tripped(
             kv_b = kv_b.reshape(heads, -1, kv_b.shape[-1])
             out[f"{p}.embed_q.weight"] = np.ascontiguousarray(kv_b[:, :nope].swapaxes(1, 2))
             out[f"{p}.unembed_out.weight"] = np.ascontiguousarray(kv_b[:, nope:])
-    return out  # fmt: skip
+    return out
 
 
 def write_case(
@@ -318,6 +355,9 @@ def write_case(
 
     weights = {k: np.array(v.astype(mx.float32)) for k, v in tree_flatten(model.parameters())}
     tensors = _gguf_tensors(case, weights, config)
+    if (scaling := config.get("rope_scaling")) and scaling["type"] == "longrope":
+        for kind in ("long", "short"):  # the converter's extra tensors (float32)
+            tensors[f"rope_factors_{kind}.weight"] = np.array(scaling[f"{kind}_factor"], np.float32)
     types = {name: qtype if _quantizable(name, v, qtype) else Q.F32 for name, v in tensors.items()}
     if qtype != Q.F32:
         # Give the reference the weights this quantization keeps: quantize -> dequantize in
@@ -325,7 +365,7 @@ def write_case(
         # DeepSeek's kv_b, which is split back).
         weights.update(_round_tripped(case, weights, tensors, types, config))
         model.load_weights([(k, mx.array(v)) for k, v in weights.items()])
-        tensors = _gguf_tensors(case, weights, config)
+        tensors.update(_gguf_tensors(case, weights, config))
     ref = out / "ref"
     ref.mkdir(parents=True, exist_ok=True)
     save_model(ref, model)
@@ -367,17 +407,17 @@ def small_tokenizer_fields() -> dict[str, Field]:
     every file ~10x slower to write and read."""
     from compat_serve.models.gguf_tokenizer import bytes_to_unicode
 
-    V = gguf.GGUFValueType
+    v = gguf.GGUFValueType
     tokens = [*CONTROL, *bytes_to_unicode().values(), "Ġt", "he", "Ġthe"]
     return {
-        "tokenizer.ggml.model": ("gpt2", V.STRING, None),
-        "tokenizer.ggml.pre": ("smollm", V.STRING, None),
-        "tokenizer.ggml.tokens": (tokens, V.ARRAY, V.STRING),
-        "tokenizer.ggml.merges": (["Ġ t", "h e", "Ġt he"], V.ARRAY, V.STRING),
-        "tokenizer.ggml.token_type": ([3 if t in CONTROL else 1 for t in tokens], V.ARRAY, V.INT32),
-        "tokenizer.ggml.bos_token_id": (1, V.UINT32, None),
-        "tokenizer.ggml.eos_token_id": (2, V.UINT32, None),
-        "tokenizer.chat_template": (CHATML, V.STRING, None),
+        "tokenizer.ggml.model": ("gpt2", v.STRING, None),
+        "tokenizer.ggml.pre": ("smollm", v.STRING, None),
+        "tokenizer.ggml.tokens": (tokens, v.ARRAY, v.STRING),
+        "tokenizer.ggml.merges": (["Ġ t", "h e", "Ġt he"], v.ARRAY, v.STRING),
+        "tokenizer.ggml.token_type": ([3 if t in CONTROL else 1 for t in tokens], v.ARRAY, v.INT32),
+        "tokenizer.ggml.bos_token_id": (1, v.UINT32, None),
+        "tokenizer.ggml.eos_token_id": (2, v.UINT32, None),
+        "tokenizer.chat_template": (CHATML, v.STRING, None),
     }
 
 

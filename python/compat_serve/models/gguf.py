@@ -201,8 +201,8 @@ def gguf_parts_steps(path: str, *, keep_quantized: bool = True) -> LoadSteps[GGU
     del raw_weights
     weights = family.fixup(renamed, config)
     rope_freqs = rope.get("rope_freqs")
-    if rope_freqs is not None and family.layer_names.get("attn_q") != "self_attn.q_proj":
-        raise ModelLoadError(f"{path}: rope_freqs in a {meta.architecture} GGUF")
+    if rope_freqs is not None and not family.takes_rope_freqs:
+        raise ModelLoadError(f"{path}: rope_freqs in a {meta.architecture} GGUF is not supported")
     shapes = param_shapes(build_model(config, weights))
     missing = sorted(set(shapes) - set(weights) - _quantized_parts(weights))
     quant: dict[str, QuantParams] = {}

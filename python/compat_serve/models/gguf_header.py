@@ -30,7 +30,8 @@ GGML_TYPE_NAMES: dict[int, str] = {
 MX_READABLE_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q2_K", "Q6_K"})
 
 # GGUF metadata value types -> struct format of a scalar (8 = string, 9 = array).
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}  # fmt: skip
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q"}
+_SCALARS.update({11: "q", 12: "d"})
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class _Reader:
     def take(self, fmt: str) -> int | float:
         size = struct.calcsize(fmt)
         if self.pos + size > len(self.buf):
-            raise ModelLoadError(f"{self.path}: truncated GGUF header")
+            raise ModelLoadError(f"cannot read GGUF {self.path}: truncated header")
         (value,) = struct.unpack_from("<" + fmt, self.buf, self.pos)
         self.pos += size
         return value  # type: ignore[no-any-return]
@@ -80,30 +81,36 @@ class _Reader:
                     self.skip_value(item)
             return
         if vtype not in _SCALARS:
-            raise ModelLoadError(f"{self.path}: unknown GGUF metadata type {vtype}")
+            raise ModelLoadError(f"cannot read GGUF {self.path}: unknown metadata type {vtype}")
         self.pos += struct.calcsize(_SCALARS[vtype])
 
 
 def read_tensor_table(path: str) -> list[GGUFTensorInfo]:
     """Every tensor's name, storage type and shape, read from the header alone."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        r = _Reader(buf, path)
-        if buf[:4] != b"GGUF":
-            raise ModelLoadError(f"{path}: not a GGUF file (no GGUF magic)")
-        r.pos = 4
-        version = int(r.take("I"))
-        if version < 2:
-            raise ModelLoadError(f"{path}: GGUF version {version} is too old; re-convert it")
-        n_tensors, n_kv = int(r.take("Q")), int(r.take("Q"))
-        for _ in range(n_kv):
-            r.skip_string()  # the key
-            r.skip_value(int(r.take("I")))
-        table: list[GGUFTensorInfo] = []
-        for _ in range(n_tensors):
-            name = r.string()
-            dims = [int(r.take("Q")) for _ in range(int(r.take("I")))]
-            type_id = int(r.take("I"))
-            r.pos += 8  # data offset
-            type_name = GGML_TYPE_NAMES.get(type_id, f"type {type_id}")
-            table.append(GGUFTensorInfo(name, type_name, tuple(reversed(dims))))
-        return table
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _table(_Reader(buf, path))
+    except (OSError, ValueError) as exc:  # ValueError: an empty file cannot be mapped
+        raise ModelLoadError(f"cannot read GGUF {path}: {exc}") from exc
+
+
+def _table(r: _Reader) -> list[GGUFTensorInfo]:
+    if r.buf[:4] != b"GGUF":
+        raise ModelLoadError(f"cannot read GGUF {r.path}: not a GGUF file (no GGUF magic)")
+    r.pos = 4
+    version = int(r.take("I"))
+    if version < 2:
+        raise ModelLoadError(f"cannot read GGUF {r.path}: version {version} is too old")
+    n_tensors, n_kv = int(r.take("Q")), int(r.take("Q"))
+    for _ in range(n_kv):
+        r.skip_string()  # the key
+        r.skip_value(int(r.take("I")))
+    table: list[GGUFTensorInfo] = []
+    for _ in range(n_tensors):
+        name = r.string()
+        dims = [int(r.take("Q")) for _ in range(int(r.take("I")))]
+        type_id = int(r.take("I"))
+        r.pos += 8  # data offset
+        type_name = GGML_TYPE_NAMES.get(type_id, f"type {type_id}")
+        table.append(GGUFTensorInfo(name, type_name, tuple(reversed(dims))))
+    return table

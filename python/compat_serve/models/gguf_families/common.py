@@ -73,7 +73,8 @@ class Family:
 
     `layer_names` maps llama.cpp's per-layer base names (`attn_q`) to mlx-lm's module paths
     under `model.layers.N.`; `fixup` runs on the renamed weights (un-permute rows, undo
-    +1 norms, split or join tensors) with the config `config` built.
+    +1 norms, split or join tensors) with the config `config` built. The config sees the
+    tensors under llama.cpp's names (some settings live in tensors: Phi-3's LongRoPE).
     """
 
     architecture: str
@@ -81,9 +82,13 @@ class Family:
     layer_names: Mapping[str, str]
     fixup: Callable[[Weights, Mapping[str, Any]], Weights] = field(default=lambda w, _c: w)
     top_names: Mapping[str, str] = field(default_factory=lambda: dict(_TOP_LEVEL))
+    # Llama 3.1-style per-frequency rope factors (`rope_freqs`), applied by models/gguf.py.
+    takes_rope_freqs: bool = False
 
 
-def attention_config(h: Hparams, weights: Mapping[str, mx.array], model_type: str) -> dict[str, Any]:
+def attention_config(
+    h: Hparams, weights: Mapping[str, mx.array], model_type: str
+) -> dict[str, Any]:
     """The keys a llama-like config shares, from `{arch}.*` metadata."""
     hidden = h.need("embedding_length")
     heads = h.per_layer("attention.head_count", 0)

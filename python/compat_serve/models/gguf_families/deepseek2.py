@@ -41,16 +41,27 @@ def deepseek2_config(h: Hparams, weights: Mapping[str, mx.array]) -> dict[str, A
     key_length = h.get_int("attention.key_length_mla") or h.need("attention.key_length")
     v_head_dim = h.get_int("attention.value_length_mla") or h.need("attention.value_length")
     sigmoid = (
-        h.get_int("expert_gating_func") == _GATING_SIGMOID or "blk.0.exp_probs_b.bias" in weights
+        h.get_int("expert_gating_func") == _GATING_SIGMOID
+        or "blk.0.exp_probs_b.bias" in weights
         or any(name.endswith("exp_probs_b.bias") for name in weights)
     )
     heads = base["num_attention_heads"]
     config: dict[str, Any] = {
         "model_type": "deepseek_v3" if sigmoid else "deepseek_v2",
         "architectures": ["DeepseekV3ForCausalLM" if sigmoid else "DeepseekV2ForCausalLM"],
-        **{k: base[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size",
-                                "vocab_size", "rms_norm_eps", "rope_theta",
-                                "max_position_embeddings", "tie_word_embeddings")},
+        **{
+            k: base[k]
+            for k in (
+                "hidden_size",
+                "num_hidden_layers",
+                "intermediate_size",
+                "vocab_size",
+                "rms_norm_eps",
+                "rope_theta",
+                "max_position_embeddings",
+                "tie_word_embeddings",
+            )
+        },
         "num_attention_heads": heads,
         "num_key_value_heads": heads,
         "q_lora_rank": h.get_int("attention.q_lora_rank") or None,

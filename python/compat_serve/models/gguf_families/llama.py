@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
-
-import logging
 
 import mlx.core as mx
 
@@ -70,7 +69,7 @@ def _fixup(weights: Weights, config: Mapping[str, Any]) -> Weights:
     return drop_tied_head(unpermute_qk(weights, config), config)
 
 
-LLAMA = Family("llama", llama_config, LLAMA_LAYER_NAMES, _fixup)
+LLAMA = Family("llama", llama_config, LLAMA_LAYER_NAMES, _fixup, takes_rope_freqs=True)
 
 MIXTRAL = Family(
     "llama",
@@ -84,4 +83,5 @@ MIXTRAL = Family(
         "ffn_down_exps": "block_sparse_moe.switch_mlp.down_proj",
     },
     _fixup,
+    takes_rope_freqs=True,
 )

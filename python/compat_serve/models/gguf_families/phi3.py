@@ -20,6 +20,11 @@ from compat_serve.models.gguf_families.common import (
 __all__ = ["PHI3"]
 
 
+def _floats(a: mx.array) -> list[float]:
+    values: Any = a.astype(mx.float32).tolist()
+    return [float(x) for x in values]
+
+
 def phi3_config(h: Hparams, weights: Mapping[str, mx.array]) -> dict[str, Any]:
     config = attention_config(h, weights, "phi3")
     config["architectures"] = ["Phi3ForCausalLM"]
@@ -31,8 +36,8 @@ def phi3_config(h: Hparams, weights: Mapping[str, mx.array]) -> dict[str, Any]:
     if long is not None and short is not None:
         config["rope_scaling"] = {
             "type": "longrope",
-            "long_factor": [float(x) for x in long.tolist()],  # type: ignore[union-attr]
-            "short_factor": [float(x) for x in short.tolist()],  # type: ignore[union-attr]
+            "long_factor": _floats(long),
+            "short_factor": _floats(short),
         }
         original = h.get_int("rope.scaling.original_context_length")
         if original:

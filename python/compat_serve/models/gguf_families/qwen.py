@@ -28,7 +28,9 @@ _EXPERTS = {
 }
 
 
-def _qwen(h: Hparams, weights: Mapping[str, mx.array], model_type: str, arch: str) -> dict[str, Any]:
+def _qwen(
+    h: Hparams, weights: Mapping[str, mx.array], model_type: str, arch: str
+) -> dict[str, Any]:
     config = attention_config(h, weights, model_type)
     config["architectures"] = [arch]
     if (scaling := linear_rope_scaling(h)) is not None:
@@ -71,7 +73,11 @@ QWEN3MOE = Family(
     "qwen3moe",
     qwen3moe_config,
     {
-        **{k: v for k, v in LLAMA_LAYER_NAMES.items() if k not in ("ffn_gate", "ffn_up", "ffn_down")},
+        **{
+            k: v
+            for k, v in LLAMA_LAYER_NAMES.items()
+            if k not in ("ffn_gate", "ffn_up", "ffn_down")
+        },
         **_QK_NORMS,
         **_EXPERTS,
     },
