@@ -22,7 +22,13 @@ from mlx_lm.utils import load_model
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.gguf import load_gguf, read_gguf, requantize_dense
 from compat_serve.models.gguf_header import read_tensor_table
-from tests.tiny_gguf import CASES, small_tokenizer_fields, write_case
+from tests.tiny_gguf import (
+    CASES,
+    random_k_blocks,
+    small_tokenizer_fields,
+    write_case,
+    write_k_quant_case,
+)
 
 # 40 tokens: past gemma3's 24-token sliding window, so a wrong window or pattern shows.
 TOKENS = mx.array([[1, 50, 34, 28, 46, 31, 70, 30, 216, 198] * 4])
@@ -119,25 +125,10 @@ def _one_tensor_gguf(path: Path, qtype: gguf.GGMLQuantizationType, raw: np.ndarr
     return path
 
 
-def _k_quant_blocks(qtype: gguf.GGMLQuantizationType, rows: int, cols: int) -> np.ndarray:
-    """Random K-quant blocks with small finite float16 super-block scales."""
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    rng = np.random.default_rng(0)
-    raw = rng.integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
-    scales = rng.uniform(0.001, 0.01, (raw.shape[0], 2)).astype(np.float16).view(np.uint8)
-    if qtype in (gguf.GGMLQuantizationType.Q2_K,):
-        raw[:, -4:] = scales  # d, dmin at the end
-    elif qtype in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K):
-        raw[:, :4] = scales  # d, dmin at the start
-    else:  # Q3_K, Q6_K: d at the end
-        raw[:, -2:] = scales[:, :2]
-    return raw.reshape(rows, cols // block * size)
-
-
 @pytest.mark.parametrize("name", ["Q6_K", "Q2_K"])
 def test_k_quants_mlx_reads_load_and_stay_quantized(tmp_path: Path, name: str) -> None:
     qtype = gguf.GGMLQuantizationType[name]
-    raw = _k_quant_blocks(qtype, 8, 512)
+    raw = random_k_blocks(qtype, 8, 512, np.random.default_rng(0))
     path = _one_tensor_gguf(tmp_path / f"{name}.gguf", qtype, raw)
     expected = gguf.quants.dequantize(raw, qtype)
     weights, _ = read_gguf(str(path))
@@ -156,26 +147,61 @@ def test_k_quants_mlx_reads_load_and_stay_quantized(tmp_path: Path, name: str) -
         group_size=32,
         bits=bits,
     )
-    # Requantized over groups of 32: within one step of the widest group's range (MLX's
-    # float16 scales and biases; measured 0.89 of a step for Q6_K at 6 bits).
-    step = (np.ptp(expected.reshape(8, -1, 32), axis=-1) / (2**bits - 1)).max()
-    assert np.abs(np.array(again.astype(mx.float32)) - expected).max() <= step
+    # Requantized over groups of 32 from mx.load's float16: MLX's affine rounding (zero kept
+    # exact) reaches one step of the group's range; measured up to 1.07 steps.
+    got = np.array(again.astype(mx.float32)).reshape(8, -1, 32)
+    step = np.ptp(expected.reshape(8, -1, 32), axis=-1) / (2**bits - 1)
+    assert (np.abs(got - expected.reshape(8, -1, 32)).max(axis=-1) / step).max() <= 1.1
 
 
-def test_mlx_misreads_q4_k_so_it_is_refused(tmp_path: Path) -> None:
-    """mx.load decodes Q4_K with the wrong sub-block scale (mlx 0.32.4): were it fixed, this
-    test fails and Q4_K can join MX_READABLE_TYPES (gguf_header.py)."""
+def test_q4_k_is_read_from_its_bytes(tmp_path: Path) -> None:
+    """mx.load decodes Q4_K with the wrong sub-block scale (mlx 0.32.4), so gguf_q4k.py reads
+    it: exactly MLX 4-bit affine, group 32. Were MLX fixed, the first assertion fails and
+    the loader can leave Q4_K to mx.load again."""
     qtype = gguf.GGMLQuantizationType.Q4_K
-    raw = _k_quant_blocks(qtype, 8, 512)
+    raw = random_k_blocks(qtype, 8, 512, np.random.default_rng(0))
     path = _one_tensor_gguf(tmp_path / "q4k.gguf", qtype, raw)
-    misread = np.array(mx.load(str(path))["blk.0.attn_q.weight"].astype(mx.float32))
     expected = gguf.quants.dequantize(raw, qtype)
+    misread = np.array(mx.load(str(path))["blk.0.attn_q.weight"].astype(mx.float32))
     assert np.abs(misread - expected).max() > 0.1 * np.abs(expected).max()
+
+    weights, _ = read_gguf(str(path))
+    packed = weights["blk.0.attn_q.weight"]
+    assert packed.dtype == mx.uint32 and packed.shape == (8, 64)
+    scales, biases = weights["blk.0.attn_q.scales"], weights["blk.0.attn_q.biases"]
+    got = mx.dequantize(
+        packed, scales.astype(mx.float32), biases.astype(mx.float32), group_size=32, bits=4
+    )
+    # Scales and biases are float16 (as mx.load gives Q4_0/Q4_1's): d * sc_j rounds to
+    # within 2^-11 of itself, so values within 2^-11 of the largest one.
+    tol = 2**-11 * np.abs(expected).max()
+    assert np.abs(np.array(got) - expected).max() <= tol
+
+
+@pytest.mark.parametrize("dtype", [None, "quantized"])
+def test_q4_k_model_gives_the_directorys_logits(
+    tmp_path: Path, tokenizer: dict[str, Any], dtype: str | None
+) -> None:
+    ref_dir, path = write_k_quant_case(tmp_path, "Q4_K", tokenizer)
+    reference, _ = load_model(ref_dir)
+    loaded = load_gguf(str(path), dtype=dtype)
+    assert loaded.dtype == ("quantized-4bit" if dtype else "float32")
+    expected = reference(TOKENS)
+    scale = float(mx.abs(expected).max())
+    # float16 sub-block scales (above) against the float32 reference.
+    assert _max_delta(loaded.model(TOKENS), expected) <= QUANTIZED_REL_TOL * scale
+
+
+def test_q5_k_is_refused_in_one_line(tmp_path: Path) -> None:
+    qtype = gguf.GGMLQuantizationType.Q5_K
+    path = _one_tensor_gguf(
+        tmp_path / "q5k.gguf", qtype, random_k_blocks(qtype, 8, 512, np.random.default_rng(0))
+    )
     with pytest.raises(ModelLoadError) as err:
         load_gguf(str(path))
     message = str(err.value)
     assert "\n" not in message
-    assert "tensor blk.0.attn_q.weight stored as Q4_K" in message
+    assert "tensor blk.0.attn_q.weight stored as Q5_K, a GGUF type MLX cannot read" in message
     assert "llama-quantize --allow-requantize IN.gguf OUT.gguf Q8_0" in message
 
 

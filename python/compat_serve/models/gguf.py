@@ -33,8 +33,9 @@ from compat_serve.models.gguf_families import (
     unpermute_rows,
 )
 from compat_serve.models.gguf_families.common import Hparams, rename_tensors
-from compat_serve.models.gguf_header import MX_READABLE_TYPES, read_tensor_table
+from compat_serve.models.gguf_header import MX_READABLE_TYPES, GGUFTensorInfo, read_tensor_table
 from compat_serve.models.gguf_metadata import GGUFMetadata
+from compat_serve.models.gguf_q4k import read_q4_k
 from compat_serve.models.gguf_tokenizer import GGUFTokenizerInfo, build_gguf_tokenizer
 from compat_serve.models.load_steps import (
     WORKER,
@@ -81,20 +82,24 @@ _permute_rows = permute_rows  # the tests write llama.cpp's layout with it
 _REQUANTIZE_BITS = {"Q6_K": 8, "Q2_K": 4}
 
 
-def _refuse_unreadable(path: str) -> dict[str, str]:
-    """Each tensor's storage type; a one-line refusal for any type MLX cannot read."""
+# What this loader reads: mx.load's types, and Q4_K from the file's bytes (gguf_q4k.py).
+READABLE_TYPES = MX_READABLE_TYPES | {"Q4_K"}
+
+
+def _refuse_unreadable(path: str) -> list[GGUFTensorInfo]:
+    """The tensor table; a one-line refusal for any type the loader cannot read."""
     table = read_tensor_table(path)
-    bad = [t for t in table if t.type_name not in MX_READABLE_TYPES]
+    bad = [t for t in table if t.type_name not in READABLE_TYPES]
     if bad:
         first = bad[0]
         more = f" and {len(bad) - 1} more tensors" if len(bad) > 1 else ""
         raise ModelLoadError(
             f"{path}: tensor {first.name}{more} stored as {first.type_name}, a GGUF type MLX "
-            f"cannot read (readable: {', '.join(sorted(MX_READABLE_TYPES))}); requantize the "
+            f"cannot read (readable: {', '.join(sorted(READABLE_TYPES))}); requantize the "
             "file (llama.cpp: llama-quantize --allow-requantize IN.gguf OUT.gguf Q8_0) or "
             "serve the original weights as an MLX/HF model directory"
         )
-    return {t.name: t.type_name for t in table}
+    return table
 
 
 def read_gguf(path: str) -> tuple[dict[str, mx.array], GGUFMetadata]:
@@ -106,13 +111,22 @@ def read_gguf(path: str) -> tuple[dict[str, mx.array], GGUFMetadata]:
 def _read_typed(path: str) -> tuple[dict[str, mx.array], GGUFMetadata, dict[str, str]]:
     if not os.path.isfile(path):
         raise ModelLoadError(f"GGUF file not found: {path}")
-    types = _refuse_unreadable(path)
+    table = _refuse_unreadable(path)
     try:
         loaded: Any = mx.load(path, return_metadata=True)
     except Exception as exc:
         raise ModelLoadError(f"cannot read GGUF {path}: {exc}") from exc
     weights, raw_meta = loaded
-    return dict(weights), GGUFMetadata(raw_meta, path=path), types
+    weights = dict(weights)
+    for info in table:
+        if info.type_name == "Q4_K":  # mx.load's float16 values are wrong: read the codes
+            prefix = info.name.removesuffix(".weight")
+            packed, scales, biases = read_q4_k(path, info)
+            weights[info.name] = mx.array(packed)
+            weights[f"{prefix}.scales"] = mx.array(scales)
+            weights[f"{prefix}.biases"] = mx.array(biases)
+    types = {t.name: t.type_name for t in table}
+    return weights, GGUFMetadata(raw_meta, path=path), types
 
 
 def requantize_dense(weights: dict[str, mx.array], types: Mapping[str, str]) -> None:

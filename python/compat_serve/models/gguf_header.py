@@ -1,10 +1,11 @@
 """The tensor table of a GGUF file: each tensor's name and llama.cpp storage type.
 
 `mx.load` reads F32/F16/BF16, Q4_0/Q4_1/Q8_0 (as MLX affine-quantized triples) and, as dense
-float16, Q2_K and Q6_K. It raises a bare "gguf_tensor_to_f16 failed" on most other types, and
-silently drops some (TQ1_0, TQ2_0, MXFP4), and it decodes Q4_K wrongly (mlx 0.32.4: the
-second half of each 64-value pair of sub-blocks gets the first half's scale). So the loader
-reads this table first and refuses such a file with the type and tensor named.
+float16, Q2_K and Q6_K. It raises a bare "gguf_tensor_to_f16 failed" on most other types,
+silently drops some (TQ1_0, TQ2_0, MXFP4), and decodes Q4_K wrongly (mlx 0.32.4: the second
+half of each 64-value pair of sub-blocks gets the first half's scale). So the loader reads
+this table first: it refuses such a file with the type and tensor named, and reads Q4_K
+tensors itself from their offsets (gguf_q4k.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class GGUFTensorInfo:
     name: str
     type_name: str
     shape: tuple[int, ...]  # numpy order (llama.cpp's ne reversed)
+    offset: int  # of its data, from the start of the file
 
 
 class _Reader:
@@ -102,15 +104,21 @@ def _table(r: _Reader) -> list[GGUFTensorInfo]:
     if version < 2:
         raise ModelLoadError(f"cannot read GGUF {r.path}: version {version} is too old")
     n_tensors, n_kv = int(r.take("Q")), int(r.take("Q"))
+    alignment = 32  # GGUF's default; `general.alignment` overrides it
     for _ in range(n_kv):
-        r.skip_string()  # the key
-        r.skip_value(int(r.take("I")))
-    table: list[GGUFTensorInfo] = []
+        key = r.string()
+        vtype = int(r.take("I"))
+        if key == "general.alignment" and vtype == 4:
+            alignment = int(r.take("I"))
+        else:
+            r.skip_value(vtype)
+    entries: list[tuple[str, str, tuple[int, ...], int]] = []
     for _ in range(n_tensors):
         name = r.string()
         dims = [int(r.take("Q")) for _ in range(int(r.take("I")))]
         type_id = int(r.take("I"))
-        r.pos += 8  # data offset
+        offset = int(r.take("Q"))
         type_name = GGML_TYPE_NAMES.get(type_id, f"type {type_id}")
-        table.append(GGUFTensorInfo(name, type_name, tuple(reversed(dims))))
-    return table
+        entries.append((name, type_name, tuple(reversed(dims)), offset))
+    data_start = -(-r.pos // alignment) * alignment
+    return [GGUFTensorInfo(n, t, shape, data_start + off) for n, t, shape, off in entries]
