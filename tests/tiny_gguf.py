@@ -104,7 +104,9 @@ def _gemma(w: gguf.GGUFWriter, c: dict[str, Any]) -> None:
         w.add_sliding_window_pattern([(i + 1) % c["sliding_window_pattern"] != 0 for i in range(n)])
 
 
-def _deepseek2(w: gguf.GGUFWriter, c: dict[str, Any], *, split_kv_b: bool) -> None:
+def _deepseek2(
+    w: gguf.GGUFWriter, c: dict[str, Any], *, split_kv_b: bool, sigmoid: bool = True
+) -> None:
     _attention_hparams(w, {**c, "rms_norm_eps": c.get("rms_norm_eps", 1e-6)})
     rope, nope, v = c["qk_rope_head_dim"], c["qk_nope_head_dim"], c["v_head_dim"]
     if split_kv_b:  # llama.cpp's MLA layout: the absorbed cache as one KV head
@@ -124,9 +126,15 @@ def _deepseek2(w: gguf.GGUFWriter, c: dict[str, Any], *, split_kv_b: bool) -> No
     w.add_expert_count(c["n_routed_experts"])
     w.add_expert_used_count(c["num_experts_per_tok"])
     w.add_expert_shared_count(c["n_shared_experts"])
+    if scaling := c.get("rope_scaling"):
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(scaling["factor"])
+        w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_log_mul(0.1 * scaling["mscale_all_dim"])
     w.add_expert_weights_scale(1.0)
-    w.add_expert_weights_norm(True)
-    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_norm(sigmoid)  # V3 renormalises its top-k, V2 does not
+    func = gguf.ExpertGatingFuncType.SIGMOID if sigmoid else gguf.ExpertGatingFuncType.SOFTMAX
+    w.add_expert_gating_func(func)
 
 
 # The head_dim-less families get hidden/heads = 16; gemma2's query scale is head_dim's, as
@@ -195,6 +203,27 @@ CASES: dict[str, GGUFCase] = {
         FAMILY_CONFIGS["deepseek_v3"],
         gguf.MODEL_ARCH.DEEPSEEK2,
         lambda w, c: _deepseek2(w, c, split_kv_b=True),
+        {"split_kv_b": True},
+    ),
+    # DeepSeek-V2 (softmax router, no correction bias): mlx-lm's deepseek_v2 class, joined
+    # kv_b_proj; written the newer converter's way (k_b/v_b).
+    "deepseek2-v2": GGUFCase(
+        "deepseek_v2",
+        {
+            **FAMILY_CONFIGS["deepseek_v3"],
+            # V2's YaRN (DeepSeek-V2-Lite's values, a shorter original context)
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 1024,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 0.707,
+                "mscale_all_dim": 0.707,
+            },
+        },
+        gguf.MODEL_ARCH.DEEPSEEK2,
+        lambda w, c: _deepseek2(w, c, split_kv_b=True, sigmoid=False),
         {"split_kv_b": True},
     ),
     "deepseek2-kv_b": GGUFCase(
@@ -294,6 +323,34 @@ def _gguf_tensors(
     return out
 
 
+def _mla_split(weights: dict[str, np.ndarray], config: dict[str, Any]) -> dict[str, np.ndarray]:
+    """deepseek_v2's joined kv_b_proj as deepseek_v3's embed_q/unembed_out (per head, the
+    k part transposed), so one writer serves both classes."""
+    heads, nope = config["num_attention_heads"], config["qk_nope_head_dim"]
+    out: dict[str, np.ndarray] = {}
+    for name, value in weights.items():
+        if not name.endswith(".kv_b_proj.weight"):
+            out[name] = value
+            continue
+        p = name.removesuffix(".kv_b_proj.weight")
+        kv_b = value.reshape(heads, -1, value.shape[-1])
+        out[f"{p}.embed_q.weight"] = np.ascontiguousarray(kv_b[:, :nope].swapaxes(1, 2))
+        out[f"{p}.unembed_out.weight"] = np.ascontiguousarray(kv_b[:, nope:])
+    return out
+
+
+def _mla_join(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inverse of `_mla_split`."""
+    out = {k: v for k, v in weights.items() if ".embed_q." not in k and ".unembed_out." not in k}
+    for name, k_b in weights.items():
+        if name.endswith(".embed_q.weight"):
+            p = name.removesuffix(".embed_q.weight")
+            v_b = weights[f"{p}.unembed_out.weight"]
+            kv_b = np.concatenate([k_b.swapaxes(1, 2), v_b], axis=1)
+            out[f"{p}.kv_b_proj.weight"] = kv_b.reshape(-1, kv_b.shape[-1])
+    return out
+
+
 def _round_trip(value: np.ndarray, qtype: Q) -> np.ndarray:
     if qtype == Q.F16:
         return value.astype(np.float16).astype(np.float32)
@@ -354,6 +411,8 @@ def write_case(
     from mlx.utils import tree_flatten
 
     weights = {k: np.array(v.astype(mx.float32)) for k, v in tree_flatten(model.parameters())}
+    if case.model_type == "deepseek_v2":
+        weights = _mla_split(weights, config)
     tensors = _gguf_tensors(case, weights, config)
     if (scaling := config.get("rope_scaling")) and scaling["type"] == "longrope":
         for kind in ("long", "short"):  # the converter's extra tensors (float32)
@@ -364,7 +423,8 @@ def write_case(
         # llama.cpp's layout, then back to mlx-lm's (the transforms only move rows, except
         # DeepSeek's kv_b, which is split back).
         weights.update(_round_tripped(case, weights, tensors, types, config))
-        model.load_weights([(k, mx.array(v)) for k, v in weights.items()])
+        joined = _mla_join(weights) if case.model_type == "deepseek_v2" else weights
+        model.load_weights([(k, mx.array(v)) for k, v in joined.items()])
         tensors.update(_gguf_tensors(case, weights, config))
     ref = out / "ref"
     ref.mkdir(parents=True, exist_ok=True)

@@ -89,7 +89,11 @@ def deepseek2_config(h: Hparams, weights: Mapping[str, mx.array]) -> dict[str, A
     for key in ("bos_token_id", "eos_token_id"):
         if key in base:
             config[key] = base[key]
-    if h.get_str("rope.scaling.type") == "yarn":
+    if h.get_str("rope.scaling.type") != "yarn":
+        # mlx-lm's deepseek_v2 class always builds a yarn rope: factor 1 is the plain one.
+        if not sigmoid:
+            config["rope_scaling"] = {"type": "yarn", "factor": 1.0, "mscale": 0.0}
+    else:
         # llama.cpp stores 0.1 * mscale_all_dim as the yarn log multiplier.
         mscale = (h.get_float("rope.scaling.yarn_log_multiplier") or 0.0) / 0.1
         config["rope_scaling"] = {
