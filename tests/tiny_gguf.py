@@ -63,7 +63,11 @@ def _attention_hparams(w: gguf.GGUFWriter, c: dict[str, Any]) -> None:
     w.add_head_count(c["num_attention_heads"])
     w.add_head_count_kv(c.get("num_key_value_heads") or c["num_attention_heads"])
     w.add_layer_norm_rms_eps(c.get("rms_norm_eps", 1e-6))
-    w.add_rope_freq_base(c.get("rope_theta", 10000.0))
+    if c.get("ollama"):  # Ollama's own Gemma 3 converter: two named bases
+        w.add_float32(f"{w.arch}.rope.global.freq_base", c["rope_theta"])
+        w.add_float32(f"{w.arch}.rope.local.freq_base", c["rope_local_base_freq"])
+    else:
+        w.add_rope_freq_base(c.get("rope_theta", 10000.0))
     if c.get("head_dim"):
         w.add_key_length(c["head_dim"])
         w.add_value_length(c["head_dim"])
@@ -399,12 +403,17 @@ def write_case(
     tokenizer_fields: dict[str, Field],
     *,
     seed: int = 0,
+    ollama: bool = False,
+    overrides: dict[str, Any] | None = None,
 ) -> tuple[Path, Path]:
     """Write `case_name` as `out/ref/` (mlx-lm directory) and `out/model.<qtype>.gguf`;
-    returns (directory, gguf path)."""
+    returns (directory, gguf path). `ollama`: as Ollama's single-file multimodal GGUFs,
+    with a vision tower's tensors and its named rope bases. `overrides`: config changes."""
     from mlx_lm.utils import save_config, save_model
 
     case = CASES[case_name]
+    if overrides:
+        case = dataclasses.replace(case, config={**case.config, **overrides})
     qtype = QUANT_TYPES[qtype_name]
     vocab = len(tokenizer_fields["tokenizer.ggml.tokens"][0])
     model, config = random_model(case, vocab, seed)
@@ -435,8 +444,12 @@ def write_case(
     writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[case.arch])
     writer.add_name(f"tiny-{case_name}")
     writer.add_vocab_size(vocab)
-    case.hparams(writer, config)
+    case.hparams(writer, {**config, "ollama": ollama})
     _add_tokenizer(writer, tokenizer_fields)
+    if ollama:
+        tensors["v.blk.0.attn_q.weight"] = np.ones((32, 32), np.float32)
+        tensors["mm.input_projection.weight"] = np.ones((32, 64), np.float32)
+        types.update(dict.fromkeys(("v.blk.0.attn_q.weight", "mm.input_projection.weight"), Q.F32))
     for name, value in tensors.items():
         t = types[name]
         if t == Q.F32:

@@ -69,6 +69,19 @@ def test_gguf_gives_the_directorys_logits(
     assert _max_delta(loaded.model(TOKENS), expected) <= DENSE_TOL
 
 
+def test_ollama_gemma3_with_its_vision_tower(tmp_path: Path, tokenizer: dict[str, Any]) -> None:
+    """Ollama's Gemma 3 files hold the vision tower (`v.*`, `mm.*`) and name the rope bases
+    `rope.global/local.freq_base`: the text model loads, the tower is left out."""
+    bases = {"rope_theta": 500_000.0, "rope_local_base_freq": 20_000.0}  # not the defaults
+    ref_dir, path = write_case(tmp_path, "gemma3", "Q8_0", tokenizer, ollama=True, overrides=bases)
+    assert "v.blk.0.attn_q.weight" in {t.name for t in read_tensor_table(str(path))}
+    reference, _ = load_model(ref_dir)
+    loaded = load_gguf(str(path))
+    config = loaded.extra["config"]
+    assert (config["rope_theta"], config["rope_local_base_freq"]) == (500_000.0, 20_000.0)
+    assert _max_delta(loaded.model(TOKENS), reference(TOKENS)) <= DENSE_TOL
+
+
 @pytest.mark.parametrize(
     ("case", "qtype"),
     [("qwen3", "Q4_0"), ("gemma3", "Q8_0"), ("qwen3moe", "Q4_1"), ("deepseek2", "Q4_0")],

@@ -33,6 +33,9 @@ _TOP_LEVEL = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
+# Ollama's single-file multimodal GGUFs (Gemma 3, Mistral 3...) carry the vision tower
+# (`v.`), its projector (`mm.`) and audio (`a.`) beside the text model.
+_OTHER_TOWERS = ("v.", "mm.", "a.")
 # Tensors llama.cpp keeps for its own rope; the family's config already says the same.
 ROPE_TENSORS = ("rope_freqs", "rope_factors_long", "rope_factors_short")
 
@@ -142,7 +145,12 @@ def rename_tensors(
     """llama.cpp names -> mlx-lm names; returns (renamed, rope tensors by base name)."""
     out: Weights = {}
     rope: dict[str, mx.array] = {}
+    skipped = [name for name in weights if name.startswith(_OTHER_TOWERS)]
+    if skipped:
+        logger.info("ignoring %d vision/audio tensors (text model only)", len(skipped))
     for name, tensor in weights.items():
+        if name.startswith(_OTHER_TOWERS):
+            continue
         m = _TENSOR_RE.match(name)
         if m is None:
             raise ModelLoadError(f"unexpected tensor {name!r} in a {family.architecture} GGUF")

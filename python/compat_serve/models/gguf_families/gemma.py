@@ -75,7 +75,10 @@ def gemma3_config(h: Hparams, weights: Mapping[str, mx.array]) -> dict[str, Any]
             "query_pre_attn_scalar": _query_scalar(h, config),
             "sliding_window": h.get_int("attention.sliding_window", 512),
             "sliding_window_pattern": _swa_pattern(h),
-            "rope_local_base_freq": _LOCAL_ROPE_BASE,
+            # Ollama's own converter names the two bases `rope.global/local.freq_base`.
+            "rope_theta": h.get_float("rope.freq_base")
+            or h.get_float("rope.global.freq_base", 1_000_000.0),
+            "rope_local_base_freq": h.get_float("rope.local.freq_base", _LOCAL_ROPE_BASE),
         }
     )
     if (scaling := linear_rope_scaling(h)) is not None:
