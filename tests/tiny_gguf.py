@@ -55,7 +55,7 @@ class GGUFCase:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def _attention_hparams(w: gguf.GGUFWriter, c: dict[str, Any]) -> None:
+def attention_hparams(w: gguf.GGUFWriter, c: dict[str, Any]) -> None:
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
     w.add_block_count(c["num_hidden_layers"])
@@ -74,7 +74,7 @@ def _attention_hparams(w: gguf.GGUFWriter, c: dict[str, Any]) -> None:
 
 
 def _llama(w: gguf.GGUFWriter, c: dict[str, Any]) -> None:
-    _attention_hparams(w, c)
+    attention_hparams(w, c)
     w.add_rope_dimension_count(c["hidden_size"] // c["num_attention_heads"])
     if c.get("sliding_window"):
         w.add_sliding_window(c["sliding_window"])
@@ -84,20 +84,20 @@ def _llama(w: gguf.GGUFWriter, c: dict[str, Any]) -> None:
 
 
 def _qwen3moe(w: gguf.GGUFWriter, c: dict[str, Any]) -> None:
-    _attention_hparams(w, c)
+    attention_hparams(w, c)
     w.add_expert_count(c["num_experts"])
     w.add_expert_used_count(c["num_experts_per_tok"])
     w.add_expert_feed_forward_length(c["moe_intermediate_size"])
 
 
 def _phi3(w: gguf.GGUFWriter, c: dict[str, Any]) -> None:
-    _attention_hparams(w, c)
+    attention_hparams(w, c)
     w.add_rope_dimension_count(c["hidden_size"] // c["num_attention_heads"])
     w.add_rope_scaling_orig_ctx_len(c["original_max_position_embeddings"])
 
 
 def _gemma(w: gguf.GGUFWriter, c: dict[str, Any]) -> None:
-    _attention_hparams(w, c)
+    attention_hparams(w, c)
     if "attn_logit_softcapping" in c:  # gemma2
         w.add_attn_logit_softcapping(c["attn_logit_softcapping"])
         w.add_final_logit_softcapping(c["final_logit_softcapping"])
@@ -111,7 +111,7 @@ def _gemma(w: gguf.GGUFWriter, c: dict[str, Any]) -> None:
 def _deepseek2(
     w: gguf.GGUFWriter, c: dict[str, Any], *, split_kv_b: bool, sigmoid: bool = True
 ) -> None:
-    _attention_hparams(w, {**c, "rms_norm_eps": c.get("rms_norm_eps", 1e-6)})
+    attention_hparams(w, {**c, "rms_norm_eps": c.get("rms_norm_eps", 1e-6)})
     rope, nope, v = c["qk_rope_head_dim"], c["qk_nope_head_dim"], c["v_head_dim"]
     if split_kv_b:  # llama.cpp's MLA layout: the absorbed cache as one KV head
         w.add_head_count_kv(1)
@@ -145,9 +145,9 @@ def _deepseek2(
 # llama.cpp uses for every size but 27B.
 CASES: dict[str, GGUFCase] = {
     "qwen2": GGUFCase(
-        "qwen2", {**_ATTENTION, "rms_norm_eps": 1e-6}, gguf.MODEL_ARCH.QWEN2, _attention_hparams
+        "qwen2", {**_ATTENTION, "rms_norm_eps": 1e-6}, gguf.MODEL_ARCH.QWEN2, attention_hparams
     ),
-    "qwen3": GGUFCase("qwen3", FAMILY_CONFIGS["qwen3"], gguf.MODEL_ARCH.QWEN3, _attention_hparams),
+    "qwen3": GGUFCase("qwen3", FAMILY_CONFIGS["qwen3"], gguf.MODEL_ARCH.QWEN3, attention_hparams),
     "mistral": GGUFCase(
         "llama",
         # mlx-lm (like llama.cpp's llama graph) runs Mistral's window as full attention.
@@ -445,7 +445,7 @@ def write_case(
     writer.add_name(f"tiny-{case_name}")
     writer.add_vocab_size(vocab)
     case.hparams(writer, {**config, "ollama": ollama})
-    _add_tokenizer(writer, tokenizer_fields)
+    add_tokenizer(writer, tokenizer_fields)
     if ollama:
         tensors["v.blk.0.attn_q.weight"] = np.ones((32, 32), np.float32)
         tensors["mm.input_projection.weight"] = np.ones((32, 64), np.float32)
@@ -505,80 +505,6 @@ def tokenizer_fields(gguf_file: str) -> dict[str, Field]:
     return out
 
 
-def _add_tokenizer(writer: gguf.GGUFWriter, fields: dict[str, Field]) -> None:
+def add_tokenizer(writer: gguf.GGUFWriter, fields: dict[str, Field]) -> None:
     for key, (value, vtype, sub) in fields.items():
         writer.add_key_value(key, value, vtype, sub_type=sub)
-
-
-# Qwen3 with every row a multiple of 256 values, for K-quant super-blocks.
-QWEN3_256 = GGUFCase(
-    "qwen3",
-    {**FAMILY_CONFIGS["qwen3"], "hidden_size": 256, "head_dim": 64, "intermediate_size": 256},
-    gguf.MODEL_ARCH.QWEN3,
-    _attention_hparams,
-)
-
-
-def random_k_blocks(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Random K-quant blocks (all codes and sub-block scales random) with small finite
-    float16 super-block scales; `gguf.quants` can dequantize but not write K-quants."""
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
-    scales = rng.uniform(1e-4, 3e-4, (raw.shape[0], 2)).astype(np.float16).view(np.uint8)
-    if qtype == Q.Q2_K:
-        raw[:, -4:] = scales  # d, dmin at the end
-    elif qtype in (Q.Q4_K, Q.Q5_K):
-        raw[:, :4] = scales  # d, dmin at the start
-    else:  # Q3_K, Q6_K: d at the end
-        raw[:, -2:] = scales[:, :2]
-    return raw.reshape(rows, cols // block * size)
-
-
-def write_k_quant_case(
-    out: Path, qtype_name: str, tokenizer_fields: dict[str, Field], *, seed: int = 0
-) -> tuple[Path, Path]:
-    """QWEN3_256 with every 2-D weight random `qtype_name` blocks (Qwen3's converter moves no
-    rows, so the reference holds `gguf.quants.dequantize` of the same blocks as they are)."""
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import save_config, save_model
-
-    qtype = Q[qtype_name]
-    vocab = len(tokenizer_fields["tokenizer.ggml.tokens"][0])
-    model, config = random_model(QWEN3_256, vocab, seed)
-    rng = np.random.default_rng(seed)
-    weights = {k: np.array(v.astype(mx.float32)) for k, v in tree_flatten(model.parameters())}
-    blocks = {
-        name: random_k_blocks(qtype, *value.shape, rng)
-        for name, value in weights.items()
-        if value.ndim == 2
-    }
-    model.load_weights(
-        [
-            (name, mx.array(dequantize(raw, qtype).astype(np.float32)))
-            for name, raw in blocks.items()
-        ],
-        strict=False,
-    )
-    ref = out / "ref"
-    ref.mkdir(parents=True, exist_ok=True)
-    save_model(ref, model)
-    save_config(dict(config), ref / "config.json")
-    path = out / f"model.{qtype_name}.gguf"
-    writer = gguf.GGUFWriter(str(path), "qwen3")
-    writer.add_vocab_size(vocab)
-    QWEN3_256.hparams(writer, config)
-    _add_tokenizer(writer, tokenizer_fields)
-    names = gguf.get_tensor_name_map(QWEN3_256.arch, config["num_hidden_layers"])
-    for name, value in weights.items():
-        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        assert gguf_name is not None
-        if name in blocks:
-            raw = blocks[name]
-            writer.add_tensor(gguf_name, raw, raw_shape=raw.shape, raw_dtype=qtype)
-        else:
-            writer.add_tensor(gguf_name, value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return ref, path

@@ -22,13 +22,8 @@ from mlx_lm.utils import load_model
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.gguf import load_gguf, read_gguf, requantize_dense
 from compat_serve.models.gguf_header import read_tensor_table
-from tests.tiny_gguf import (
-    CASES,
-    random_k_blocks,
-    small_tokenizer_fields,
-    write_case,
-    write_k_quant_case,
-)
+from tests.tiny_gguf import CASES, small_tokenizer_fields, write_case
+from tests.tiny_gguf_kquants import random_k_blocks, write_k_quant_case
 
 # 40 tokens: past gemma3's 24-token sliding window, so a wrong window or pattern shows.
 TOKENS = mx.array([[1, 50, 34, 28, 46, 31, 70, 30, 216, 198] * 4])
