@@ -239,7 +239,14 @@ CASES: dict[str, GGUFCase] = {
     ),
 }
 
-QUANT_TYPES = {"F32": Q.F32, "F16": Q.F16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0, "Q4_1": Q.Q4_1}
+QUANT_TYPES = {
+    "F32": Q.F32,
+    "F16": Q.F16,
+    "BF16": Q.BF16,
+    "Q8_0": Q.Q8_0,
+    "Q4_0": Q.Q4_0,
+    "Q4_1": Q.Q4_1,
+}
 
 
 def random_model(case: GGUFCase, vocab_size: int, seed: int = 0) -> tuple[Any, dict[str, Any]]:

@@ -36,7 +36,14 @@ DENSE_TOL = 1e-5
 QUANTIZED_REL_TOL = 1e-2
 
 TYPES_PER_FAMILY = ["F32", "Q8_0", "Q4_0"]
-MORE_TYPES = [("qwen3", "F16"), ("qwen3", "Q4_1"), ("gemma3", "Q4_1"), ("deepseek2", "Q4_1")]
+MORE_TYPES = [
+    ("qwen3", "F16"),
+    ("qwen3", "BF16"),  # mx.load hands BF16 back as float16: exact for weights in its range
+    ("gemma3", "BF16"),
+    ("qwen3", "Q4_1"),
+    ("gemma3", "Q4_1"),
+    ("deepseek2", "Q4_1"),
+]
 
 
 @pytest.fixture(scope="module")
