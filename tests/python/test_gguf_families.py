@@ -264,6 +264,9 @@ def models_dir_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     ):
         _, path = write_case(tmp_path_factory.mktemp(case), case, qtype, fields)
         path.rename(root / file)
+    q5k = gguf.GGMLQuantizationType.Q5_K
+    raw = random_k_blocks(q5k, 8, 512, np.random.default_rng(0))
+    _one_tensor_gguf(root / "Qwen3-tiny-Q5_K_M.gguf", q5k, raw)
     hub = build_hub(ServeOptions(), ModelFlags(models_dir=str(root)))
     running = run_app(create_app(hub), hub)
     yield running.base_url
@@ -273,8 +276,8 @@ def models_dir_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 def test_models_dir_lists_and_serves_family_ggufs(models_dir_server: str) -> None:
     base = models_dir_server
     ids = [card["id"] for card in httpx.get(f"{base}/v1/models").json()["data"]]
-    assert ids == ["Qwen3-tiny-Q4_0", "gemma-2-tiny.Q8_0"]
-    for model in ids:
+    assert ids == ["Qwen3-tiny-Q4_0", "Qwen3-tiny-Q5_K_M", "gemma-2-tiny.Q8_0"]
+    for model in ("Qwen3-tiny-Q4_0", "gemma-2-tiny.Q8_0"):
         reply = httpx.post(
             f"{base}/v1/chat/completions",
             json={"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]},
@@ -284,3 +287,15 @@ def test_models_dir_lists_and_serves_family_ggufs(models_dir_server: str) -> Non
         body = reply.json()
         assert body["model"] == model
         assert body["usage"]["completion_tokens"] >= 1
+
+    # A file of a type MLX cannot read is listed, and a request for it gets the one-line
+    # refusal (the hub's load-failure policy: 500 on the failed load, 400 after).
+    reply = httpx.post(
+        f"{base}/v1/chat/completions",
+        json={"model": "Qwen3-tiny-Q5_K_M", "messages": [{"role": "user", "content": "Hi"}]},
+        timeout=120,
+    )
+    assert reply.status_code == 500  # the first request: the failed load itself
+    message = reply.json()["error"]["message"]
+    assert "stored as Q5_K, a GGUF type MLX cannot read" in message
+    assert "llama-quantize" in message

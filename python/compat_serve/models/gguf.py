@@ -95,7 +95,7 @@ def _refuse_unreadable(path: str) -> list[GGUFTensorInfo]:
         more = f" and {len(bad) - 1} more tensors" if len(bad) > 1 else ""
         raise ModelLoadError(
             f"{path}: tensor {first.name}{more} stored as {first.type_name}, a GGUF type MLX "
-            f"cannot read (readable: {', '.join(sorted(READABLE_TYPES))}); requantize the "
+            f"cannot read (loadable: {', '.join(sorted(READABLE_TYPES))}); requantize the "
             "file (llama.cpp: llama-quantize --allow-requantize IN.gguf OUT.gguf Q8_0) or "
             "serve the original weights as an MLX/HF model directory"
         )
