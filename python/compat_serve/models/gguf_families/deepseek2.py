@@ -40,10 +40,8 @@ def deepseek2_config(h: Hparams, weights: Mapping[str, mx.array]) -> dict[str, A
     # cache and the per-head sizes moved to `*_mla`.
     key_length = h.get_int("attention.key_length_mla") or h.need("attention.key_length")
     v_head_dim = h.get_int("attention.value_length_mla") or h.need("attention.value_length")
-    sigmoid = (
-        h.get_int("expert_gating_func") == _GATING_SIGMOID
-        or "blk.0.exp_probs_b.bias" in weights
-        or any(name.endswith("exp_probs_b.bias") for name in weights)
+    sigmoid = h.get_int("expert_gating_func") == _GATING_SIGMOID or any(
+        name.endswith("exp_probs_b.bias") for name in weights
     )
     heads = base["num_attention_heads"]
     config: dict[str, Any] = {
