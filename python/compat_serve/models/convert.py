@@ -1,7 +1,9 @@
-"""`compat-serve convert-gguf IN OUT`: turn a llama-family GGUF into an mlx-lm model directory.
+"""`compat-serve convert-gguf IN OUT`: turn a GGUF of any supported family
+(`models/gguf_families/`) into an mlx-lm model directory.
 
-The directory holds config.json, model.safetensors (Q/K rows un-permuted to the HF layout, so
-`rope_traditional` stays False), tokenizer.json, tokenizer_config.json, generation_config.json
+The directory holds config.json (the family's mlx-lm config), model.safetensors (mlx-lm's
+parameter names: llama Q/K rows un-permuted to the HF layout, Gemma norms without llama.cpp's
++1, experts stacked as `switch_mlp`), tokenizer.json, tokenizer_config.json, generation_config.json
 and chat_template.jinja; `mlx_lm.load(out_dir)` loads it.
 
 `dtype="quantized"` keeps the GGUF's quantized tensors exactly as `mx.load` produced them
@@ -110,7 +112,7 @@ def convert_gguf(
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ModelLoadError(f"{out} exists and is not empty (pass overwrite=True to replace)")
     t0 = time.perf_counter()
-    parts = read_gguf_parts(src)
+    parts = read_gguf_parts(src, keep_quantized=dtype == "quantized")
     if parts.rope_freqs is not None:
         raise ModelLoadError(
             f"{src}: per-frequency rope factors (rope_freqs, Llama 3.1-style) cannot be "

@@ -1,21 +1,16 @@
-"""Load a llama-family `.gguf` file into mlx-lm's `llama.Model`.
+"""Load a `.gguf` file of a supported architecture into its mlx-lm model class.
 
 `mx.load(path, return_metadata=True)` reads the file: Q4_0/Q4_1/Q8_0 tensors come back as MLX
 affine-quantized triples (`weight` uint32, `scales`, `biases`), other tensors as dense arrays.
-This module turns the metadata into an mlx-lm llama config, renames llama.cpp's tensors to
-mlx-lm's parameter names and undoes llama.cpp's Q/K row permutation.
-
-Q/K permutation: llama.cpp's converter reorders the rows of `attn_q`/`attn_k` inside every head
-(`reshape(n_head, 2, head_dim/2, ...).swapaxes(1, 2)`) so its rope can rotate adjacent pairs.
-We undo it (`unpermute_rows`) instead of running the model with `rope_traditional=True`:
-it is a pure row permutation (exact, and applies to packed quantized rows, scales and
-biases as they are, since quantization groups run along the input dimension), and it gives
-the standard Hugging Face layout, so the model is the stock `llama.Model` with the stock rope
-and `convert.py` writes a directory any mlx-lm/transformers reader understands.
+`gguf_families/` turns the metadata into the family's mlx-lm config and llama.cpp's tensors
+into mlx-lm's parameters (renames, Q/K row un-permutation for llama, Gemma's +1 norms, MLA
+splits); this module reads the file, refuses what MLX cannot read (`gguf_header.py`), keeps
+quantized layers quantized where the backend wants them, and builds the `LoadedModel`.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
@@ -30,7 +25,17 @@ from mlx.nn.layers.quantized import quantize
 
 from compat_serve.models import load_steps
 from compat_serve.models.errors import ModelLoadError
+from compat_serve.models.gguf_families import (
+    SUPPORTED_ARCHITECTURES,
+    Family,
+    family_for,
+    permute_rows,
+    unpermute_rows,
+)
+from compat_serve.models.gguf_families.common import Hparams, rename_tensors
+from compat_serve.models.gguf_header import MX_READABLE_TYPES, GGUFTensorInfo, read_tensor_table
 from compat_serve.models.gguf_metadata import GGUFMetadata
+from compat_serve.models.gguf_q4k import read_q4_k
 from compat_serve.models.gguf_tokenizer import GGUFTokenizerInfo, build_gguf_tokenizer
 from compat_serve.models.load_steps import (
     WORKER,
@@ -54,183 +59,88 @@ from compat_serve.models.weights import (
 )
 
 __all__ = [
+    "SUPPORTED_ARCHITECTURES",
     "GGUFModelParts",
     "GGUFRoPE",
+    "build_model",
     "gguf_model_name",
     "gguf_parts_steps",
-    "llama_config_from_gguf",
     "load_gguf",
     "load_gguf_steps",
-    "map_gguf_weights",
     "read_gguf",
     "unpermute_rows",
 ]
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+_permute_rows = permute_rows  # the tests write llama.cpp's layout with it
 
-_TOP_LEVEL = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-_PER_LAYER = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-# mx.load names: `.weight` (dense or packed), `.scales`/`.biases` (quantization), `.bias`.
-_TENSOR_RE = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|scales|biases|bias)$")
-_IGNORED = {"rope_freqs", "rope_factors_long", "rope_factors_short"}
+# Types `mx.load` hands back as dense float16 although the file stores them quantized:
+# where weights stay quantized they are quantized again with MLX's affine scheme (group 32).
+# Neither maps exactly (their sub-blocks are 16 values, MLX's smallest group 32), so each
+# gets more bits than it had: Q6_K (chosen for near-lossless layers) 8, Q2_K 4.
+_REQUANTIZE_BITS = {"Q6_K": 8, "Q2_K": 4}
+
+
+# What this loader reads: mx.load's types, and Q4_K from the file's bytes (gguf_q4k.py).
+READABLE_TYPES = MX_READABLE_TYPES | {"Q4_K"}
+
+
+def _refuse_unreadable(path: str) -> list[GGUFTensorInfo]:
+    """The tensor table; a one-line refusal for any type the loader cannot read."""
+    table = read_tensor_table(path)
+    bad = [t for t in table if t.type_name not in READABLE_TYPES]
+    if bad:
+        first = bad[0]
+        more = f" and {len(bad) - 1} more tensors" if len(bad) > 1 else ""
+        raise ModelLoadError(
+            f"{path}: tensor {first.name}{more} stored as {first.type_name}, a GGUF type MLX "
+            f"cannot read (loadable: {', '.join(sorted(READABLE_TYPES))}); requantize the "
+            "file (llama.cpp: llama-quantize --allow-requantize IN.gguf OUT.gguf Q8_0) or "
+            "serve the original weights as an MLX/HF model directory"
+        )
+    return table
 
 
 def read_gguf(path: str) -> tuple[dict[str, mx.array], GGUFMetadata]:
-    """Tensors and metadata of a GGUF file."""
+    """Tensors and metadata of a GGUF file (refused if a tensor's type is unreadable)."""
+    weights, meta, _types = _read_typed(path)
+    return weights, meta
+
+
+def _read_typed(path: str) -> tuple[dict[str, mx.array], GGUFMetadata, dict[str, str]]:
     if not os.path.isfile(path):
         raise ModelLoadError(f"GGUF file not found: {path}")
+    table = _refuse_unreadable(path)
     try:
         loaded: Any = mx.load(path, return_metadata=True)
     except Exception as exc:
         raise ModelLoadError(f"cannot read GGUF {path}: {exc}") from exc
     weights, raw_meta = loaded
-    return dict(weights), GGUFMetadata(raw_meta, path=path)
+    weights = dict(weights)
+    for info in table:
+        if info.type_name == "Q4_K":  # mx.load's float16 values are wrong: read the codes
+            prefix = info.name.removesuffix(".weight")
+            packed, scales, biases = read_q4_k(path, info)
+            weights[info.name] = mx.array(packed)
+            weights[f"{prefix}.scales"] = mx.array(scales)
+            weights[f"{prefix}.biases"] = mx.array(biases)
+    types = {t.name: t.type_name for t in table}
+    return weights, GGUFMetadata(raw_meta, path=path), types
 
 
-def _kv_heads(meta: GGUFMetadata, key: str, default: int) -> int:
-    values = meta.get_int_list(key)
-    if not values:
-        return default
-    if len(set(values)) != 1:
-        raise ModelLoadError(f"{meta.path}: per-layer {key} values are not supported")
-    return values[0]
-
-
-def llama_config_from_gguf(meta: GGUFMetadata, weights: Mapping[str, mx.array]) -> dict[str, Any]:
-    """An HF/mlx-lm style `config.json` dict for a llama-architecture GGUF."""
-    arch = meta.architecture
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(
-            f"{meta.path}: GGUF architecture {arch!r} is not supported "
-            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)}); "
-            "use an MLX/HF model directory for other architectures"
-        )
-    p = f"{arch}."
-    hidden = meta.require_int(p + "embedding_length")
-    heads = _kv_heads(meta, p + "attention.head_count", 0)
-    if heads <= 0:
-        raise ModelLoadError(f"{meta.path}: GGUF metadata has no {p}attention.head_count")
-    kv_heads = _kv_heads(meta, p + "attention.head_count_kv", heads)
-    head_dim = (
-        meta.get_int(p + "attention.key_length")
-        or meta.get_int(p + "rope.dimension_count")
-        or hidden // heads
-    )
-    tokens = meta.get_str_list("tokenizer.ggml.tokens") or []
-    embed = weights.get("token_embd.weight")
-    vocab = (
-        meta.get_int(p + "vocab_size")
-        or (int(embed.shape[0]) if embed is not None else 0)
-        or len(tokens)
-    )
-    config: dict[str, Any] = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": hidden,
-        "num_hidden_layers": meta.require_int(p + "block_count"),
-        "intermediate_size": meta.require_int(p + "feed_forward_length"),
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "rms_norm_eps": meta.get_float(p + "attention.layer_norm_rms_epsilon", 1e-5),
-        "rope_theta": meta.get_float(p + "rope.freq_base", 10000.0),
-        "rope_traditional": False,  # Q/K rows are un-permuted to the HF layout
-        "max_position_embeddings": meta.get_int(p + "context_length", 4096),
-        "vocab_size": vocab,
-        "tie_word_embeddings": "output.weight" not in weights,
-        "attention_bias": "blk.0.attn_q.bias" in weights,
-        "mlp_bias": "blk.0.ffn_gate.bias" in weights,
-    }
-    scaling = meta.get_str(p + "rope.scaling.type")
-    factor = meta.get_float(p + "rope.scaling.factor")
-    if scaling == "linear" and factor and factor != 1.0:
-        config["rope_scaling"] = {"type": "linear", "factor": factor}
-    elif scaling not in (None, "none", "linear"):
-        logger.warning(
-            "%s: rope scaling %r is not reproduced; quality may drop past %s tokens",
-            meta.path,
-            scaling,
-            meta.get_int(p + "rope.scaling.original_context_length"),
-        )
-    for key, name in (
-        ("tokenizer.ggml.bos_token_id", "bos_token_id"),
-        ("tokenizer.ggml.eos_token_id", "eos_token_id"),
-    ):
-        if (tid := meta.get_int(key)) is not None:
-            config[name] = tid
-    return config
-
-
-def unpermute_rows(x: mx.array, n_head: int) -> mx.array:
-    """Undo llama.cpp's per-head Q/K row permutation (works on packed rows, scales, biases)."""
-    rows = int(x.shape[0])
-    if rows % (2 * n_head):
-        raise ModelLoadError(f"cannot un-permute {rows} rows into {n_head} heads")
-    rest = tuple(int(d) for d in x.shape[1:])
-    return x.reshape(n_head, rows // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(x.shape)
-
-
-def _permute_rows(x: mx.array, n_head: int) -> mx.array:
-    """llama.cpp's permutation (`convert_hf_to_gguf.py`; the inverse of `unpermute_rows`)."""
-    rows = int(x.shape[0])
-    rest = tuple(int(d) for d in x.shape[1:])
-    return x.reshape(n_head, 2, rows // n_head // 2, *rest).swapaxes(1, 2).reshape(x.shape)
-
-
-def map_gguf_weights(
-    weights: Mapping[str, mx.array], config: Mapping[str, Any]
-) -> tuple[dict[str, mx.array], mx.array | None]:
-    """Rename llama.cpp tensors to mlx-lm names and un-permute Q/K.
-
-    Returns (mapped weights, `rope_freqs` tensor or None). Quantized tensors stay quantized.
-    """
-    heads = int(config["num_attention_heads"])
-    kv_heads = int(config["num_key_value_heads"])
-    out: dict[str, mx.array] = {}
-    rope_freqs: mx.array | None = None
-    for name, tensor in weights.items():
-        m = _TENSOR_RE.match(name)
-        if m is None:
-            raise ModelLoadError(f"unexpected tensor {name!r} in GGUF")
-        layer, base, suffix = m.group(1), m.group(2), m.group(3)
-        if layer is None and base == "rope_freqs":
-            rope_freqs = tensor
+def requantize_dense(weights: dict[str, mx.array], types: Mapping[str, str]) -> None:
+    """Quantize again (in place) the K-quant tensors `mx.load` dequantized to float16."""
+    for name, type_name in types.items():
+        bits = _REQUANTIZE_BITS.get(type_name)
+        tensor = weights.get(name)
+        if bits is None or tensor is None or tensor.ndim < 2 or tensor.shape[-1] % 32:
             continue
-        if base in _IGNORED:
-            logger.warning("ignoring GGUF tensor %s", name)
-            continue
-        if layer is None:
-            target = _TOP_LEVEL.get(base)
-        else:
-            mapped = _PER_LAYER.get(base)
-            target = None if mapped is None else f"model.layers.{layer}.{mapped}"
-        if target is None:
-            raise ModelLoadError(f"unsupported tensor {name!r} in a llama GGUF")
-        if base == "attn_q":
-            out[f"{target}.{suffix}"] = unpermute_rows(tensor, heads)
-        elif base == "attn_k":
-            out[f"{target}.{suffix}"] = unpermute_rows(tensor, kv_heads)
-        else:
-            out[f"{target}.{suffix}"] = tensor
-    if config.get("tie_word_embeddings"):
-        out.pop("lm_head.weight", None)
-    return out, rope_freqs
+        prefix = name.removesuffix(".weight")
+        packed, scales, biases = mx.quantize(tensor, group_size=32, bits=bits)
+        weights[name] = packed
+        weights[f"{prefix}.scales"] = scales
+        weights[f"{prefix}.biases"] = biases
 
 
 class GGUFRoPE(Module):
@@ -261,36 +171,54 @@ class GGUFModelParts:
     quant: dict[str, QuantParams]  # module path -> quantization of its stored weight
     tokenizer: GGUFTokenizerInfo
     metadata: GGUFMetadata
+    family: Family
     rope_freqs: mx.array | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def build_llama(config: Mapping[str, Any]) -> Module:
-    from mlx_lm.models.llama import Model, ModelArgs
-
-    args = ModelArgs.from_dict(dict(config))  # type: ignore[no-untyped-call]
-    model: Module = Model(args)
+def build_model(config: Mapping[str, Any], weights: dict[str, mx.array]) -> Module:
+    """The mlx-lm model of `config` (random weights), after its own `sanitize` saw `weights`:
+    some classes drop a tied head's module there (gemma3_text)."""
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    args = module.ModelArgs.from_dict(dict(config))
+    model: Module = module.Model(args)
+    sanitize = getattr(model, "sanitize", None)
+    if callable(sanitize):
+        sanitized = sanitize(dict(weights))
+        if set(sanitized) != set(weights):
+            raise ModelLoadError(
+                f"mlx-lm's {config['model_type']} sanitize changed the GGUF's weight names"
+            )
     return model
 
 
-def read_gguf_parts(path: str) -> GGUFModelParts:
-    """Read, rename and un-permute a GGUF; infer each quantized layer's bits and group size."""
-    return run_inline(gguf_parts_steps(path))
+def read_gguf_parts(path: str, *, keep_quantized: bool = True) -> GGUFModelParts:
+    """Read, rename and fix up a GGUF; infer each quantized layer's bits and group size."""
+    return run_inline(gguf_parts_steps(path, keep_quantized=keep_quantized))
 
 
-def gguf_parts_steps(path: str) -> LoadSteps[GGUFModelParts]:
+def gguf_parts_steps(path: str, *, keep_quantized: bool = True) -> LoadSteps[GGUFModelParts]:
     """`read_gguf_parts` as load steps (models/load_steps.py): MLX reads the whole file
-    eagerly in one host slice; the tokenizer is built from its metadata off the host."""
+    eagerly in one host slice; the tokenizer is built from its metadata off the host.
+    `keep_quantized` quantizes again the K-quant tensors MLX reads as float16."""
     t0 = time.perf_counter()
     logger.info("loading GGUF %s", path)
     yield host("read GGUF")
-    raw_weights, meta = read_gguf(path)
+    raw_weights, meta, types = _read_typed(path)
     t_read = time.perf_counter()
     logger.info("read %d tensors in %.2fs", len(raw_weights), t_read - t0)
-    config = llama_config_from_gguf(meta, raw_weights)
-    weights, rope_freqs = map_gguf_weights(raw_weights, config)
+    family = family_for(meta)
+    if keep_quantized:
+        requantize_dense(raw_weights, types)
+    config = family.config(Hparams(meta), raw_weights)
+    renamed, rope = rename_tensors(family, raw_weights)
     del raw_weights
-    shapes = param_shapes(build_llama(config))
+    weights = family.fixup(renamed, config)
+    rope_freqs = rope.get("rope_freqs")
+    if rope_freqs is not None and not family.takes_rope_freqs:
+        raise ModelLoadError(f"{path}: rope_freqs in a {meta.architecture} GGUF is not supported")
+    shapes = param_shapes(build_model(config, weights))
+    missing = sorted(set(shapes) - set(weights) - _quantized_parts(weights))
     quant: dict[str, QuantParams] = {}
     for prefix in quantized_prefixes(weights):
         dense_shape = shapes.get(f"{prefix}.weight")
@@ -299,6 +227,8 @@ def gguf_parts_steps(path: str) -> LoadSteps[GGUFModelParts]:
         quant[prefix] = infer_quant_params(
             weights[f"{prefix}.weight"], weights[f"{prefix}.scales"], dense_shape[-1], name=prefix
         )
+    if missing:
+        raise ModelLoadError(f"{path}: the GGUF lacks {', '.join(missing[:3])} ({len(missing)})")
     yield WORKER
     t_tok0 = time.perf_counter()
     tokenizer = build_gguf_tokenizer(meta)
@@ -315,9 +245,14 @@ def gguf_parts_steps(path: str) -> LoadSteps[GGUFModelParts]:
         quant=quant,
         tokenizer=tokenizer,
         metadata=meta,
+        family=family,
         rope_freqs=rope_freqs,
         timings={"read": t_read - t0, "tokenizer": t_tok - t_tok0},
     )
+
+
+def _quantized_parts(weights: Mapping[str, mx.array]) -> set[str]:
+    return {name for name in weights if name.endswith((".scales", ".biases"))}
 
 
 def dense_weights(
@@ -334,9 +269,9 @@ def dense_weights(
             dtype,
         )
     for name, tensor in weights.items():
-        prefix = name.rpartition(".")[0]
-        if prefix in quant:
-            continue
+        prefix, _, suffix = name.rpartition(".")
+        if prefix in quant and suffix in ("weight", "scales", "biases"):
+            continue  # dequantized above; a layer's `.bias` (Qwen2's q/k/v) is kept
         out[name] = tensor.astype(dtype) if mx.issubdtype(tensor.dtype, mx.floating) else tensor
     return out
 
@@ -351,7 +286,7 @@ def dense_weights_steps(
     limit = load_steps.SLICE_BYTES
     for name, dense in list(out.items()):
         rows = int(dense.shape[0]) if dense.ndim == 2 else 0
-        prefix = name.rpartition(".")[0]
+        prefix = name.removesuffix(".weight") if name.endswith(".weight") else name
         floating = mx.issubdtype(weights[name].dtype, mx.floating)
         if int(dense.nbytes) <= 2 * limit or rows < 2 or not (prefix in quant or floating):
             continue
@@ -414,7 +349,7 @@ def gguf_model_name(path: str) -> str:
 
 
 def load_gguf(path: str, *, dtype: str | None = None, source: str | None = None) -> LoadedModel:
-    """Load a llama-family GGUF; dense float32 on the CPU backend, quantized kept on GPUs."""
+    """Load a GGUF; dense float32 on the CPU backend, quantized kept on GPUs."""
     return run_inline(load_gguf_steps(path, dtype=dtype, source=source))
 
 
@@ -424,10 +359,10 @@ def load_gguf_steps(
     """`load_gguf` as load steps (models/load_steps.py)."""
     plan: WeightPlan = resolve_dtype(dtype)
     t0 = time.perf_counter()
-    parts = yield from gguf_parts_steps(path)
+    parts = yield from gguf_parts_steps(path, keep_quantized=plan.keep_quantized)
     yield host("build the model")
     config = parts.config
-    model = build_llama(config)
+    model = build_model(config, parts.weights)
     if plan.keep_quantized:
         quant = parts.quant
 
@@ -473,7 +408,7 @@ def load_gguf_steps(
         name=gguf_model_name(path),
         source=source or path,
         dtype=dtype_name,
-        model_type="llama",
+        model_type=str(config["model_type"]),
         extra={
             "format": "gguf",
             "config": config,

@@ -1,7 +1,7 @@
 """`load_model(spec)`: the one entry point the CLI and tests use to get a `LoadedModel`.
 
 - `None`            -> the embedded default (SmolLM2-135M-Instruct Q4_1 GGUF, see embedded.py)
-- `*.gguf` file     -> GGUF loader (llama family)
+- `*.gguf` file     -> GGUF loader (models/gguf_families/: llama, qwen, phi3, gemma, deepseek)
 - directory         -> MLX/HF model directory via mlx-lm
 - `org/name`        -> Hugging Face hub snapshot (needs the network once), then as a directory
 """

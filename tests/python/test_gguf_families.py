@@ -1,0 +1,301 @@
+"""GGUF files of every supported family (models/gguf_families/): a tiny random model of the
+mlx-lm class, written as an mlx-lm directory (the reference, read by mlx-lm's own loader) and
+as a GGUF laid out as llama.cpp's converter writes it (tests/tiny_gguf.py), must give the
+directory's logits. Quantized files are compared with a directory holding the weights the
+`gguf` package dequantizes from the same quantization."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gguf
+import httpx
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+from mlx_lm.utils import load_model
+
+from compat_serve.models.errors import ModelLoadError
+from compat_serve.models.gguf import load_gguf, read_gguf, requantize_dense
+from compat_serve.models.gguf_header import read_tensor_table
+from tests.tiny_gguf import CASES, small_tokenizer_fields, write_case
+from tests.tiny_gguf_kquants import random_k_blocks, write_k_quant_case
+
+# 40 tokens: past gemma3's 24-token sliding window, so a wrong window or pattern shows.
+TOKENS = mx.array([[1, 50, 34, 28, 46, 31, 70, 30, 216, 198] * 4])
+# Dense float32 loads: the loader's weights are the directory's bit for bit (measured
+# max |Δlogit| 0.0 for every family and type); 1e-5 leaves room for another BLAS.
+DENSE_TOL = 1e-5
+# Weights kept quantized run MLX's quantized kernels with the file's float16 scales
+# against the float32 reference: measured up to 2.3e-2 on logits of magnitude ~4 (Gemma's
+# sqrt(hidden) embedding scale and soft-capping make its logits the largest).
+QUANTIZED_REL_TOL = 1e-2
+
+TYPES_PER_FAMILY = ["F32", "Q8_0", "Q4_0"]
+MORE_TYPES = [
+    ("qwen3", "F16"),
+    ("qwen3", "BF16"),  # mx.load hands BF16 back as float16: exact for weights in its range
+    ("gemma3", "BF16"),
+    ("qwen3", "Q4_1"),
+    ("gemma3", "Q4_1"),
+    ("deepseek2", "Q4_1"),
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> dict[str, Any]:
+    return small_tokenizer_fields()
+
+
+def _max_delta(a: mx.array, b: mx.array) -> float:
+    return float(mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max())
+
+
+@pytest.mark.parametrize(
+    ("case", "qtype"),
+    [(c, q) for c in CASES for q in TYPES_PER_FAMILY] + MORE_TYPES,
+)
+def test_gguf_gives_the_directorys_logits(
+    tmp_path: Path, tokenizer: dict[str, Any], case: str, qtype: str
+) -> None:
+    ref_dir, path = write_case(tmp_path, case, qtype, tokenizer)
+    reference, _ = load_model(ref_dir)
+    loaded = load_gguf(str(path))
+    assert loaded.model_type == CASES[case].model_type
+    assert loaded.dtype == "float32"
+    expected = reference(TOKENS)
+    assert _max_delta(loaded.model(TOKENS), expected) <= DENSE_TOL
+
+
+def test_ollama_gemma3_with_its_vision_tower(tmp_path: Path, tokenizer: dict[str, Any]) -> None:
+    """Ollama's Gemma 3 files hold the vision tower (`v.*`, `mm.*`) and name the rope bases
+    `rope.global/local.freq_base`: the text model loads, the tower is left out."""
+    bases = {"rope_theta": 500_000.0, "rope_local_base_freq": 20_000.0}  # not the defaults
+    ref_dir, path = write_case(tmp_path, "gemma3", "Q8_0", tokenizer, ollama=True, overrides=bases)
+    assert "v.blk.0.attn_q.weight" in {t.name for t in read_tensor_table(str(path))}
+    reference, _ = load_model(ref_dir)
+    loaded = load_gguf(str(path))
+    config = loaded.extra["config"]
+    assert (config["rope_theta"], config["rope_local_base_freq"]) == (500_000.0, 20_000.0)
+    assert _max_delta(loaded.model(TOKENS), reference(TOKENS)) <= DENSE_TOL
+
+
+@pytest.mark.parametrize(
+    ("case", "qtype"),
+    [("qwen3", "Q4_0"), ("gemma3", "Q8_0"), ("qwen3moe", "Q4_1"), ("deepseek2", "Q4_0")],
+)
+def test_quantized_dtype_keeps_the_files_quantization(
+    tmp_path: Path, tokenizer: dict[str, Any], case: str, qtype: str
+) -> None:
+    ref_dir, path = write_case(tmp_path, case, qtype, tokenizer)
+    reference, _ = load_model(ref_dir)
+    loaded = load_gguf(str(path), dtype="quantized")
+    bits = 8 if qtype == "Q8_0" else 4
+    assert loaded.dtype == f"quantized-{bits}bit"
+    kinds = {type(m) for _, m in loaded.model.named_modules()}
+    assert QuantizedLinear in kinds and QuantizedEmbedding in kinds
+    if case == "qwen3moe":
+        assert QuantizedSwitchLinear in kinds
+    expected = reference(TOKENS)
+    scale = float(mx.abs(expected).max())
+    assert _max_delta(loaded.model(TOKENS), expected) <= QUANTIZED_REL_TOL * scale
+
+
+def test_convert_gguf_writes_a_directory_mlx_lm_loads(
+    tmp_path: Path, tokenizer: dict[str, Any]
+) -> None:
+    import mlx_lm
+
+    from compat_serve.models.convert import convert_gguf
+
+    # Gemma 3: the +1 norms undone, q/k norms, the sliding-window pattern in config.json.
+    ref_dir, path = write_case(tmp_path / "gemma3", "gemma3", "Q8_0", tokenizer)
+    out = convert_gguf(str(path), str(tmp_path / "gemma3-f32"), dtype="float32")
+    model = mlx_lm.load(str(out))[0]
+    reference, _ = load_model(ref_dir)
+    assert _max_delta(model(TOKENS), reference(TOKENS)) <= DENSE_TOL
+
+    # DeepSeek's MLA split kept quantized: mlx-lm's own loader takes embed_q/unembed_out.
+    ref_dir, path = write_case(tmp_path / "ds", "deepseek2", "Q4_0", tokenizer)
+    out = convert_gguf(str(path), str(tmp_path / "ds-q"), dtype="quantized")
+    model = mlx_lm.load(str(out))[0]
+    reference, _ = load_model(ref_dir)
+    expected = reference(TOKENS)
+    scale = float(mx.abs(expected).max())
+    assert _max_delta(model(TOKENS), expected) <= QUANTIZED_REL_TOL * scale
+
+
+def _one_tensor_gguf(path: Path, qtype: gguf.GGMLQuantizationType, raw: np.ndarray) -> Path:
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    writer.add_tensor("token_embd.weight", np.ones((4, 32), np.float32))
+    writer.add_tensor("blk.0.attn_q.weight", raw, raw_shape=raw.shape, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("name", ["Q6_K", "Q2_K"])
+def test_k_quants_mlx_reads_load_and_stay_quantized(tmp_path: Path, name: str) -> None:
+    qtype = gguf.GGMLQuantizationType[name]
+    raw = random_k_blocks(qtype, 8, 512, np.random.default_rng(0))
+    path = _one_tensor_gguf(tmp_path / f"{name}.gguf", qtype, raw)
+    expected = gguf.quants.dequantize(raw, qtype)
+    weights, _ = read_gguf(str(path))
+    dense = np.array(weights["blk.0.attn_q.weight"].astype(mx.float32))
+    # MLX hands them back as float16: equal up to its rounding.
+    np.testing.assert_allclose(dense, expected, rtol=1e-3, atol=1e-6)
+
+    requantize_dense(weights, {t.name: t.type_name for t in read_tensor_table(str(path))})
+    packed = weights["blk.0.attn_q.weight"]
+    bits = {"Q6_K": 8, "Q2_K": 4}[name]
+    assert packed.dtype == mx.uint32 and packed.shape == (8, 512 * bits // 32)
+    again = mx.dequantize(
+        packed,
+        weights["blk.0.attn_q.scales"],
+        weights["blk.0.attn_q.biases"],
+        group_size=32,
+        bits=bits,
+    )
+    # Requantized over groups of 32 from mx.load's float16: MLX's affine rounding (zero kept
+    # exact) reaches one step of the group's range; measured up to 1.07 steps.
+    got = np.array(again.astype(mx.float32)).reshape(8, -1, 32)
+    step = np.ptp(expected.reshape(8, -1, 32), axis=-1) / (2**bits - 1)
+    assert (np.abs(got - expected.reshape(8, -1, 32)).max(axis=-1) / step).max() <= 1.1
+
+
+def test_q4_k_is_read_from_its_bytes(tmp_path: Path) -> None:
+    """mx.load decodes Q4_K with the wrong sub-block scale (mlx 0.32.4), so gguf_q4k.py reads
+    it: exactly MLX 4-bit affine, group 32. Were MLX fixed, the first assertion fails and
+    the loader can leave Q4_K to mx.load again."""
+    qtype = gguf.GGMLQuantizationType.Q4_K
+    raw = random_k_blocks(qtype, 8, 512, np.random.default_rng(0))
+    path = _one_tensor_gguf(tmp_path / "q4k.gguf", qtype, raw)
+    expected = gguf.quants.dequantize(raw, qtype)
+    misread = np.array(mx.load(str(path))["blk.0.attn_q.weight"].astype(mx.float32))
+    assert np.abs(misread - expected).max() > 0.1 * np.abs(expected).max()
+
+    weights, _ = read_gguf(str(path))
+    packed = weights["blk.0.attn_q.weight"]
+    assert packed.dtype == mx.uint32 and packed.shape == (8, 64)
+    scales, biases = weights["blk.0.attn_q.scales"], weights["blk.0.attn_q.biases"]
+    got = mx.dequantize(
+        packed, scales.astype(mx.float32), biases.astype(mx.float32), group_size=32, bits=4
+    )
+    # Scales and biases are float16 (as mx.load gives Q4_0/Q4_1's): d * sc_j rounds to
+    # within 2^-11 of itself, so values within 2^-11 of the largest one.
+    tol = 2**-11 * np.abs(expected).max()
+    assert np.abs(np.array(got) - expected).max() <= tol
+
+
+@pytest.mark.parametrize("dtype", [None, "quantized"])
+def test_q4_k_model_gives_the_directorys_logits(
+    tmp_path: Path, tokenizer: dict[str, Any], dtype: str | None
+) -> None:
+    ref_dir, path = write_k_quant_case(tmp_path, "Q4_K", tokenizer)
+    reference, _ = load_model(ref_dir)
+    loaded = load_gguf(str(path), dtype=dtype)
+    assert loaded.dtype == ("quantized-4bit" if dtype else "float32")
+    expected = reference(TOKENS)
+    scale = float(mx.abs(expected).max())
+    # float16 sub-block scales (above) against the float32 reference.
+    assert _max_delta(loaded.model(TOKENS), expected) <= QUANTIZED_REL_TOL * scale
+
+
+def test_q5_k_is_refused_in_one_line(tmp_path: Path) -> None:
+    qtype = gguf.GGMLQuantizationType.Q5_K
+    path = _one_tensor_gguf(
+        tmp_path / "q5k.gguf", qtype, random_k_blocks(qtype, 8, 512, np.random.default_rng(0))
+    )
+    with pytest.raises(ModelLoadError) as err:
+        load_gguf(str(path))
+    message = str(err.value)
+    assert "\n" not in message
+    assert "tensor blk.0.attn_q.weight stored as Q5_K, a GGUF type MLX cannot read" in message
+    assert "llama-quantize --allow-requantize IN.gguf OUT.gguf Q8_0" in message
+
+
+# Q5_0/IQ4_NL: mx.load raises a bare "gguf_tensor_to_f16 failed"; MXFP4: it silently drops
+# the tensor. Each is refused by name before MLX reads the file.
+@pytest.mark.parametrize("name", ["Q5_0", "IQ4_NL", "MXFP4"])
+def test_types_mlx_cannot_read_are_refused(tmp_path: Path, name: str) -> None:
+    qtype = gguf.GGMLQuantizationType[name]
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = np.zeros((8, 256 // block * size), np.uint8)
+    path = _one_tensor_gguf(tmp_path / f"{name}.gguf", qtype, raw)
+    with pytest.raises(ModelLoadError, match=f"blk.0.attn_q.weight stored as {name}, a GGUF"):
+        load_gguf(str(path))
+
+
+def test_unsupported_architecture_lists_the_supported_ones(tmp_path: Path) -> None:
+    path = tmp_path / "rwkv.gguf"
+    writer = gguf.GGUFWriter(str(path), "rwkv7")
+    writer.add_tensor("token_embd.weight", np.ones((4, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError) as err:
+        load_gguf(str(path))
+    assert str(err.value).endswith(
+        "GGUF architecture 'rwkv7' is not supported (supported: deepseek2, gemma2, gemma3, "
+        "llama, phi3, qwen2, qwen3, qwen3moe); serve the original weights as an MLX/HF "
+        "model directory instead"
+    )
+
+
+@pytest.fixture(scope="module")
+def models_dir_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from compat_serve.bootstrap import ServeOptions
+    from compat_serve.serve_models import ModelFlags, build_hub
+    from compat_serve.server.app import create_app
+    from tests.conftest import run_app
+
+    root = tmp_path_factory.mktemp("ggufs")
+    fields = small_tokenizer_fields()
+    for case, qtype, file in (
+        ("qwen3", "Q4_0", "Qwen3-tiny-Q4_0.gguf"),
+        ("gemma2", "Q8_0", "gemma-2-tiny.Q8_0.gguf"),
+    ):
+        _, path = write_case(tmp_path_factory.mktemp(case), case, qtype, fields)
+        path.rename(root / file)
+    q5k = gguf.GGMLQuantizationType.Q5_K
+    raw = random_k_blocks(q5k, 8, 512, np.random.default_rng(0))
+    _one_tensor_gguf(root / "Qwen3-tiny-Q5_K_M.gguf", q5k, raw)
+    hub = build_hub(ServeOptions(), ModelFlags(models_dir=str(root)))
+    running = run_app(create_app(hub), hub)
+    yield running.base_url
+    running.stop()
+
+
+def test_models_dir_lists_and_serves_family_ggufs(models_dir_server: str) -> None:
+    base = models_dir_server
+    ids = [card["id"] for card in httpx.get(f"{base}/v1/models").json()["data"]]
+    assert ids == ["Qwen3-tiny-Q4_0", "Qwen3-tiny-Q5_K_M", "gemma-2-tiny.Q8_0"]
+    for model in ("Qwen3-tiny-Q4_0", "gemma-2-tiny.Q8_0"):
+        reply = httpx.post(
+            f"{base}/v1/chat/completions",
+            json={"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]},
+            timeout=120,
+        )
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        assert body["model"] == model
+        assert body["usage"]["completion_tokens"] >= 1
+
+    # A file of a type MLX cannot read is listed, and a request for it gets the one-line
+    # refusal (the hub's load-failure policy: 500 on the failed load, 400 after).
+    reply = httpx.post(
+        f"{base}/v1/chat/completions",
+        json={"model": "Qwen3-tiny-Q5_K_M", "messages": [{"role": "user", "content": "Hi"}]},
+        timeout=120,
+    )
+    assert reply.status_code == 500  # the first request: the failed load itself
+    message = reply.json()["error"]["message"]
+    assert "stored as Q5_K, a GGUF type MLX cannot read" in message
+    assert "llama-quantize" in message
