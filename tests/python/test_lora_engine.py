@@ -185,15 +185,17 @@ def test_mixed_batch_gives_each_row_its_solo_result(engine: Engine) -> None:
     assert len(outputs) == len(ROWS), "an adapter did not change the output"
 
 
+@pytest.mark.parametrize("name", ["style", "commit"])
 def test_solo_adapter_row_follows_mlx_lm_fuse(
-    engine: Engine, embedded_model: LoadedModel, adapter_dirs: dict[str, Path]
+    engine: Engine, embedded_model: LoadedModel, adapter_dirs: dict[str, Path], name: str
 ) -> None:
     """Through the engine (chunked prefill, the fast paths' decode): the model with the
-    adapter fused by mlx-lm, greedy, alone."""
+    adapter fused by mlx-lm, greedy, alone. ("commit" changes only the last layer: the
+    first stays on the fused decode path.)"""
     reference = tiny_model("llama", embedded_model, seed=SEED)
-    mlx_lm_with_adapter(reference.model, adapter_dirs["style"], fuse=True)
+    mlx_lm_with_adapter(reference.model, adapter_dirs[name], fuse=True)
     ids = prompt(PROMPT_LENGTHS[0], salt=5)
-    served = tokens(run_all(engine, [request("fuse", ids, "style")])[0])
+    served = tokens(run_all(engine, [request(f"fuse-{name}", ids, name)])[0])
     expected: list[int] = []
     from tests.greedy_ties import next_logits
 

@@ -40,31 +40,51 @@ from compat_serve.adapters.files import AdapterError, AdapterFiles, AdapterWeigh
 
 
 class _Rows:
-    """The slots of the forward being built, shared by every wrapped module."""
+    """The rows of the forward being built, shared by every wrapped module."""
 
     def __init__(self) -> None:
-        # Per-row slot indices `[rows]`; None: no row has an adapter.
-        self.slots: mx.array | None = None
-        # The slot when every row has the same one (a prefill chunk): no gather.
+        # Per-row slot indices; None: no row has an adapter (the delta is skipped).
+        self.slots: list[int] | None = None
+        # The slot when every row has the same one (a prefill chunk, a batch on one
+        # adapter): that adapter's own matrices, no mask.
         self.single: int | None = None
+        # Otherwise `[rows, 1, adapters * rank]`: ones on each row's adapter's columns of
+        # the concatenated `A` (none for a row without an adapter), per dtype.
+        self.masks: dict[mx.Dtype, mx.array] = {}
+        self.mask: np.ndarray | None = None
+
+    def mask_as(self, dtype: mx.Dtype) -> mx.array:
+        mask = self.masks.get(dtype)
+        if mask is None:
+            assert self.mask is not None
+            mask = self.masks[dtype] = mx.array(self.mask).astype(dtype)
+        return mask
 
 
 class _Stack:
-    """One linear's stacked adapter matrices."""
+    """One linear's adapter matrices (scales folded into `B`, ranks zero-padded to the
+    bank's largest), each adapter's alone and all side by side."""
 
-    def __init__(self, a: mx.array, b: mx.array) -> None:
-        self.a = a  # [slots, in, r]
-        self.b = b  # [slots, r, out], scale folded in
+    def __init__(self, a_of: list[mx.array], b_of: list[mx.array]) -> None:
+        # Per slot (index 0, "no adapter", and the slots of adapters that do not
+        # target this linear: zeros): `[in, r]` and `[r, out]`.
+        self.a_of = a_of
+        self.b_of = b_of
+        # Slots 1.. side by side: `[in, (slots - 1) * r]` and `[(slots - 1) * r, out]`.
+        self.a_cat = mx.concatenate(a_of[1:], axis=1)
+        self.b_cat = mx.concatenate(b_of[1:], axis=0)
 
 
 def _lora_delta(rows: _Rows, stack: _Stack, x: mx.array) -> mx.array:
     if rows.single is not None:
-        return (x @ stack.a[rows.single]) @ stack.b[rows.single]
-    assert rows.slots is not None
-    # x [rows, tokens, in] @ a [rows, in, r] @ b [rows, r, out], each row its own pair.
-    if x.ndim != 3 or x.shape[0] != rows.slots.shape[0]:
-        raise ValueError(f"adapter slots for {rows.slots.shape[0]} rows, input {x.shape}")
-    return (x @ stack.a[rows.slots]) @ stack.b[rows.slots]
+        return (x @ stack.a_of[rows.single]) @ stack.b_of[rows.single]
+    # Rows with different adapters: every adapter's `x @ A` at once (a few dozen
+    # columns), each row keeping its own adapter's columns, then one product with the
+    # stacked `B`s. Dense products only, no per-row gathers of the matrices.
+    z = x @ stack.a_cat
+    if z.ndim != 3 or z.shape[0] != len(rows.slots or ()):
+        raise ValueError(f"adapter slots for {len(rows.slots or ())} rows, input {x.shape}")
+    return (z * rows.mask_as(z.dtype)) @ stack.b_cat
 
 
 @functools.cache
@@ -77,7 +97,8 @@ def _lora_class(base: type) -> type:
         stack: _Stack | None = self._compat_lora
         if rows.slots is None or stack is None:
             return y
-        return y + _lora_delta(rows, stack, x).astype(y.dtype)
+        delta = _lora_delta(rows, stack, x)
+        return y + (delta if delta.dtype == y.dtype else delta.astype(y.dtype))
 
     cls = type(base.__name__, (base,), {"__call__": with_deltas})
     cls.__qualname__ = f"LoRA[{base.__qualname__}]"
@@ -86,12 +107,14 @@ def _lora_class(base: type) -> type:
 
 @functools.cache
 def _stock_when_active_class(fused: type) -> type:
-    """A CPU fast-path module that runs its stock class's `__call__` while a forward has
-    adapter rows (the stock code calls the linears, which add the deltas)."""
+    """A CPU fast-path module that runs its stock class's `__call__` while a row of the
+    forward has an adapter that changes one of its linears (the stock code calls the
+    linears, which add the deltas); otherwise its fused path, which gives the same."""
     fused_call, stock_call = fused.__call__, fused.__mro__[1].__call__
 
     def stock_when_active(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if self._compat_lora_rows.slots is not None:
+        slots = self._compat_lora_rows.slots
+        if slots is not None and not self._compat_lora_slots.isdisjoint(slots):
             return stock_call(self, *args, **kwargs)
         return fused_call(self, *args, **kwargs)
 
@@ -130,6 +153,9 @@ class AdapterBank:
         self._adapters: dict[str, AdapterWeights] = {}
         self._slots: dict[str, int] = {}  # name → slot (1...)
         self._rank = 0  # the stacks' padded rank
+        self._slot_count = 1  # slots in the stacks, "no adapter" included
+        # The CPU fast-path modules (path → module) that hold some of the targets.
+        self._fast: dict[str, Any] = {}
 
     @classmethod
     def install(cls, model: Module) -> AdapterBank:
@@ -141,18 +167,22 @@ class AdapterBank:
             return existing
         rows = _Rows()
         targets: dict[str, Any] = {}
+        fast: dict[str, Any] = {}
         fused = _fused_fast_paths()
         for path, module in untyped.named_modules():
             kind: type = type(module)
             if hasattr(module, "_compat_decode_block") or kind in fused:
                 module._compat_lora_rows = rows
+                module._compat_lora_slots = frozenset()
                 module.__class__ = _stock_when_active_class(kind)
+                fast[path] = module
             elif ".layers." in f".{path}" and isinstance(module, (Linear, QuantizedLinear)):
                 module._compat_lora_rows = rows
                 module._compat_lora = None
                 module.__class__ = _lora_class(kind)
                 targets[path] = module
         bank = cls(targets, rows, getattr(untyped, "args", None))
+        bank._fast = fast
         untyped._compat_adapter_bank = bank
         return bank
 
@@ -271,10 +301,23 @@ class AdapterBank:
                 a_stack[slot, :, : a.shape[1]] = a
                 b_stack[slot, : b.shape[0], :] = scale * b.astype(np.float32)
             dtype = _float_dtype(module)
-            stack = _Stack(mx.array(a_stack).astype(dtype), mx.array(b_stack).astype(dtype))
-            mx.eval(stack.a, stack.b)
+            a_of = [mx.array(a).astype(dtype) for a in a_stack]
+            b_of = [mx.array(b).astype(dtype) for b in b_stack]
+            stack = _Stack(a_of, b_of)
+            mx.eval(stack.a_of, stack.b_of, stack.a_cat, stack.b_cat)
             module._compat_lora = stack
         self._rank = rank
+        self._slot_count = slots
+        # Which slots change a linear inside each fast-path module (a block of the
+        # first layers, which mlx-lm leaves without adapters by default, stays fused).
+        for fast_path, fast_module in self._fast.items():
+            inside = [
+                slot
+                for path, entries in per_path.items()
+                if path.startswith(fast_path + ".")
+                for slot, *_ in entries
+            ]
+            fast_module._compat_lora_slots = frozenset(inside)
 
     # ---- a forward -----------------------------------------------------------------
 
@@ -285,13 +328,22 @@ class AdapterBank:
         slots = [0 if n is None else self.slot(n) for n in adapters or ()]
         rows = self._rows
         if any(slots):
-            rows.slots = mx.array(slots, dtype=mx.int32)
+            rows.slots = slots
             rows.single = slots[0] if len(set(slots)) == 1 else None
+            if rows.single is None:
+                # Columns of slot s (1..) in the concatenated A: [(s - 1) r, s r).
+                mask = np.zeros((len(slots), 1, (self._slot_count - 1) * self._rank), np.float32)
+                for row, slot in enumerate(slots):
+                    if slot:
+                        mask[row, 0, (slot - 1) * self._rank : slot * self._rank] = 1.0
+                rows.mask = mask
         try:
             yield
         finally:
             rows.slots = None
             rows.single = None
+            rows.mask = None
+            rows.masks = {}
 
 
 def bank_of(model: Module) -> AdapterBank | None:
