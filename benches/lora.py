@@ -5,6 +5,8 @@ fast paths on a CPU backend; `--dtype quantized` for the users' path), random ra
 adapters in mlx-lm's default shape (every linear of the last 16 layers). Three cases, run
 alternately so that load on a shared machine hits them alike:
 
+- `bare`: a second copy of the model in an engine that never had an adapter (what users
+  without adapters run: no bank installed, not one line of adapter code in a forward);
 - `none`: no adapter on any row (the bank installed and holding four adapters);
 - `one`: the same adapter on all 8 rows;
 - `four`: four adapters over the 8 rows (two rows each).
@@ -36,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 STREAMS = 8
-CASES = ("none", "one", "four")
+CASES = ("bare", "none", "one", "four")
 PROMPTS = [
     "Name three colours.",
     "What is 2+2?",
@@ -75,7 +77,7 @@ def write_adapters(model: Any, root: Path, count: int) -> list[Path]:
 
 
 def adapters_of(case: str) -> list[str | None]:
-    if case == "none":
+    if case in ("bare", "none"):
         return [None] * STREAMS
     if case == "one":
         return ["a0"] * STREAMS
@@ -128,7 +130,10 @@ def main() -> None:
 
     loaded = load_model(None, dtype=args.dtype)
     # No prefix cache: every run prefills its prompts and decodes the same way.
-    engine = Engine(loaded, EngineConfig(max_num_seqs=STREAMS, prefix_cache=False))
+    config = EngineConfig(max_num_seqs=STREAMS, prefix_cache=False)
+    engine = Engine(loaded, config)
+    bare = Engine(load_model(None, dtype=args.dtype), config)
+    bare.start()
     with tempfile.TemporaryDirectory() as tmp:
         for i, folder in enumerate(write_adapters(loaded.model, Path(tmp), 4)):
             engine.add_adapter(f"a{i}", folder)
@@ -138,10 +143,12 @@ def main() -> None:
     cpu_rates: dict[str, list[float]] = {case: [] for case in CASES}
     try:
         decode_rate(engine, loaded, "four", 8)  # warm-up
+        decode_rate(bare, loaded, "bare", 8)
         for run in range(args.runs):
             order = CASES if run % 2 == 0 else CASES[::-1]
             for case in order:
-                wall, cpu = decode_rate(engine, loaded, case, args.tokens)
+                which = bare if case == "bare" else engine
+                wall, cpu = decode_rate(which, loaded, case, args.tokens)
                 rates[case].append(wall)
                 cpu_rates[case].append(cpu)
             print(
@@ -150,6 +157,7 @@ def main() -> None:
             )
     finally:
         engine.shutdown()
+        bare.shutdown()
     # Tokens per CPU second of this process: what a shared machine's load disturbs
     # least (other processes' time is not in it); wall-clock tok/s beside it.
     for title, table in (("decode tok/s", rates), ("decode tokens per CPU second", cpu_rates)):

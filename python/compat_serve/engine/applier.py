@@ -276,6 +276,8 @@ class StepApplier:
 
     def _adapters(self, request_ids: Sequence[str]) -> dict[str, Any]:
         """`adapters=` with each row's adapter, when any row has one."""
+        if not self._adapter_of:
+            return {}
         adapters = [self._adapter_of.get(request_id) for request_id in request_ids]
         return {"adapters": adapters} if any(adapters) else {}
 
