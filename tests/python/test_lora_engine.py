@@ -264,6 +264,19 @@ def test_speculative_verify_applies_the_adapter(
         spec.shutdown()
 
 
+def test_adapters_change_on_a_running_engine(engine: Engine, adapter_dirs: dict[str, Path]) -> None:
+    """Added and removed while the engine runs (the MLX work on its thread): a copy of
+    an adapter serves what the original does, and is gone once removed."""
+    ids = prompt(10, salt=50)
+    files = engine.add_adapter("style-copy", adapter_dirs["style"])
+    assert (files.name, files.format) == ("style-copy", "mlx-lm")
+    assert files.fingerprint == engine.adapters.info("style").fingerprint  # type: ignore[union-attr]
+    original, copy = run_all(engine, [request("o", ids, "style"), request("c", ids, "style-copy")])
+    assert_same_as_solo(original, copy, "a copy of style")
+    engine.remove_adapter("style-copy")
+    assert engine.adapter_names() == ["style", "commit", "peft"]
+
+
 def test_bad_adapters_and_requests_are_refused(
     engine: Engine, embedded_model: LoadedModel, tmp_path: Path
 ) -> None:

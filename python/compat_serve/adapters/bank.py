@@ -201,18 +201,18 @@ class AdapterBank:
     def add(self, name: str, weights: AdapterWeights) -> None:
         """Serve `weights` as `name` (replacing an adapter of that name). AdapterError
         when a matrix targets no linear of this model or its shape does not fit."""
-        resolved = self._resolve(weights)
+        self._check_fits(weights)
         self._check_base(weights.files)
         slot = self._slots.get(name) or self._free_slot()
         self._adapters[name] = weights
         self._slots[name] = slot
-        self._rebuild(dict(resolved))
+        self._rebuild()
 
     def remove(self, name: str) -> None:
         self._adapter(name)
         del self._adapters[name]
         del self._slots[name]
-        self._rebuild({})
+        self._rebuild()
 
     def _adapter(self, name: str) -> AdapterWeights:
         weights = self._adapters.get(name)
@@ -226,11 +226,10 @@ class AdapterBank:
         used = set(self._slots.values())
         return next(s for s in range(1, len(used) + 2) if s not in used)
 
-    def _resolve(self, weights: AdapterWeights) -> list[tuple[str, str]]:
-        """(adapter's module name, this model's module path) per matrix pair, checked."""
+    def _check_fits(self, weights: AdapterWeights) -> None:
+        """Every matrix pair targets a linear of this model, in its shape."""
         files = weights.files
         where = f"{files.path}: adapter {files.name!r}"
-        out = []
         for module, (a, b) in weights.modules.items():
             path = self._target_path(module)
             if path is None:
@@ -241,8 +240,6 @@ class AdapterBank:
                     f"{where}: {module} has LoRA matrices {a.shape} and {b.shape}, which do "
                     f"not fit the model's {in_dims} -> {out_dims} layer (another base model?)"
                 )
-            out.append((path, module))
-        return out
 
     def _target_path(self, module: str) -> str | None:
         if module in self._targets:
@@ -277,14 +274,14 @@ class AdapterBank:
                     f"({key} {named[key]}), not this model ({key} {ours})"
                 )
 
-    def _rebuild(self, paths_of: dict[str, str]) -> None:
+    def _rebuild(self) -> None:
         """Restack every targeted linear's matrices from the adapters now held."""
         per_path: dict[str, list[tuple[int, np.ndarray, np.ndarray, float]]] = {}
         rank = 0
         for name, weights in self._adapters.items():
             slot = self._slots[name]
             for module, (a, b) in weights.modules.items():
-                path = paths_of.get(module) or self._target_path(module)
+                path = self._target_path(module)
                 assert path is not None  # checked when added
                 per_path.setdefault(path, []).append((slot, a, b, weights.files.scale))
                 rank = max(rank, a.shape[1])

@@ -385,12 +385,16 @@ class Engine:
         return [] if bank is None else bank.names()
 
     def add_adapter(self, name: str, path: str | Path) -> AdapterFiles:
-        """Serve the adapter at `path` as `name` (replacing one of that name): its files
-        are read here, its MLX arrays made on the engine thread. AdapterError (a
-        ValueError) says what is wrong with it. Blocks; call it off the event loop."""
+        """Serve the adapter at `path` as `name` (replacing one of that name that no
+        request uses): its files are read here, its MLX arrays made on the engine thread.
+        AdapterError (a ValueError) says what is wrong with it. Blocks; call it off the
+        event loop (`asyncio.to_thread`)."""
         weights = read_adapter(path, name)
 
         def work() -> AdapterFiles:
+            users = self._executor.requests_with_adapter(name)
+            if users:  # their rows must not change adapter halfway
+                raise ValueError(f"the adapter {name!r} is in use by {users} request(s)")
             bank = self._runner.adapters or AdapterBank.install(self.model.model)
             bank.add(name, weights)
             self._runner.adapters = bank
@@ -416,7 +420,9 @@ class Engine:
         self._on_engine_thread(work)
 
     def _on_engine_thread(self, work: Callable[[], Any]) -> Any:
-        if not self.running:  # not started (or stopped): nothing else runs MLX for it
+        # Not started (or stopped): nothing else runs MLX for it; on its own thread
+        # already (a host's load slice): waiting for the inbox would never return.
+        if not self.running or threading.current_thread() is self._thread:
             return work()
         future: Future[Any] = Future()
         self._inbox.put(_Call(work, future))

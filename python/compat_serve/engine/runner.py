@@ -49,8 +49,11 @@ class ModelRunner:
     def _rows(self, adapters: RowAdapters) -> contextlib.AbstractContextManager[None]:
         """Around building a forward: each row's adapter slot (nothing without a bank or
         without an adapter row, so the base model's forwards are untouched)."""
-        if self.adapters is None or not adapters or not any(adapters):
+        if not adapters or not any(adapters):
             return contextlib.nullcontext()
+        if self.adapters is None:  # e.g. a follower rank the adapter was never added to
+            named = sorted({name for name in adapters if name})
+            raise ValueError(f"adapters {named} are not loaded on this model")
         return self.adapters.use(adapters)
 
     def _forward(
