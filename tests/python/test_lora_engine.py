@@ -314,3 +314,13 @@ def test_bad_adapters_and_requests_are_refused(
 
     asyncio.run(in_use())
     assert "peft" in engine.adapter_names()
+
+
+def test_a_runner_without_the_adapter_refuses_its_rows(embedded_model: LoadedModel) -> None:
+    """A plan applied where the adapter was never added (a follower rank) fails loudly
+    instead of running those rows on the base model."""
+    from compat_serve.engine.runner import ModelRunner
+
+    runner = ModelRunner(tiny_model("llama", embedded_model, seed=SEED))
+    with pytest.raises(ValueError, match=r"adapters \['style'\] are not loaded on this model"):
+        runner.prefill(runner.new_cache(), [1, 2, 3], adapter="style")
