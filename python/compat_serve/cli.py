@@ -52,6 +52,15 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "docs: Several models), loaded on demand under --memory-budget",
     )
     p.add_argument(
+        "--lora",
+        metavar="NAME=PATH",
+        action="append",
+        default=[],
+        help="serve a LoRA adapter (an mlx_lm.lora or PEFT directory) on --model (or the "
+        "default model of --models/--models-dir) under NAME; repeatable. A request picks "
+        "it by model name: NAME, or BASE:NAME (see the docs: LoRA adapters)",
+    )
+    p.add_argument(
         "--memory-budget",
         help="with several models: the memory resident models' weights, KV and prefix "
         "cache may take together, bytes (24GiB) or a share of the device (70%%); idle "
@@ -482,6 +491,7 @@ def _serve(ns: argparse.Namespace) -> int:
             models_file=ns.models_file,
             memory_budget=ns.memory_budget,
             wait_timeout_s=ns.model_wait_timeout,
+            loras=tuple(ns.lora),
         )
         single = None
         if build is not None:

@@ -24,6 +24,7 @@ from compat_serve.engine.host import EngineHost
 from compat_serve.engine.memory import device_memory, headroom_bytes, parse_memory_size, plan_memory
 from compat_serve.models.load_steps import LoadSteps, host, note_evaluation
 from compat_serve.models.weight_estimate import estimate_weight_bytes
+from compat_serve.registry.adapters import parse_lora_flag
 from compat_serve.registry.config_file import load_models_file
 from compat_serve.registry.entries import ModelEntry, entries_from_dir
 from compat_serve.registry.hub import ModelHub
@@ -46,6 +47,8 @@ class ModelFlags:
     memory_budget: str | None = None
     # Seconds a request waits for memory before it is answered overloaded.
     wait_timeout_s: float = 300.0
+    # `--lora NAME=PATH` flags: adapters of the --model (else the default model).
+    loras: tuple[str, ...] = ()
 
 
 def entry_options(base: ServeOptions, entry: ModelEntry) -> ServeOptions:
@@ -128,6 +131,21 @@ def _trim_c_heap() -> None:
     trim(ctypes.c_size_t(0))
 
 
+def with_lora_flags(entries: list[ModelEntry], loras: tuple[str, ...]) -> list[ModelEntry]:
+    """`--lora` adapters added to the `--model` entry (first when present), else to the
+    registry's default model (ValueError for a malformed flag or a path that is no
+    adapter; the registry then checks the names)."""
+    if not loras:
+        return entries
+    adapters = tuple(parse_lora_flag(text) for text in loras)
+    target = next((e for e in entries if e.origin == SINGLE_ORIGIN), None)
+    target = target or next((e for e in entries if e.default), entries[0])
+    return [
+        dataclasses.replace(e, adapters=e.adapters + adapters) if e is target else e
+        for e in entries
+    ]
+
+
 def build_hub(
     base: ServeOptions, flags: ModelFlags, single_state: ServerState | None = None
 ) -> ModelHub:
@@ -159,6 +177,7 @@ def build_hub(
                 origin=SINGLE_ORIGIN,
             ),
         )
+    entries = with_lora_flags(entries, flags.loras)
     registry = ModelRegistry(entries, strict=base.strict_model_names)
     engine_host = EngineHost()  # one thread steps every resident model, and runs loads' MLX work
     hub = ModelHub(
