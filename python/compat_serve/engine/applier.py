@@ -49,6 +49,8 @@ class StepApplier:
         self.runner = runner
         self.batch = DecodeBatch()
         self._own: dict[str, LayerCaches] = {}
+        # Each request's LoRA adapter (set with its first cache, kept until dropped).
+        self._adapter_of: dict[str, str] = {}
         self._ops: list[PlanOp] = []
         self._plans = 0
         # Distributed rank 0 (distributed/leader.py): called after a forward op is
@@ -87,9 +89,13 @@ class StepApplier:
 
     # ---- ops (recorded, then applied) ------------------------------------------------
 
-    def new_cache(self, request_id: str) -> LayerCaches:
-        self._ops.append(NewCache(request_id))
+    def new_cache(self, request_id: str, adapter: str | None = None) -> LayerCaches:
+        self._ops.append(NewCache(request_id, adapter))
         cache = self._own[request_id] = self.runner.new_cache()
+        if adapter is None:
+            self._adapter_of.pop(request_id, None)
+        else:
+            self._adapter_of[request_id] = adapter
         return cache
 
     def restored(self, op: Restore) -> None:
@@ -107,7 +113,8 @@ class StepApplier:
     ) -> None:
         self._ops.append(Prefill(request_id, start, tuple(tokens), False, vision is not None))
         self._forward_next()
-        self.runner.prefill(self._cache(request_id), tokens, vision, start)  # evaluated
+        cache, rows = self._cache(request_id), self._row_adapter(request_id)
+        self.runner.prefill(cache, tokens, vision, start, **rows)  # evaluated
         if self.before_forward is not None:
             self._forward_done()
 
@@ -117,7 +124,8 @@ class StepApplier:
         """`prefill` that returns the last position's (lazy) logits, `[1, vocab]`."""
         self._ops.append(Prefill(request_id, start, tuple(tokens), True, vision is not None))
         self._forward_next()
-        return self._ran(self.runner.last_logits(self._cache(request_id), tokens, vision, start))
+        cache, rows = self._cache(request_id), self._row_adapter(request_id)
+        return self._ran(self.runner.last_logits(cache, tokens, vision, start, **rows))
 
     def prefill_together(
         self, request_ids: list[str], token_lists: list[list[int]]
@@ -126,7 +134,8 @@ class StepApplier:
         commit that installs the new caches and records the op. Without the commit (the
         planner prefills them one by one instead) nothing happened here."""
         caches = [self._cache(request_id) for request_id in request_ids]
-        logits, own = self.runner.last_logits_together(caches, token_lists)
+        rows = self._adapters(request_ids)
+        logits, own = self.runner.last_logits_together(caches, token_lists, **rows)
 
         def commit() -> None:
             self._ops.append(
@@ -143,7 +152,8 @@ class StepApplier:
         self._ops.append(Decode(tuple(request_ids), tuple(tokens), tuple(rope_deltas)))
         self._forward_next()
         deltas = (list(rope_deltas),) if rope_deltas else ()
-        return self._ran(self.runner.decode_logits(self.batch.cache, tokens, *deltas))
+        adapters = self._adapters(request_ids)
+        return self._ran(self.runner.decode_logits(self.batch.cache, tokens, *deltas, **adapters))
 
     def verify(
         self, request_ids: list[str], rows: list[list[int]], rope_deltas: Sequence[int] = ()
@@ -152,7 +162,8 @@ class StepApplier:
         self._ops.append(Verify(tuple(request_ids), tuple(map(tuple, rows)), tuple(rope_deltas)))
         self._forward_next()
         deltas = (list(rope_deltas),) if rope_deltas else ()
-        return self._ran(self.runner.verify_logits(self.batch.cache, rows, *deltas))
+        adapters = self._adapters(request_ids)
+        return self._ran(self.runner.verify_logits(self.batch.cache, rows, *deltas, **adapters))
 
     def rollback(self, positions: list[int]) -> None:
         self._ops.append(Rollback(tuple(positions)))
@@ -171,11 +182,14 @@ class StepApplier:
         self._ops.append(Drop(tuple(request_ids)))
         for request_id in request_ids:
             self._own.pop(request_id, None)
+            self._adapter_of.pop(request_id, None)
         gone = set(request_ids)
         self.batch.retain(r for r in self.batch.ids if r not in gone)
 
     def clear_batch(self) -> None:
         self._ops.append(ClearBatch())
+        for request_id in self.batch.ids:
+            self._adapter_of.pop(request_id, None)
         self.batch.clear()
 
     # ---- a follower ----------------------------------------------------------------------
@@ -206,7 +220,7 @@ class StepApplier:
             return None
         match op:
             case NewCache():
-                self.new_cache(op.request_id)
+                self.new_cache(op.request_id, op.adapter)
             case Prefill(vision=True):
                 raise PlanError(f"{op.request_id}: the plan has no image inputs")
             case Prefill(logits=True):
@@ -256,6 +270,18 @@ class StepApplier:
         if cache is None:
             raise PlanError(f"{request_id} has no cache of its own")
         return cache
+
+    # The runner's `adapters` argument is passed only when a row has an adapter: the
+    # base model's calls stay exactly what they were (tests wrap those methods).
+
+    def _adapters(self, request_ids: Sequence[str]) -> dict[str, Any]:
+        """`adapters=` with each row's adapter, when any row has one."""
+        adapters = [self._adapter_of.get(request_id) for request_id in request_ids]
+        return {"adapters": adapters} if any(adapters) else {}
+
+    def _row_adapter(self, request_id: str) -> dict[str, Any]:
+        adapter = self._adapter_of.get(request_id)
+        return {} if adapter is None else {"adapter": adapter}
 
     def _check_rows(self, request_ids: list[str]) -> None:
         if request_ids != self.batch.ids:

@@ -18,9 +18,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from compat_serve._native import Scheduler
+from compat_serve.adapters.bank import AdapterBank
+from compat_serve.adapters.files import AdapterFiles, read_adapter
 from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.constraints import GrammarMatcher, Grammars
 from compat_serve.engine.detokenizer import IncrementalDetokenizer
@@ -74,7 +79,18 @@ class _Stop:
     pass
 
 
-_Command = _Submit | _Abort | _Stop
+@dataclass(frozen=True)
+class _Call:
+    """Work that must run on the engine thread between steps (adapters' MLX arrays)."""
+
+    work: Callable[[], Any]
+    future: Future[Any]
+
+
+_Command = _Submit | _Abort | _Stop | _Call
+
+# How long add_adapter / remove_adapter wait for the engine thread.
+_CALL_TIMEOUT_S = 120.0
 
 
 class Engine:
@@ -320,6 +336,8 @@ class Engine:
             raise ValueError("the prompt is empty")
         if request.vision is not None and self._runner.features is None:
             raise ValueError("this model is text-only and cannot read images")
+        if request.adapter is not None:
+            request = self._with_adapter_salt(request)
         constraint = self.compile_grammar(request.grammar) if request.grammar else None
         with self._queued_lock:
             if self._queued >= self.config.max_queue:
@@ -354,6 +372,67 @@ class Engine:
         self.metrics.on_submit(request.request_id, seq.prompt_len, seq.timings.submitted)
         self._inbox.put(_Submit(seq))
         return stream
+
+    # ---- LoRA adapters (compat_serve/adapters) --------------------------------------
+
+    @property
+    def adapters(self) -> AdapterBank | None:
+        """The adapters this model serves (None until the first is added)."""
+        return self._runner.adapters
+
+    def adapter_names(self) -> list[str]:
+        bank = self._runner.adapters
+        return [] if bank is None else bank.names()
+
+    def add_adapter(self, name: str, path: str | Path) -> AdapterFiles:
+        """Serve the adapter at `path` as `name` (replacing one of that name): its files
+        are read here, its MLX arrays made on the engine thread. AdapterError (a
+        ValueError) says what is wrong with it. Blocks; call it off the event loop."""
+        weights = read_adapter(path, name)
+
+        def work() -> AdapterFiles:
+            bank = self._runner.adapters or AdapterBank.install(self.model.model)
+            bank.add(name, weights)
+            self._runner.adapters = bank
+            return bank.info(name)
+
+        files: AdapterFiles = self._on_engine_thread(work)
+        log.info("adapter %s: %s (%s, rank %d)", name, files.path, files.format, files.rank)
+        return files
+
+    def remove_adapter(self, name: str) -> None:
+        """Stop serving `name`. ValueError while requests with it are in flight; KeyError
+        for a name not loaded."""
+
+        def work() -> None:
+            bank = self._runner.adapters
+            if bank is None or name not in bank.names():
+                raise KeyError(f"no adapter named {name!r}")
+            users = self._executor.requests_with_adapter(name)
+            if users:
+                raise ValueError(f"the adapter {name!r} is in use by {users} request(s)")
+            bank.remove(name)
+
+        self._on_engine_thread(work)
+
+    def _on_engine_thread(self, work: Callable[[], Any]) -> Any:
+        if not self.running:  # not started (or stopped): nothing else runs MLX for it
+            return work()
+        future: Future[Any] = Future()
+        self._inbox.put(_Call(work, future))
+        return future.result(timeout=_CALL_TIMEOUT_S)
+
+    def _with_adapter_salt(self, request: EngineRequest) -> EngineRequest:
+        """Refuse an unknown adapter; mix the adapter's fingerprint into the cache salt,
+        so its KV blocks (RAM and disk) are never shared with the base model's or another
+        adapter's, and an adapter whose files change stops matching its old blocks."""
+        bank = self._runner.adapters
+        name = request.adapter
+        if bank is None or name not in bank.names():
+            loaded = ", ".join(self.adapter_names()) or "none"
+            raise ValueError(f"unknown adapter {name!r} (loaded: {loaded})")
+        salt = (request.cache_salt or b"") + b"\0lora:" + bank.info(name).fingerprint.encode()
+        return dataclasses.replace(request, cache_salt=salt)
 
     @property
     def logits_width(self) -> int:
@@ -429,6 +508,8 @@ class Engine:
                 break
             if isinstance(command, _Submit):
                 leftover.append(command.sequence)
+            elif isinstance(command, _Call):
+                command.future.set_exception(EngineStopped("the engine stopped"))
         self._executor.abort_all(leftover, FinishReason.SHUTDOWN)
         if self.on_stopped is not None:  # distributed: tell the other ranks, from this thread
             self.on_stopped()
@@ -463,5 +544,18 @@ class Engine:
                 return False
             if isinstance(command, _Submit):
                 self._executor.admit(command.sequence)
+            elif isinstance(command, _Call):
+                _run_call(command)
             else:
                 self._executor.abort(command.request_id)
+
+
+def _run_call(call: _Call) -> None:
+    if not call.future.set_running_or_notify_cancel():
+        return
+    try:
+        result = call.work()
+    except BaseException as exc:  # the caller's error, raised in the caller's thread
+        call.future.set_exception(exc)
+    else:
+        call.future.set_result(result)

@@ -102,11 +102,21 @@ class StepExecutor:
     def has_work(self) -> bool:
         return bool(self._seqs)
 
+    def requests_with_adapter(self, name: str) -> int:
+        """Live requests that run with the LoRA adapter `name`."""
+        return sum(1 for seq in self._seqs.values() if seq.request.adapter == name)
+
     # ---- commands ------------------------------------------------------------------------
 
     def admit(self, seq: Sequence) -> None:
         sampling = seq.request.sampling
         cached = 0
+        bank = self.applier.runner.adapters
+        adapter = seq.request.adapter
+        if adapter is not None and (bank is None or adapter not in bank.names()):
+            # Removed between its submit and now.
+            self._end(seq, FinishReason.ERROR, error=f"the adapter {adapter!r} is not loaded")
+            return
         try:
             if self.prefix is not None:
                 cached = self.prefix.admit(seq)
@@ -398,7 +408,7 @@ class StepExecutor:
             self.prefix.fault(seq, exc)
 
     def _start_prefill(self, seq: Sequence) -> None:
-        cache = self.applier.new_cache(seq.request_id)
+        cache = self.applier.new_cache(seq.request_id, seq.request.adapter)
         seq.phase = Phase.PREFILL
         seq.ensure_sampler()
         seq.timings.extra.setdefault("prefill_started", time.monotonic())
@@ -414,7 +424,7 @@ class StepExecutor:
             self.applier.restored(restored)
         except Exception as exc:  # a cache fault never wedges the engine: recompute
             self.prefix.fault(seq, exc)
-            self.applier.new_cache(seq.request_id)
+            self.applier.new_cache(seq.request_id, seq.request.adapter)
             prompt = list(seq.request.prompt_ids[: seq.cached_tokens])
             for i in range(0, len(prompt), self._prefill_chunk):
                 chunk = prompt[i : i + self._prefill_chunk]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
@@ -14,6 +15,12 @@ from compat_serve.engine.kv_quant import KVFormat, is_attention_layer, quantize_
 from compat_serve.engine.metrics import kv_bytes_per_token
 from compat_serve.engine.vision import FeatureCache, VisionInput, chunk_inputs
 from compat_serve.models.types import LoadedModel
+
+if TYPE_CHECKING:
+    from compat_serve.adapters.bank import AdapterBank
+
+# Each row's LoRA adapter for a forward (None: the base model), or None for all-base.
+RowAdapters = Sequence[str | None] | None
 
 
 class ModelRunner:
@@ -36,6 +43,15 @@ class ModelRunner:
         self.features: FeatureCache | None = None
         if hasattr(self._model, "encode_image"):
             self.features = FeatureCache(self._model)
+        # LoRA adapters (compat_serve/adapters): installed by the engine on the first one.
+        self.adapters: AdapterBank | None = None
+
+    def _rows(self, adapters: RowAdapters) -> contextlib.AbstractContextManager[None]:
+        """Around building a forward: each row's adapter slot (nothing without a bank or
+        without an adapter row, so the base model's forwards are untouched)."""
+        if self.adapters is None or not adapters or not any(adapters):
+            return contextlib.nullcontext()
+        return self.adapters.use(adapters)
 
     def _forward(
         self, cache: list[Any], token_ids: list[int], vision: VisionInput | None, start: int
@@ -96,10 +112,13 @@ class ModelRunner:
         token_ids: list[int],
         vision: VisionInput | None = None,
         start: int = 0,
+        adapter: str | None = None,
     ) -> None:
         """Feed tokens whose logits we do not need; materialise the cache. `vision` and
-        `start` (the chunk's first position): an image row's images and positions."""
-        self._forward(cache, token_ids, vision, start)
+        `start` (the chunk's first position): an image row's images and positions;
+        `adapter`: the request's LoRA adapter."""
+        with self._rows([adapter]):
+            self._forward(cache, token_ids, vision, start)
         mx.eval([c.state for c in cache])
 
     def last_logits(
@@ -108,6 +127,7 @@ class ModelRunner:
         token_ids: list[int],
         vision: VisionInput | None = None,
         start: int = 0,
+        adapter: str | None = None,
     ) -> mx.array:
         """Feed tokens and return the (lazy) logits of the last position, shape [1, vocab].
 
@@ -116,15 +136,19 @@ class ModelRunner:
         chunk instead would compute the head for every position (~20% of a small model's
         prefill).
         """
-        if len(token_ids) > 1:
-            self._forward(cache, token_ids[:-1], vision, start)
-            if self.one_forward_per_eval:
-                mx.eval([c.state for c in cache])
-        logits = self._forward(cache, token_ids[-1:], vision, start + len(token_ids) - 1)
+        with self._rows([adapter]):
+            if len(token_ids) > 1:
+                self._forward(cache, token_ids[:-1], vision, start)
+                if self.one_forward_per_eval:
+                    mx.eval([c.state for c in cache])
+            logits = self._forward(cache, token_ids[-1:], vision, start + len(token_ids) - 1)
         return logits[:, -1, :]
 
     def last_logits_together(
-        self, caches: list[list[Any]], token_lists: list[list[int]]
+        self,
+        caches: list[list[Any]],
+        token_lists: list[list[int]],
+        adapters: RowAdapters = None,
     ) -> tuple[mx.array, list[list[Any]]]:
         """`last_logits` for several requests in two batched forwards instead of one or two
         each: logits `[rows, vocab]` (lazy) and each request's new batch-1 cache.
@@ -140,7 +164,8 @@ class ModelRunner:
         if longest > 1:
             merged = merge_caches(rows)
             heads = [t[:-1] + [0] * (longest - len(t)) for t in token_lists]
-            self._model(mx.array(heads, dtype=mx.uint32), cache=merged)
+            with self._rows(adapters):
+                self._model(mx.array(heads, dtype=mx.uint32), cache=merged)
             mx.eval([c.state for c in merged])
             rows = []
             for row, tokens in enumerate(token_lists):
@@ -150,7 +175,8 @@ class ModelRunner:
                 rows.append(extracted)
         merged = merge_caches(rows)
         lasts = mx.array([t[-1:] for t in token_lists], dtype=mx.uint32)
-        logits: mx.array = self._model(lasts, cache=merged)
+        with self._rows(adapters):
+            logits: mx.array = self._model(lasts, cache=merged)
         mx.eval([c.state for c in merged])
         own = [[layer.extract(row) for layer in merged] for row in range(len(token_lists))]
         return logits[:, -1, :], own
@@ -166,11 +192,14 @@ class ModelRunner:
         batch_cache: list[Any],
         tokens: Sequence[int],
         rope_deltas: Sequence[int] | None = None,
+        adapters: RowAdapters = None,
     ) -> mx.array:
         """One decode step for every row of the batch: logits of shape [rows, vocab].
-        `rope_deltas`: each row's M-RoPE position delta (vision-language models)."""
+        `rope_deltas`: each row's M-RoPE position delta (vision-language models);
+        `adapters`: each row's LoRA adapter."""
         inputs = mx.array(list(tokens), dtype=mx.uint32)[:, None]
-        logits: mx.array = self._model(inputs, cache=batch_cache, **self._deltas(rope_deltas))
+        with self._rows(adapters):
+            logits: mx.array = self._model(inputs, cache=batch_cache, **self._deltas(rope_deltas))
         return logits[:, -1, :]
 
     def verify_logits(
@@ -178,6 +207,7 @@ class ModelRunner:
         batch_cache: list[Any],
         rows: Sequence[Sequence[int]],
         rope_deltas: Sequence[int] | None = None,
+        adapters: RowAdapters = None,
     ) -> mx.array:
         """Speculative verification: each row's last token and its draft in one forward
         over the batch, rows right-padded to the longest (the padding comes after a
@@ -185,7 +215,8 @@ class ModelRunner:
         caller rolls it back with the rejected drafts). Logits `[rows, longest, vocab]`."""
         longest = max(len(row) for row in rows)
         inputs = mx.array([[*row, *([0] * (longest - len(row)))] for row in rows], dtype=mx.uint32)
-        logits: mx.array = self._model(inputs, cache=batch_cache, **self._deltas(rope_deltas))
+        with self._rows(adapters):
+            logits: mx.array = self._model(inputs, cache=batch_cache, **self._deltas(rope_deltas))
         return logits
 
 

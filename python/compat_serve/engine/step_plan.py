@@ -28,10 +28,12 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class NewCache:
-    """A fresh batch-1 cache for a request starting its prefill (replaces any old one)."""
+    """A fresh batch-1 cache for a request starting its prefill (replaces any old one).
+    `adapter`: the LoRA adapter every forward of the request runs with (None: none)."""
 
     kind: ClassVar[str] = "new"
     request_id: str
+    adapter: str | None = None
 
 
 @dataclass(frozen=True)

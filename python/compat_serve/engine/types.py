@@ -94,6 +94,9 @@ class EngineRequest:
     vision: VisionInput | None = None
     # Who sent it (the client's name and session, server/clients.py), for the dashboard.
     client: str | None = None
+    # The LoRA adapter its rows run with: a name in the engine's `AdapterBank`
+    # (`Engine.add_adapter`); None: the base model.
+    adapter: str | None = None
 
 
 # Most alternatives a request may ask for at each token (OpenAI's and vLLM's limit).
