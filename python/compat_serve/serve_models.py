@@ -12,6 +12,7 @@ engine's start-up forwards) run on that thread between the resident models' step
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import dataclasses
 import gc
@@ -28,6 +29,7 @@ from compat_serve.registry.adapters import parse_lora_flag
 from compat_serve.registry.config_file import load_models_file
 from compat_serve.registry.entries import ModelEntry, entries_from_dir
 from compat_serve.registry.hub import ModelHub
+from compat_serve.registry.slots import add_adapters
 from compat_serve.registry.routing import ModelRegistry
 from compat_serve.server.state import ServerState
 
@@ -99,6 +101,20 @@ def load_state_steps(options: ServeOptions) -> LoadSteps[ServerState]:
     yield host("engine start-up")
     state = build_state(options, loaded)
     note_evaluation("engine start-up", 0)
+    return state
+
+
+async def load_with_adapters(
+    engine_host: EngineHost, base: ServeOptions, entry: ModelEntry, registry: ModelRegistry
+) -> ServerState:
+    """A model loaded on demand, with the adapters it serves added on the host thread
+    (their MLX arrays are made there, between the resident models' steps)."""
+    state = await engine_host.run_steps(load_state_steps(entry_options(base, entry)))
+    adapters = registry.adapters.of(entry.id)
+    if adapters:
+        await asyncio.wrap_future(
+            engine_host.run_slice(lambda: add_adapters(state, adapters), "adapters")
+        )
     return state
 
 
@@ -183,7 +199,7 @@ def build_hub(
     hub = ModelHub(
         registry,
         load=lambda entry: build_state(entry_options(base, entry)),
-        load_async=lambda e: engine_host.run_steps(load_state_steps(entry_options(base, e))),
+        load_async=lambda e: load_with_adapters(engine_host, base, e, registry),
         release=release_state,
         # gc and mx.clear_cache on the host thread, between steps.
         collect=lambda: engine_host.run_slice(collect_memory, "release memory").result(),

@@ -43,6 +43,7 @@ from compat_serve.registry.routing import ModelRegistry, Route, UnknownAdapter
 from compat_serve.registry.slots import (
     ModelRequestError,
     ModelSlot,
+    add_adapters,
     cannot_reload,
     files_stamp,
     gib,
@@ -136,8 +137,7 @@ class ModelHub:
         """Make an already built state resident (preloaded at start, or a test's), with
         the adapters its model serves added to its engine (a bad adapter file raises
         AdapterError, a ValueError: the load fails naming it)."""
-        for adapter in self.registry.adapters.of(model_id):
-            state.engine.add_adapter(adapter.name, adapter.path)
+        add_adapters(state, self.registry.adapters.of(model_id))
         slot = self.slots[model_id]
         slot.state = state
         slot.loaded_at = slot.last_used = time.monotonic()
@@ -282,11 +282,21 @@ class ModelHub:
 
     async def unload_adapter(self, base: ModelEntry, adapter: AdapterEntry) -> None:
         """Remove an adapter: requests stop routing to it at once; its weights leave the
-        engine (if the model is resident) once its requests in flight have finished."""
+        engine (if the model is resident) once its requests in flight have finished
+        (waiting up to the hub's wait timeout, then 503 and it stays)."""
         self.registry.adapters.remove(base.id, adapter.name)
-        slot = self.slots[base.id]
-        if slot.state is not None:
-            await asyncio.to_thread(slot.state.engine.remove_adapter, adapter.name)
+        deadline = time.monotonic() + self.wait_timeout_s
+        while (state := self.slots[base.id].state) is not None:
+            try:
+                await asyncio.to_thread(state.engine.remove_adapter, adapter.name)
+                break
+            except KeyError:  # not in the engine (its base reloaded without it)
+                break
+            except ValueError as exc:  # requests with it still in flight
+                if time.monotonic() >= deadline:
+                    self.registry.adapters.add(base.id, adapter)
+                    raise ModelRequestError(503, str(exc), overloaded=True) from exc
+                await asyncio.sleep(_POLL_S)
         log.info("adapter %s unloaded from model %s", adapter.name, base.id)
 
     async def ensure_loaded(self, entry: ModelEntry) -> ServerState:
