@@ -531,7 +531,16 @@ def _model_preflight(ns: argparse.Namespace) -> str | None:
     machine without network cannot be fetched. Both are told at once what to pass instead.
     """
     from compat_serve.models.errors import ModelLoadError
+    from compat_serve.registry.adapters import parse_lora_flag
 
+    if ns.lora and ns.distributed is not None:
+        # The ranks apply rank 0's step plans, which carry no adapter rows.
+        return "--lora is not served with --distributed: drop --lora"
+    try:
+        for text in ns.lora:  # a typo fails before the model loads
+            parse_lora_flag(text)
+    except ValueError as exc:
+        return str(exc)
     try:
         if not ns.model and ns.models_dir is None and ns.models_file is None:
             if ns.distributed is None:  # --distributed refuses the embedded model itself

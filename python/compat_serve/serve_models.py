@@ -29,8 +29,8 @@ from compat_serve.registry.adapters import parse_lora_flag
 from compat_serve.registry.config_file import load_models_file
 from compat_serve.registry.entries import ModelEntry, entries_from_dir
 from compat_serve.registry.hub import ModelHub
-from compat_serve.registry.slots import add_adapters
 from compat_serve.registry.routing import ModelRegistry
+from compat_serve.registry.slots import add_adapters
 from compat_serve.server.state import ServerState
 
 log = logging.getLogger("compat_serve")

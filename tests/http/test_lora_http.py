@@ -65,7 +65,9 @@ def lora(embedded_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) 
             root / "commits", random_pairs(model.model, MLX_KEYS, 1), scale=4.0, layers=layers
         ),
         write_peft_adapter(
-            root / "style", random_pairs(model.model, PEFT_MODULES, 2), alpha=32.0,
+            root / "style",
+            random_pairs(model.model, PEFT_MODULES, 2),
+            alpha=32.0,
             targets=PEFT_TARGETS,
         ),
         write_mlx_adapter(
@@ -217,7 +219,9 @@ def test_adapters_are_listed_with_their_base(server: RunningServer, lora: Lora) 
 
 def test_adapters_load_and_unload_over_http(server: RunningServer, lora: Lora) -> None:
     url, base = server.base_url, _base(server)
-    loaded = httpx.post(f"{url}/models/load", json={"model": f"{base}:extra", "path": str(lora.extra)})
+    loaded = httpx.post(
+        f"{url}/models/load", json={"model": f"{base}:extra", "path": str(lora.extra)}
+    )
     assert loaded.json() == {"success": True}, loaded.text
     assert "extra" in {c["id"] for c in httpx.get(f"{url}/v1/models").json()["data"]}
     prompt = "Loading: which file changed in the last commit, and why?"
@@ -230,15 +234,22 @@ def test_adapters_load_and_unload_over_http(server: RunningServer, lora: Lora) -
     assert unloaded.json() == {"success": True}, unloaded.text
     assert "extra" not in {c["id"] for c in httpx.get(f"{url}/v1/models").json()["data"]}
     assert "extra" not in (_hub(server).front_state().engine.adapter_names())  # type: ignore[union-attr]
-    gone = httpx.post(f"{url}/v1/messages", json={"model": f"{base}:extra", "max_tokens": 4,
-                                                    "messages": [{"role": "user", "content": "x"}]})
+    gone = httpx.post(
+        f"{url}/v1/messages",
+        json={
+            "model": f"{base}:extra",
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "x"}],
+        },
+    )
     assert gone.status_code == 404
     # The base stays resident.
     assert _hub(server).slots[base].status == "loaded"
 
     # vLLM's routes do the same.
-    vllm = httpx.post(f"{url}/v1/load_lora_adapter",
-                      json={"lora_name": "extra", "lora_path": str(lora.extra)})
+    vllm = httpx.post(
+        f"{url}/v1/load_lora_adapter", json={"lora_name": "extra", "lora_path": str(lora.extra)}
+    )
     assert vllm.status_code == 200 and "extra" in vllm.text
     assert _message(server, f"{base}:extra", "x").model == f"{base}:extra"
     vllm = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "extra"})
@@ -249,8 +260,9 @@ def test_bad_adapter_loads_and_unloads_are_4xx(server: RunningServer, lora: Lora
     url, base = server.base_url, _base(server)
     broken = lora.cache_dir.parent / "broken"
     broken.mkdir(exist_ok=True)
-    (broken / "adapter_config.json").write_text('{"fine_tune_type": "lora", "lora_parameters": '
-                                                '{"rank": 8, "scale": 1.0}}')
+    (broken / "adapter_config.json").write_text(
+        '{"fine_tune_type": "lora", "lora_parameters": {"rank": 8, "scale": 1.0}}'
+    )
     cases = [
         ("/models/load", {"model": "x", "path": str(lora.cache_dir)}, 400, "is not an adapter"),
         ("/models/load", {"model": "x", "path": 3}, 400, "path: must be"),

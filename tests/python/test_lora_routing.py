@@ -15,6 +15,7 @@ from compat_serve.registry.config_file import ModelsFileError, load_models_file
 from compat_serve.registry.entries import ModelEntry
 from compat_serve.registry.routing import ModelRegistry, UnknownAdapter
 from compat_serve.serve_models import SINGLE_ORIGIN, with_lora_flags
+from tests.python.test_cli import run_cli
 
 
 @pytest.fixture
@@ -129,9 +130,9 @@ def test_adapters_added_at_run_time_route_and_leave(files: Path) -> None:
         ('["x=adapters/missing"]', "is not an adapter"),
         ('["a:b=adapters/style"]', "must not contain ':'"),
         ('["no-path"]', "expected NAME=PATH"),
-        ('[{name: x}]', "adapters.path: missing"),
-        ('[{name: x, path: adapters/style, rank: 8}]', "adapters.rank: unknown key"),
-        ('[{name: x, path: adapters/style, aliases: [commit-writer]}]', "also an alias"),
+        ("[{name: x}]", "adapters.path: missing"),
+        ("[{name: x, path: adapters/style, rank: 8}]", "adapters.rank: unknown key"),
+        ("[{name: x, path: adapters/style, aliases: [commit-writer]}]", "also an alias"),
         ("[3]", "each adapter is NAME=PATH or {name, path, aliases}"),
         ('"x=adapters/style"', "adapters: must be a list"),
     ],
@@ -140,7 +141,7 @@ def test_bad_adapters_in_a_models_file_name_file_line_and_key(
     files: Path, adapters: str, message: str
 ) -> None:
     text = MODELS.replace('adapters: ["terse=./adapters/terse"]', f"adapters: {adapters}")
-    with pytest.raises(ModelsFileError, match="models.yaml:1[0-9]: ") as info:
+    with pytest.raises(ModelsFileError, match=r"models\.yaml:1[0-9]: ") as info:
         load_models_file(_write(files, text))
     assert message in str(info.value)
 
@@ -179,3 +180,11 @@ def test_two_lora_flags_with_one_name_are_refused(files: Path) -> None:
     flags = (f"x={files}/adapters/style", f"x={files}/adapters/terse")
     with pytest.raises(ValueError, match="'x' is also an adapter of 'smol'"):
         ModelRegistry(with_lora_flags([single], flags))
+
+
+def test_a_bad_lora_flag_stops_the_start_before_the_model_loads(files: Path) -> None:
+    result = run_cli("--lora", f"x={files}/adapters/empty", "--port", "1")
+    assert result.returncode == 2
+    assert f"adapter 'x': {files}/adapters/empty is not an adapter" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "loading" not in result.stderr.lower()

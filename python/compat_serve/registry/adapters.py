@@ -47,8 +47,14 @@ def check_adapter_name(name: str) -> str | None:
     return None
 
 
-def adapter_entry(name: str, path: str, *, base: Path | None = None, origin: str = "",
-                  aliases: tuple[str, ...] = ()) -> AdapterEntry:
+def adapter_entry(
+    name: str,
+    path: str,
+    *,
+    base: Path | None = None,
+    origin: str = "",
+    aliases: tuple[str, ...] = (),
+) -> AdapterEntry:
     """An adapter entry with its path resolved (relative paths against `base`); ValueError
     naming what is wrong with the name or the path."""
     problem = check_adapter_name(name)

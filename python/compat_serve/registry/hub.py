@@ -36,9 +36,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from compat_serve.registry.adapters import AdapterEntry
 from compat_serve.registry.entries import ModelEntry
 from compat_serve.registry.metrics import HubMetrics
-from compat_serve.registry.adapters import AdapterEntry
 from compat_serve.registry.routing import ModelRegistry, Route, UnknownAdapter
 from compat_serve.registry.slots import (
     ModelRequestError,

@@ -118,6 +118,8 @@ def resident_bytes(state: ServerState) -> int:
 def add_adapters(state: ServerState, adapters: Sequence[AdapterEntry]) -> None:
     """Add to a model's engine the adapters it serves that it does not hold yet (blocks
     on the engine thread once started; AdapterError, a ValueError, for bad files)."""
+    if not adapters:
+        return
     held = set(state.engine.adapter_names())
     for adapter in adapters:
         if adapter.name not in held:

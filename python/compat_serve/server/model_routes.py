@@ -60,8 +60,9 @@ def _find(hub: ModelHub, name: str, key: str = "model") -> Route:
     try:
         routed = hub.registry.find(name)
     except UnknownAdapter as exc:
-        raise ApiError(404, f"model {name!r} not found: {exc}", param=key,
-                       code="model_not_found") from None
+        raise ApiError(
+            404, f"model {name!r} not found: {exc}", param=key, code="model_not_found"
+        ) from None
     if routed is None:
         raise _not_found(hub, name, key)
     return routed

@@ -146,13 +146,13 @@ def _model(state: ServerState, adapters: Sequence[AdapterEntry]) -> dict[str, An
         "sampling_defaults": state.sampling_defaults.as_dict(),
         "speculation": engine.speculation_status(),
         # LoRA adapters served on it: each a model name of its own.
-        "adapters": [{"name": a.name, "path": a.path, "aliases": list(a.aliases)} for a in adapters],
+        "adapters": [
+            {"name": a.name, "path": a.path, "aliases": list(a.aliases)} for a in adapters
+        ],
     }
 
 
-def dashboard_snapshot(
-    state: ServerState, adapters: Sequence[AdapterEntry] = ()
-) -> dict[str, Any]:
+def dashboard_snapshot(state: ServerState, adapters: Sequence[AdapterEntry] = ()) -> dict[str, Any]:
     engine = state.engine
     cache = _cache(engine)
     return {
