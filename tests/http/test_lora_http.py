@@ -38,7 +38,7 @@ from tests.python.lora_files import (
     write_mlx_adapter,
     write_peft_adapter,
 )
-from tests.tiny_models import quantize_tiny, tiny_model
+from tests.tiny_models import quantize_tiny, tiny_model, write_model_dir
 
 MAX_TOKENS = 12
 
@@ -164,6 +164,32 @@ def test_an_adapter_changes_the_output_on_both_apis(server: RunningServer) -> No
     assert chat[base] != chat[f"{base}:commits"], chat
 
 
+def test_ollama_and_responses_requests_pass_the_adapter(server: RunningServer) -> None:
+    base, url = _base(server), server.base_url
+    said = {}
+    for model in (base, "style"):
+        chat = httpx.post(
+            f"{url}/api/chat",
+            json={
+                "model": model,
+                "messages": [{"role": "user", "content": "List two fruits."}],
+                "options": {"num_predict": MAX_TOKENS},
+                "stream": False,
+            },
+            timeout=60,
+        ).json()
+        assert chat["model"] == model
+        response = httpx.post(
+            f"{url}/v1/responses",
+            json={"model": model, "input": "List two fruits.", "max_output_tokens": MAX_TOKENS},
+            timeout=60,
+        ).json()
+        assert response["model"] == model
+        said[model] = (chat["message"]["content"], response["output"][-1]["content"][0]["text"])
+    assert said[base][0] != said["style"][0], said
+    assert said[base][1] != said["style"][1], said
+
+
 def test_the_three_naming_forms_pick_the_same_adapter(server: RunningServer) -> None:
     base = _base(server)
     prompt = "Naming: summarise the change to the tokenizer in one line, in plain words."
@@ -281,6 +307,37 @@ def test_bad_adapter_loads_and_unloads_are_4xx(server: RunningServer, lora: Lora
     # Loading the same adapter again is a no-op.
     again = httpx.post(f"{url}/models/load", json={"model": "commits", "path": str(lora.commits)})
     assert again.json() == {"success": True}
+
+
+def test_a_models_file_serves_adapters_on_a_model_loaded_on_demand(
+    embedded_model: LoadedModel, lora: Lora, tmp_path: Path
+) -> None:
+    # The same family and shapes as the adapters' model; loaded on its first request,
+    # its adapters added on the engine host's thread (serve_models.load_with_adapters).
+    write_model_dir(tmp_path / "coder", "llama", embedded_model, seed=3)
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        "models:\n"
+        "  - id: coder\n"
+        "    path: coder\n"
+        "    adapters:\n"
+        f"      - {{name: commits, path: {lora.commits}, aliases: [commit-writer]}}\n"
+        f"      - style={lora.style}\n"
+    )
+    hub = build_hub(ServeOptions(default_temperature=0.0), ModelFlags(models_file=str(models)))
+    running = run_app(create_app(hub), hub)
+    try:
+        assert hub.slots["coder"].status == "unloaded"
+        prompt = "On demand: the model loads with its adapters on the first request."
+        assert _read(running, "commit-writer", prompt)[0] == 0
+        state = hub.slots["coder"].state
+        assert state is not None and state.engine.adapter_names() == ["commits", "style"]
+        read, total = _read(running, "coder:commits", prompt)
+        assert read == total - 1
+        assert _read(running, "style", prompt)[0] == 0
+        assert _read(running, "coder", prompt)[0] == 0
+    finally:
+        running.stop()
 
 
 def test_cache_isolation_on_ram_and_disk_and_after_a_restart(
