@@ -78,7 +78,10 @@ def lora(embedded_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) 
 
 
 def _start(lora: Lora) -> RunningServer:
-    options = ServeOptions(default_temperature=0.0, cache_dir=str(lora.cache_dir))
+    # Per-key salting on, as a shared server would run: the SDK clients present "x".
+    options = ServeOptions(
+        default_temperature=0.0, cache_dir=str(lora.cache_dir), cache_salt_per_key=True
+    )
     state = build_state(options, loaded=lora.model)
     flags = ModelFlags(loras=(f"commits={lora.commits}", f"style={lora.style}"))
     hub = build_hub(options, flags, single_state=state)
@@ -120,9 +123,11 @@ def _message(
     )
 
 
-def _read(server: RunningServer, model: str, prompt: str) -> tuple[int, int]:
-    """A raw completion of `prompt` under `model`: (tokens read from cache, prompt tokens)."""
-    completion = oai(server).completions.create(model=model, prompt=prompt, max_tokens=4)
+def _read(server: RunningServer, model: str, prompt: str, key: str = "x") -> tuple[int, int]:
+    """A raw completion of `prompt` under `model`, sent with API key `key`: (tokens read
+    from cache, prompt tokens)."""
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=key, max_retries=0)
+    completion = client.completions.create(model=model, prompt=prompt, max_tokens=4)
     assert completion.model == model
     usage = completion.usage
     assert usage is not None and usage.prompt_tokens_details is not None
@@ -201,6 +206,16 @@ def test_the_three_naming_forms_pick_the_same_adapter(server: RunningServer) -> 
     # The base and the other adapter read none of it.
     assert _read(server, "style", prompt)[0] == 0
     assert _read(server, base, prompt)[0] == 0
+
+
+def test_the_adapter_and_the_api_key_both_salt_the_cache(server: RunningServer) -> None:
+    base = _base(server)
+    prompt = "Keys: two users of one adapter keep their cached prompts apart as well."
+    assert _read(server, "commits", prompt, key="alice")[0] == 0
+    assert _read(server, "commits", prompt, key="bob")[0] == 0
+    assert _read(server, base, prompt, key="alice")[0] == 0
+    read, total = _read(server, "commits", prompt, key="alice")
+    assert read == total - 1
 
 
 def test_an_unknown_adapter_is_model_not_found_on_both_apis(server: RunningServer) -> None:
