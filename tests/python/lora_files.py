@@ -117,7 +117,9 @@ def mlx_lm_with_adapter(model: Any, folder: Path, *, fuse: bool) -> Any:
 
     load_adapters(model, str(folder))
     if fuse:
-        fused = [(n, m.fuse(dequantize=True)) for n, m in model.named_modules() if hasattr(m, "fuse")]
+        fused = [
+            (n, m.fuse(dequantize=True)) for n, m in model.named_modules() if hasattr(m, "fuse")
+        ]
         model.update_modules(tree_unflatten(fused))
     mx.eval(model.parameters())
     return model

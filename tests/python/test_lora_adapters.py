@@ -42,7 +42,9 @@ def fresh(embedded_model: LoadedModel) -> Any:
 
 
 @pytest.fixture(scope="module")
-def adapters(tmp_path_factory: pytest.TempPathFactory, embedded_model: LoadedModel) -> dict[str, Any]:
+def adapters(
+    tmp_path_factory: pytest.TempPathFactory, embedded_model: LoadedModel
+) -> dict[str, Any]:
     """An mlx-lm adapter on the last layer only (num_layers 1) and a PEFT one on both."""
     root = tmp_path_factory.mktemp("adapters")
     model = fresh(embedded_model)
@@ -175,7 +177,9 @@ def test_unreadable_adapters_are_refused(tmp_path: Path, adapters: dict[str, Any
         read_adapter(tmp_path / "bad")
     nofile = tmp_path / "noweights"
     nofile.mkdir()
-    (nofile / "adapter_config.json").write_text((adapters["mlx"] / "adapter_config.json").read_text())
+    (nofile / "adapter_config.json").write_text(
+        (adapters["mlx"] / "adapter_config.json").read_text()
+    )
     with pytest.raises(AdapterError, match=r"adapters.safetensors: missing") as exc:
         read_adapter(nofile)
     assert str(nofile) in _one_line(exc)
@@ -217,9 +221,7 @@ def test_dora_and_unsupported_kinds_are_refused(
         (peft / "adapter_config.json").write_text(original)
 
 
-def test_rank_and_shape_mismatches_are_refused(
-    tmp_path: Path, embedded_model: LoadedModel
-) -> None:
+def test_rank_and_shape_mismatches_are_refused(tmp_path: Path, embedded_model: LoadedModel) -> None:
     model = fresh(embedded_model)
     folder = write_mlx_adapter(
         tmp_path / "rank", random_pairs(model, MLX_KEYS, seed=1, rank=4), scale=1.0, layers=2

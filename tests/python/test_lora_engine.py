@@ -62,7 +62,9 @@ def tiny_with_fast_paths(embedded_model: LoadedModel) -> LoadedModel:
 
 
 @pytest.fixture(scope="module")
-def adapter_dirs(tmp_path_factory: pytest.TempPathFactory, embedded_model: LoadedModel) -> dict[str, Path]:
+def adapter_dirs(
+    tmp_path_factory: pytest.TempPathFactory, embedded_model: LoadedModel
+) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("lora-engine")
     model = tiny_model("llama", embedded_model, seed=SEED).model
     return {
@@ -165,7 +167,10 @@ def test_mixed_batch_gives_each_row_its_solo_result(engine: Engine) -> None:
     ]
     mixed = run_all(
         engine,
-        [request(f"mix{i}", ids, name) for i, (ids, name) in enumerate(zip(prompts, ROWS, strict=True))],
+        [
+            request(f"mix{i}", ids, name)
+            for i, (ids, name) in enumerate(zip(prompts, ROWS, strict=True))
+        ],
     )
     for name, alone, batched in zip(ROWS, solo, mixed, strict=True):
         assert_same_as_solo(alone, batched, f"row {name}")
@@ -238,12 +243,18 @@ def test_speculative_verify_applies_the_adapter(
     )
     try:
         prompts = [prompt(n, salt=30 + i) for i, n in enumerate(PROMPT_LENGTHS)]
-        reqs = [request(f"sp{i}", ids, n) for i, (ids, n) in enumerate(zip(prompts, ROWS, strict=True))]
+        reqs = [
+            request(f"sp{i}", ids, n) for i, (ids, n) in enumerate(zip(prompts, ROWS, strict=True))
+        ]
         plain = [run_all(engine, [r])[0] for r in reqs]
         drafted = run_all(spec, reqs)
         for name, alone, candidate in zip(ROWS, plain, drafted, strict=True):
             assert_greedy_equal_up_to_tie(
-                tokens(alone), tokens(candidate), recorded_scores(alone), tolerance=F32_TIE, what=str(name)
+                tokens(alone),
+                tokens(candidate),
+                recorded_scores(alone),
+                tolerance=F32_TIE,
+                what=str(name),
             )
         status = spec.speculation_status()
         assert status["verify_steps"] and status["draft_tokens"], status
@@ -255,6 +266,7 @@ def test_bad_adapters_and_requests_are_refused(
     engine: Engine, embedded_model: LoadedModel, tmp_path: Path
 ) -> None:
     ids = prompt(8, salt=40)
+
     async def unknown() -> None:
         engine.submit(request("x", ids, "nope"))
 
@@ -274,7 +286,10 @@ def test_bad_adapters_and_requests_are_refused(
     assert engine.adapter_names() == ["style", "commit", "peft"]
 
     async def in_use() -> None:
-        long = dataclasses.replace(request("busy", ids, "peft"), sampling=SamplingParams(max_tokens=4000, temperature=0, stop_at_eos=False))
+        long = dataclasses.replace(
+            request("busy", ids, "peft"),
+            sampling=SamplingParams(max_tokens=4000, temperature=0, stop_at_eos=False),
+        )
         stream = engine.submit(long)
         with pytest.raises(ValueError, match="'peft' is in use by 1 request"):
             await asyncio.to_thread(engine.remove_adapter, "peft")

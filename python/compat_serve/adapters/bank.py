@@ -71,7 +71,7 @@ def _lora_delta(rows: _Rows, stack: _Stack, x: mx.array) -> mx.array:
 def _lora_class(base: type) -> type:
     base_call = base.__call__
 
-    def __call__(self: Any, x: mx.array) -> mx.array:
+    def with_deltas(self: Any, x: mx.array) -> mx.array:
         y: mx.array = base_call(self, x)
         rows: _Rows = self._compat_lora_rows
         stack: _Stack | None = self._compat_lora
@@ -79,7 +79,7 @@ def _lora_class(base: type) -> type:
             return y
         return y + _lora_delta(rows, stack, x).astype(y.dtype)
 
-    cls = type(base.__name__, (base,), {"__call__": __call__})
+    cls = type(base.__name__, (base,), {"__call__": with_deltas})
     cls.__qualname__ = f"LoRA[{base.__qualname__}]"
     return cls
 
@@ -90,12 +90,12 @@ def _stock_when_active_class(fused: type) -> type:
     adapter rows (the stock code calls the linears, which add the deltas)."""
     fused_call, stock_call = fused.__call__, fused.__mro__[1].__call__
 
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def stock_when_active(self: Any, *args: Any, **kwargs: Any) -> Any:
         if self._compat_lora_rows.slots is not None:
             return stock_call(self, *args, **kwargs)
         return fused_call(self, *args, **kwargs)
 
-    cls = type(fused.__name__, (fused,), {"__call__": __call__})
+    cls = type(fused.__name__, (fused,), {"__call__": stock_when_active})
     cls.__qualname__ = f"AdapterAware[{fused.__qualname__}]"
     return cls
 
@@ -143,13 +143,14 @@ class AdapterBank:
         targets: dict[str, Any] = {}
         fused = _fused_fast_paths()
         for path, module in untyped.named_modules():
-            if hasattr(module, "_compat_decode_block") or type(module) in fused:
+            kind: type = type(module)
+            if hasattr(module, "_compat_decode_block") or kind in fused:
                 module._compat_lora_rows = rows
-                module.__class__ = _stock_when_active_class(type(module))
+                module.__class__ = _stock_when_active_class(kind)
             elif ".layers." in f".{path}" and isinstance(module, (Linear, QuantizedLinear)):
                 module._compat_lora_rows = rows
                 module._compat_lora = None
-                module.__class__ = _lora_class(type(module))
+                module.__class__ = _lora_class(kind)
                 targets[path] = module
         bank = cls(targets, rows, getattr(untyped, "args", None))
         untyped._compat_adapter_bank = bank
@@ -186,7 +187,9 @@ class AdapterBank:
     def _adapter(self, name: str) -> AdapterWeights:
         weights = self._adapters.get(name)
         if weights is None:
-            raise KeyError(f"no adapter named {name!r} (loaded: {', '.join(self._adapters) or 'none'})")
+            raise KeyError(
+                f"no adapter named {name!r} (loaded: {', '.join(self._adapters) or 'none'})"
+            )
         return weights
 
     def _free_slot(self) -> int:
@@ -295,4 +298,3 @@ def bank_of(model: Module) -> AdapterBank | None:
     """The bank installed on `model`, if any."""
     found = getattr(model, "_compat_adapter_bank", None)
     return found if isinstance(found, AdapterBank) else None
-

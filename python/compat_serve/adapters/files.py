@@ -109,7 +109,9 @@ def _read_mlx(folder: Path, config_path: Path, config: dict[str, Any], name: str
         rank = int(params["rank"])
         scale = float(params["scale"])
     except (KeyError, TypeError, ValueError):
-        raise AdapterError(f"{config_path}: lora_parameters needs a numeric rank and scale") from None
+        raise AdapterError(
+            f"{config_path}: lora_parameters needs a numeric rank and scale"
+        ) from None
     weights_path = folder / MLX_WEIGHTS
     tensors = _load_safetensors(weights_path)
     pairs = _pairs(weights_path, tensors, "", _MLX_A, _MLX_B)
@@ -130,7 +132,9 @@ def _read_mlx(folder: Path, config_path: Path, config: dict[str, Any], name: str
     return AdapterWeights(files, modules)
 
 
-def _read_peft(folder: Path, config_path: Path, config: dict[str, Any], name: str) -> AdapterWeights:
+def _read_peft(
+    folder: Path, config_path: Path, config: dict[str, Any], name: str
+) -> AdapterWeights:
     peft_type = config.get("peft_type", "LORA")
     if str(peft_type).upper() != "LORA":
         raise AdapterError(f"{config_path}: peft_type {peft_type!r} is not LoRA")
@@ -148,7 +152,9 @@ def _read_peft(folder: Path, config_path: Path, config: dict[str, Any], name: st
             "only the LoRA matrices are applied"
         )
     if config.get("bias", "none") != "none":
-        raise AdapterError(f"{config_path}: trained biases (bias={config['bias']!r}) are not supported")
+        raise AdapterError(
+            f"{config_path}: trained biases (bias={config['bias']!r}) are not supported"
+        )
     try:
         rank = int(config["r"])
         alpha = float(config.get("lora_alpha", rank))
@@ -238,7 +244,9 @@ def _check_pair(
     path: Path, module: str, a: np.ndarray, b: np.ndarray, rank: int, *, a_rows_are_rank: bool
 ) -> None:
     if a.ndim != 2 or b.ndim != 2:
-        raise AdapterError(f"{path}: {module}: LoRA matrices must be 2-D, not {a.shape} and {b.shape}")
+        raise AdapterError(
+            f"{path}: {module}: LoRA matrices must be 2-D, not {a.shape} and {b.shape}"
+        )
     a_rank = a.shape[0] if a_rows_are_rank else a.shape[1]
     b_rank = b.shape[1] if a_rows_are_rank else b.shape[0]
     if a_rank != rank or b_rank != rank:
