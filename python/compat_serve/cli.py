@@ -52,6 +52,15 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "docs: Several models), loaded on demand under --memory-budget",
     )
     p.add_argument(
+        "--lora",
+        metavar="NAME=PATH",
+        action="append",
+        default=[],
+        help="serve a LoRA adapter (an mlx_lm.lora or PEFT directory) on --model (or the "
+        "default model of --models/--models-dir) under NAME; repeatable. A request picks "
+        "it by model name: NAME, or BASE:NAME (see the docs: LoRA adapters)",
+    )
+    p.add_argument(
         "--memory-budget",
         help="with several models: the memory resident models' weights, KV and prefix "
         "cache may take together, bytes (24GiB) or a share of the device (70%%); idle "
@@ -482,6 +491,7 @@ def _serve(ns: argparse.Namespace) -> int:
             models_file=ns.models_file,
             memory_budget=ns.memory_budget,
             wait_timeout_s=ns.model_wait_timeout,
+            loras=tuple(ns.lora),
         )
         single = None
         if build is not None:
@@ -521,7 +531,16 @@ def _model_preflight(ns: argparse.Namespace) -> str | None:
     machine without network cannot be fetched. Both are told at once what to pass instead.
     """
     from compat_serve.models.errors import ModelLoadError
+    from compat_serve.registry.adapters import parse_lora_flag
 
+    if ns.lora and ns.distributed is not None:
+        # The ranks apply rank 0's step plans, which carry no adapter rows.
+        return "--lora is not served with --distributed: drop --lora"
+    try:
+        for text in ns.lora:  # a typo fails before the model loads
+            parse_lora_flag(text)
+    except ValueError as exc:
+        return str(exc)
     try:
         if not ns.model and ns.models_dir is None and ns.models_file is None:
             if ns.distributed is None:  # --distributed refuses the embedded model itself

@@ -12,6 +12,7 @@ engine's start-up forwards) run on that thread between the resident models' step
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import dataclasses
 import gc
@@ -24,10 +25,12 @@ from compat_serve.engine.host import EngineHost
 from compat_serve.engine.memory import device_memory, headroom_bytes, parse_memory_size, plan_memory
 from compat_serve.models.load_steps import LoadSteps, host, note_evaluation
 from compat_serve.models.weight_estimate import estimate_weight_bytes
+from compat_serve.registry.adapters import parse_lora_flag
 from compat_serve.registry.config_file import load_models_file
 from compat_serve.registry.entries import ModelEntry, entries_from_dir
 from compat_serve.registry.hub import ModelHub
 from compat_serve.registry.routing import ModelRegistry
+from compat_serve.registry.slots import add_adapters
 from compat_serve.server.state import ServerState
 
 log = logging.getLogger("compat_serve")
@@ -46,6 +49,8 @@ class ModelFlags:
     memory_budget: str | None = None
     # Seconds a request waits for memory before it is answered overloaded.
     wait_timeout_s: float = 300.0
+    # `--lora NAME=PATH` flags: adapters of the --model (else the default model).
+    loras: tuple[str, ...] = ()
 
 
 def entry_options(base: ServeOptions, entry: ModelEntry) -> ServeOptions:
@@ -99,6 +104,20 @@ def load_state_steps(options: ServeOptions) -> LoadSteps[ServerState]:
     return state
 
 
+async def load_with_adapters(
+    engine_host: EngineHost, base: ServeOptions, entry: ModelEntry, registry: ModelRegistry
+) -> ServerState:
+    """A model loaded on demand, with the adapters it serves added on the host thread
+    (their MLX arrays are made there, between the resident models' steps)."""
+    state = await engine_host.run_steps(load_state_steps(entry_options(base, entry)))
+    adapters = registry.adapters.of(entry.id)
+    if adapters:
+        await asyncio.wrap_future(
+            engine_host.run_slice(lambda: add_adapters(state, adapters), "adapters")
+        )
+    return state
+
+
 def release_state(state: ServerState) -> None:
     """Stop a model's engine (its disk tier is flushed and kept for the next load)."""
     state.engine.shutdown()
@@ -126,6 +145,21 @@ def _trim_c_heap() -> None:
     except (AttributeError, OSError):  # not glibc (macOS, musl): nothing to trim
         return
     trim(ctypes.c_size_t(0))
+
+
+def with_lora_flags(entries: list[ModelEntry], loras: tuple[str, ...]) -> list[ModelEntry]:
+    """`--lora` adapters added to the `--model` entry (first when present), else to the
+    registry's default model (ValueError for a malformed flag or a path that is no
+    adapter; the registry then checks the names)."""
+    if not loras:
+        return entries
+    adapters = tuple(parse_lora_flag(text) for text in loras)
+    target = next((e for e in entries if e.origin == SINGLE_ORIGIN), None)
+    target = target or next((e for e in entries if e.default), entries[0])
+    return [
+        dataclasses.replace(e, adapters=e.adapters + adapters) if e is target else e
+        for e in entries
+    ]
 
 
 def build_hub(
@@ -159,12 +193,13 @@ def build_hub(
                 origin=SINGLE_ORIGIN,
             ),
         )
+    entries = with_lora_flags(entries, flags.loras)
     registry = ModelRegistry(entries, strict=base.strict_model_names)
     engine_host = EngineHost()  # one thread steps every resident model, and runs loads' MLX work
     hub = ModelHub(
         registry,
         load=lambda entry: build_state(entry_options(base, entry)),
-        load_async=lambda e: engine_host.run_steps(load_state_steps(entry_options(base, e))),
+        load_async=lambda e: load_with_adapters(engine_host, base, e, registry),
         release=release_state,
         # gc and mx.clear_cache on the host thread, between steps.
         collect=lambda: engine_host.run_slice(collect_memory, "release memory").result(),

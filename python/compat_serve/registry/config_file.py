@@ -11,6 +11,9 @@
         aliases: ["claude-*haiku*"]
         ttl: 600
         default_temperature: 0.2
+        adapters:
+          - {name: commits, path: ./adapters/commits, aliases: ["commit-*"]}
+          - style=./adapters/repo-style
 
 Every mistake (an unknown key, a wrong type, two models with one id, an alias given to
 two models, a path that is not a model) is a `ModelsFileError` naming the file, the
@@ -26,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from compat_serve.registry.adapters import AdapterEntry, adapter_entry
 from compat_serve.registry.entries import PER_MODEL_OPTIONS, ModelEntry, is_model_path
 
 ENTRY_KEYS: dict[str, tuple[type, ...]] = {
@@ -36,6 +40,7 @@ ENTRY_KEYS: dict[str, tuple[type, ...]] = {
     "pin": (bool,),
     "preload": (bool,),
     "default": (bool,),
+    "adapters": (list,),
 }
 
 
@@ -190,7 +195,55 @@ def _entry(file: str, base: Path, node: _Node) -> ModelEntry:
         default=fields.get("default", False),
         options=options,
         origin=f"{file}:{node.line}",
+        adapters=tuple(_adapter(file, base, item) for item in fields.get("adapters", [])),
     )
+
+
+_ADAPTER_KEYS = ("name", "path", "aliases")
+
+
+def _adapter(file: str, base: Path, node: _Node) -> AdapterEntry:
+    """One item of an entry's `adapters:`: `NAME=PATH` or `{name, path, aliases?}`."""
+    origin = f"{file}:{node.line}"
+    if isinstance(node.value, str):
+        name, sep, path = node.value.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ModelsFileError(
+                file, node.line, "adapters", f"expected NAME=PATH, not {node.value!r}"
+            )
+        try:
+            return adapter_entry(name.strip(), path.strip(), base=base, origin=origin)
+        except ValueError as exc:
+            raise ModelsFileError(file, node.line, "adapters", str(exc)) from None
+    if not isinstance(node.value, dict):
+        raise ModelsFileError(
+            file, node.line, "adapters", "each adapter is NAME=PATH or {name, path, aliases}"
+        )
+    values: dict[str, Any] = {}
+    for key, (line, value_node) in node.value.items():
+        if key not in _ADAPTER_KEYS:
+            raise ModelsFileError(
+                file, line, f"adapters.{key}", "unknown key (adapter keys: name, path, aliases)"
+            )
+        values[key] = value_node.value
+        expected: tuple[type, ...] = (list,) if key == "aliases" else (str,)
+        _check_type(file, line, f"adapters.{key}", values[key], expected)
+    for required in ("name", "path"):
+        if required not in values:
+            raise ModelsFileError(file, node.line, f"adapters.{required}", "missing")
+    aliases = []
+    for item in values.get("aliases", []):
+        if not isinstance(item.value, str) or not item.value:
+            raise ModelsFileError(
+                file, item.line, "adapters.aliases", f"must be strings, not {item.value!r}"
+            )
+        aliases.append(item.value)
+    try:
+        return adapter_entry(
+            values["name"], values["path"], base=base, origin=origin, aliases=tuple(aliases)
+        )
+    except ValueError as exc:
+        raise ModelsFileError(file, node.line, "adapters", str(exc)) from None
 
 
 def check_entries(entries: list[ModelEntry]) -> None:
@@ -220,6 +273,31 @@ def check_entries(entries: list[ModelEntry]) -> None:
                     "a pattern must name one model",
                 )
             owner[alias] = entry
+    _check_adapters(entries)
+
+
+def _check_adapters(entries: list[ModelEntry]) -> None:
+    """Adapter names unique across every model and adapter (a name alone picks its base);
+    an adapter alias neither another name nor another's alias."""
+    names: dict[str, str] = {entry.id: f"the model at {entry.origin}" for entry in entries}
+    for entry in entries:
+        for adapter in entry.adapters:
+            if adapter.name in names:
+                _fail(entry, "adapters", f"{adapter.name!r} is also {names[adapter.name]}")
+            names[adapter.name] = f"an adapter of {entry.id!r}"
+    aliases: dict[str, str] = {}
+    for entry in entries:
+        for adapter in entry.adapters:
+            for alias in adapter.aliases:
+                if alias in names:
+                    _fail(entry, "adapters", f"alias {alias!r} is also {names[alias]}")
+                if alias in aliases and aliases[alias] != adapter.name:
+                    _fail(
+                        entry,
+                        "adapters",
+                        f"alias {alias!r} is also an alias of adapter {aliases[alias]!r}",
+                    )
+                aliases[alias] = adapter.name
 
 
 def _fail(entry: ModelEntry, key: str, message: str) -> None:

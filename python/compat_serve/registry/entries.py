@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from compat_serve.registry.adapters import AdapterEntry
+
 # The options a model may set for itself in a --models file, with the CLI's names (as
 # ServeOptions spells them) and the YAML types each accepts. Server-wide options
 # (host, port, api key, request size, strictness) are the command line's alone.
@@ -67,6 +69,8 @@ class ModelEntry:
     options: dict[str, Any] = field(default_factory=dict)
     # Where the entry was declared ("models.yaml:12"), for messages.
     origin: str = ""
+    # LoRA adapters served on this model (registry/adapters.py).
+    adapters: tuple[AdapterEntry, ...] = ()
 
 
 def is_model_path(path: Path) -> bool:

@@ -36,12 +36,14 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from compat_serve.registry.adapters import AdapterEntry
 from compat_serve.registry.entries import ModelEntry
 from compat_serve.registry.metrics import HubMetrics
-from compat_serve.registry.routing import ModelRegistry
+from compat_serve.registry.routing import ModelRegistry, Route, UnknownAdapter
 from compat_serve.registry.slots import (
     ModelRequestError,
     ModelSlot,
+    add_adapters,
     cannot_reload,
     files_stamp,
     gib,
@@ -132,7 +134,10 @@ class ModelHub:
     # ---- resident models -------------------------------------------------------------
 
     def adopt(self, model_id: str, state: ServerState, estimate: int | None = None) -> None:
-        """Make an already built state resident (preloaded at start, or a test's)."""
+        """Make an already built state resident (preloaded at start, or a test's), with
+        the adapters its model serves added to its engine (a bad adapter file raises
+        AdapterError, a ValueError: the load fails naming it)."""
+        add_adapters(state, self.registry.adapters.of(model_id))
         slot = self.slots[model_id]
         slot.state = state
         slot.loaded_at = slot.last_used = time.monotonic()
@@ -192,15 +197,28 @@ class ModelHub:
     # ---- requests --------------------------------------------------------------------
 
     def route(self, name: str | None) -> ModelEntry:
-        entry = self.registry.route(name)
-        if entry is None:
+        return self.resolve(name).entry
+
+    def resolve(self, name: str | None) -> Route:
+        """The model and adapter a request for `name` is served by; 404 for a name that
+        routes nowhere (under --strict-model-names) or to an adapter its base lacks."""
+        try:
+            routed = self.registry.resolve(name)
+        except UnknownAdapter as exc:
+            served = ", ".join(repr(a.name) for a in self.registry.adapters.of(exc.base.id))
+            raise ModelRequestError(
+                404,
+                f"model {name!r} not found: {exc} (its adapters: {served or 'none'})",
+                code="model_not_found",
+            ) from None
+        if routed is None:
             raise ModelRequestError(
                 404,
                 f"model {name!r} not found; this server serves "
                 + ", ".join(repr(i) for i in self.registry.ids),
                 code="model_not_found",
             )
-        return entry
+        return routed
 
     async def acquire(
         self,
@@ -212,7 +230,18 @@ class ModelHub:
         `lifetime`: the body's `keep_alive` (Ollama) or `ttl` (LM Studio), if any.
         `leases`: the request's list; the model stays resident until its owner calls
         `release` on what it holds."""
-        entry = self.route(name)
+        state, _ = await self.acquire_route(name, lifetime, leases)
+        return state
+
+    async def acquire_route(
+        self,
+        name: str | None,
+        lifetime: Mapping[str, Any] | None = None,
+        leases: list[ModelSlot] | None = None,
+    ) -> tuple[ServerState, AdapterEntry | None]:
+        """`acquire`, with the adapter the name picked (None: the base model)."""
+        routed = self.resolve(name)
+        entry = routed.entry
         keep = parse_lifetime(lifetime) if lifetime else None
         slot = self.slots[entry.id]
         await self._yield_to_waiting_loads(slot)
@@ -224,7 +253,51 @@ class ModelHub:
             # -1 keeps it resident; a client never unpins a model its config pins.
             slot.pinned = entry.pin or keep < 0
             slot.ttl_s = None if keep < 0 else keep
-        return state
+        return state, routed.adapter
+
+    # ---- adapters loaded at run time -------------------------------------------------
+
+    async def load_adapter(self, base: ModelEntry, adapter: AdapterEntry) -> None:
+        """Add an adapter to a model (loading the model first if it is cold): its engine
+        reads the files, then requests may name it. 400 for a name already taken or files
+        that are no adapter; loading the same name and path again is a no-op."""
+        known = self.registry.adapters.get(base.id, adapter.name)
+        if known is not None and known.path == adapter.path:
+            await self.ensure_loaded(base)
+            return
+        taken = self.registry.taken(adapter.name)
+        if taken is not None:
+            raise ModelRequestError(
+                400, f"adapter name {adapter.name!r} is already {taken}", code="adapter_exists"
+            )
+        state = await self.ensure_loaded(base)
+        try:
+            await asyncio.to_thread(state.engine.add_adapter, adapter.name, adapter.path)
+        except ValueError as exc:  # AdapterError: files that are no adapter of this model
+            raise ModelRequestError(
+                400, f"adapter {adapter.name!r}: {exc}", code="adapter_load_failed"
+            ) from exc
+        self.registry.adapters.add(base.id, adapter)
+        log.info("adapter %s loaded on model %s (%s)", adapter.name, base.id, adapter.path)
+
+    async def unload_adapter(self, base: ModelEntry, adapter: AdapterEntry) -> None:
+        """Remove an adapter: requests stop routing to it at once; its weights leave the
+        engine (if the model is resident) once its requests in flight have finished
+        (waiting up to the hub's wait timeout, then 503 and it stays)."""
+        self.registry.adapters.remove(base.id, adapter.name)
+        deadline = time.monotonic() + self.wait_timeout_s
+        while (state := self.slots[base.id].state) is not None:
+            try:
+                await asyncio.to_thread(state.engine.remove_adapter, adapter.name)
+                break
+            except KeyError:  # not in the engine (its base reloaded without it)
+                break
+            except ValueError as exc:  # requests with it still in flight
+                if time.monotonic() >= deadline:
+                    self.registry.adapters.add(base.id, adapter)
+                    raise ModelRequestError(503, str(exc), overloaded=True) from exc
+                await asyncio.sleep(_POLL_S)
+        log.info("adapter %s unloaded from model %s", adapter.name, base.id)
 
     async def ensure_loaded(self, entry: ModelEntry) -> ServerState:
         slot = self.slots[entry.id]

@@ -5,10 +5,11 @@ its routes share (lifetimes in request bodies, resident sizes)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from compat_serve.registry.adapters import AdapterEntry
 from compat_serve.registry.entries import ModelEntry
 
 if TYPE_CHECKING:
@@ -112,6 +113,17 @@ def resident_bytes(state: ServerState) -> int:
     """What a model holds at most: its weights, its live-KV budget and its prefix cache."""
     memory = state.engine.memory
     return int(memory.weights + memory.kv + memory.cache)
+
+
+def add_adapters(state: ServerState, adapters: Sequence[AdapterEntry]) -> None:
+    """Add to a model's engine the adapters it serves that it does not hold yet (blocks
+    on the engine thread once started; AdapterError, a ValueError, for bad files)."""
+    if not adapters:
+        return
+    held = set(state.engine.adapter_names())
+    for adapter in adapters:
+        if adapter.name not in held:
+            state.engine.add_adapter(adapter.name, adapter.path)
 
 
 def gib(size: int) -> str:

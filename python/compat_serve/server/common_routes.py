@@ -13,7 +13,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from compat_serve.registry.hub import ModelRequestError, ModelSlot
+from compat_serve.registry.adapters import AdapterEntry
+from compat_serve.registry.hub import ModelHub, ModelRequestError, ModelSlot
 from compat_serve.server.discovery import context_fields
 from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import model_hub
@@ -55,6 +56,38 @@ def model_card(slot: ModelSlot) -> dict[str, Any]:
     return card
 
 
+def adapter_card(slot: ModelSlot, adapter: AdapterEntry) -> dict[str, Any]:
+    """A LoRA adapter as a model of its own, as vLLM lists one: `parent` is the base
+    model's id, `root` the adapter's directory; its state is its base's."""
+    card = model_card(slot)
+    card.update(
+        {
+            "id": adapter.name,
+            "display_name": adapter.name,
+            "parent": slot.entry.id,
+            "root": adapter.path,
+            "adapter": {"base": slot.entry.id, "path": adapter.path},
+        }
+    )
+    if adapter.aliases:
+        card["aliases"] = list(adapter.aliases)
+    else:
+        card.pop("aliases", None)
+    return card
+
+
+def all_cards(hub: ModelHub) -> list[dict[str, Any]]:
+    """Every configured model, each followed by its adapters."""
+    cards = []
+    for slot in hub.slots.values():
+        card = model_card(slot)
+        card.setdefault("parent", None)
+        card.setdefault("root", slot.entry.path or slot.entry.id)
+        cards.append(card)
+        cards += [adapter_card(slot, a) for a in hub.registry.adapters.of(slot.entry.id)]
+    return cards
+
+
 @health_router.get("/health")
 async def health(request: Request) -> JSONResponse:
     hub = model_hub(request)
@@ -70,7 +103,7 @@ async def health(request: Request) -> JSONResponse:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    cards = [model_card(slot) for slot in model_hub(request).slots.values()]
+    cards = all_cards(model_hub(request))
     return {
         "object": "list",
         "data": cards,
@@ -84,7 +117,8 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
     hub = model_hub(request)
     try:
-        entry = hub.route(model_id)
+        routed = hub.resolve(model_id)
     except ModelRequestError as exc:
         raise ApiError(404, f"model {model_id!r} not found", code="model_not_found") from exc
-    return model_card(hub.slots[entry.id])
+    slot = hub.slots[routed.entry.id]
+    return model_card(slot) if routed.adapter is None else adapter_card(slot, routed.adapter)

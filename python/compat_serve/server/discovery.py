@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse
 
 from compat_serve import __version__
 from compat_serve.models.weight_report import weights_status
+from compat_serve.registry.adapters import AdapterEntry
 from compat_serve.registry.hub import ModelHub, ModelRequestError, ModelSlot
 from compat_serve.server.generation import model_error, model_hub, server_state
 from compat_serve.server.state import ServerState
@@ -231,9 +232,31 @@ def _ollama_tag(slot: ModelSlot) -> dict[str, Any]:
     }
 
 
+def _ollama_adapter_tag(slot: ModelSlot, adapter: AdapterEntry) -> dict[str, Any]:
+    """An adapter as Ollama lists a model made `FROM base` with an `ADAPTER`: its base in
+    `details.parent_model`."""
+    name = _ollama_name(adapter.name)
+    tag = _ollama_tag(slot)
+    tag.update(
+        {
+            "name": name,
+            "model": name,
+            "size": _model_file_size(adapter.path),
+            "digest": hashlib.sha256(adapter.path.encode()).hexdigest(),
+        }
+    )
+    tag["details"] = {**tag["details"], "parent_model": _ollama_name(slot.entry.id)}
+    return tag
+
+
 @router.get("/api/tags")
 async def ollama_tags(request: Request) -> dict[str, Any]:
-    return {"models": [_ollama_tag(slot) for slot in model_hub(request).slots.values()]}
+    hub = model_hub(request)
+    models = []
+    for slot in hub.slots.values():
+        models.append(_ollama_tag(slot))
+        models += [_ollama_adapter_tag(slot, a) for a in hub.registry.adapters.of(slot.entry.id)]
+    return {"models": models}
 
 
 # Ollama's `expires_at` for a model kept forever.

@@ -66,14 +66,29 @@ def server_state(request: Request) -> ServerState:
 
 
 async def model_state(request: Request, name: str | None) -> ServerState:
-    """The state of the model a request names (id, alias, else the default model),
-    loaded first if it is cold: the start of every route that serves a model. A body's
-    `keep_alive` (Ollama) or `ttl` (LM Studio) sets how long the model stays idle."""
+    """The state of the model a request names (id, alias, adapter, else the default
+    model), loaded first if it is cold: the start of every route that serves a model. A
+    body's `keep_alive` (Ollama) or `ttl` (LM Studio) sets how long the model stays idle.
+    The adapter the name picked is kept on the request for `request_adapter`."""
     leases = getattr(request.state, MODEL_LEASES, None)
     try:
-        return await model_hub(request).acquire(name, await _lifetime_fields(request), leases)
+        state, adapter = await model_hub(request).acquire_route(
+            name, await _lifetime_fields(request), leases
+        )
     except ModelRequestError as exc:
         raise model_error(exc) from exc
+    setattr(request.state, _ADAPTER, None if adapter is None else adapter.name)
+    return state
+
+
+# The request.state attribute holding the adapter its model name picked.
+_ADAPTER = "lora_adapter"
+
+
+def request_adapter(request: Request) -> str | None:
+    """The LoRA adapter the request's model name picked (None: the base model)."""
+    adapter: str | None = getattr(request.state, _ADAPTER, None)
+    return adapter
 
 
 async def _lifetime_fields(request: Request) -> dict[str, object] | None:
@@ -136,6 +151,7 @@ def submit(
     grammar: Grammar | None = None,
     vision: VisionInput | None = None,
     client: str | None = None,
+    adapter: str | None = None,
 ) -> RequestStream:
     check_admitting(state)
     cap = state.max_output_tokens
@@ -157,6 +173,7 @@ def submit(
                 grammar,
                 vision=vision,
                 client=client,
+                adapter=adapter,
             )
         )
     except PromptTooLong as exc:
@@ -242,6 +259,7 @@ async def admit_chat(
         parsing.grammar,
         prompt.vision,
         client_label(request),
+        request_adapter(request),
     )
     stream.keeps_reply = not prompt.vision
     return Admitted(state, request_id, prompt, stream, parsing.parser)

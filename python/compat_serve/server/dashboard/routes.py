@@ -95,7 +95,9 @@ async def static(name: str) -> Response:
 
 @data_router.get("/v1/dashboard")
 async def snapshot(request: Request) -> dict[str, Any]:
-    return dashboard_snapshot(server_state(request))
+    state = server_state(request)
+    adapters = model_hub(request).registry.adapters.of(state.served_model_name)
+    return dashboard_snapshot(state, adapters)
 
 
 @data_router.get("/v1/logs")

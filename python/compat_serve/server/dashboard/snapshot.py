@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from compat_serve import __version__
@@ -19,6 +20,7 @@ from compat_serve.server.discovery import capabilities
 
 if TYPE_CHECKING:
     from compat_serve.engine.engine import Engine
+    from compat_serve.registry.adapters import AdapterEntry
     from compat_serve.server.state import ServerState
 
 # Finished requests sent to the page (the status board keeps more).
@@ -118,7 +120,7 @@ def _memory(engine: Engine, cache: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _model(state: ServerState) -> dict[str, Any]:
+def _model(state: ServerState, adapters: Sequence[AdapterEntry]) -> dict[str, Any]:
     engine = state.engine
     loaded = engine.model
     parsing = (
@@ -143,10 +145,14 @@ def _model(state: ServerState) -> dict[str, Any]:
         "output_parsing": parsing,
         "sampling_defaults": state.sampling_defaults.as_dict(),
         "speculation": engine.speculation_status(),
+        # LoRA adapters served on it: each a model name of its own.
+        "adapters": [
+            {"name": a.name, "path": a.path, "aliases": list(a.aliases)} for a in adapters
+        ],
     }
 
 
-def dashboard_snapshot(state: ServerState) -> dict[str, Any]:
+def dashboard_snapshot(state: ServerState, adapters: Sequence[AdapterEntry] = ()) -> dict[str, Any]:
     engine = state.engine
     cache = _cache(engine)
     return {
@@ -157,7 +163,7 @@ def dashboard_snapshot(state: ServerState) -> dict[str, Any]:
             "time": round(time.time(), 3),
             "api_key_required": state.api_key is not None,
         },
-        "models": [_model(state)],
+        "models": [_model(state, adapters)],
         "requests": _requests(engine),
         "cache": cache,
         "memory": _memory(engine, cache),

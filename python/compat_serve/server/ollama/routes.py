@@ -22,7 +22,13 @@ from compat_serve.parsers import OutputParser
 from compat_serve.server.clients import client_label
 from compat_serve.server.disconnect import aborting_on_disconnect
 from compat_serve.server.errors import ApiError, generation_error
-from compat_serve.server.generation import admit_chat, model_state, new_id, submit
+from compat_serve.server.generation import (
+    admit_chat,
+    model_state,
+    new_id,
+    request_adapter,
+    submit,
+)
 from compat_serve.server.images import reads_images
 from compat_serve.server.keys import cache_salt
 from compat_serve.server.lifecycle import shutdown_error
@@ -112,6 +118,7 @@ async def generate(request: Request) -> JSONResponse | StreamingResponse:
             cache_salt=cache_salt(request, per_key=state.cache_salt_per_key),
             grammar=chat_request.grammar,
             client=client_label(request),
+            adapter=request_adapter(request),
         )
         output = TurnOutput(stream, OutputParser())
     else:

@@ -23,6 +23,7 @@ from compat_serve.server.generation import (
     model_hub,
     model_state,
     new_id,
+    request_adapter,
     submit,
 )
 from compat_serve.server.images import reads_images
@@ -211,7 +212,13 @@ async def _completions(body: CompletionRequest, request: Request) -> Any:
     response_id = new_id("cmpl-")
     salt = cache_salt(request, per_key=state.cache_salt_per_key)
     stream = submit(
-        state, response_id, prompt_ids, sampling, cache_salt=salt, client=client_label(request)
+        state,
+        response_id,
+        prompt_ids,
+        sampling,
+        cache_salt=salt,
+        client=client_label(request),
+        adapter=request_adapter(request),
     )
     created = int(time.time())
     echo = prompt if (body.echo and isinstance(prompt, str)) else ""

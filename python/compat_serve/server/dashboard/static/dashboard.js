@@ -368,6 +368,7 @@ function renderModel(snap) {
     ["KV format", kvFormat(model)],
     ["KV room", `${fmtInt(snap.memory.kv_tokens_capacity)} tokens`],
     ["capabilities", model.capabilities.join(", ")],
+    ["LoRA adapters", (model.adapters || []).map((a) => a.name).join(", ") || "none"],
     ["tool calls", model.output_parsing.tool_calls],
     ["reasoning", model.output_parsing.reasoning],
     ["speculation", spec.mode || "off"],
