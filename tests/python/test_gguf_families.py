@@ -16,12 +16,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear
+from mlx.utils import tree_flatten
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 from mlx_lm.utils import load_model
 
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.gguf import load_gguf, read_gguf, requantize_dense
 from compat_serve.models.gguf_header import read_tensor_table
+from compat_serve.models.weight_estimate import estimate_weight_bytes
 from tests.tiny_gguf import CASES, small_tokenizer_fields, write_case
 from tests.tiny_gguf_kquants import random_k_blocks, write_k_quant_case
 
@@ -167,6 +169,9 @@ def test_k_quants_mlx_reads_load_and_stay_quantized(tmp_path: Path, name: str) -
     got = np.array(again.astype(mx.float32)).reshape(8, -1, 32)
     step = np.ptp(expected.reshape(8, -1, 32), axis=-1) / (2**bits - 1)
     assert (np.abs(got - expected.reshape(8, -1, 32)).max(axis=-1) / step).max() <= 1.1
+    # The memory estimate counts what the loader keeps: the requantized triple.
+    kept = sum(int(array.nbytes) for array in weights.values())
+    assert estimate_weight_bytes(str(path), "quantized") == kept
 
 
 def test_q4_k_is_read_from_its_bytes(tmp_path: Path) -> None:
@@ -201,6 +206,9 @@ def test_q4_k_model_gives_the_directorys_logits(
     reference, _ = load_model(ref_dir)
     loaded = load_gguf(str(path), dtype=dtype)
     assert loaded.dtype == ("quantized-4bit" if dtype else "float32")
+    # The memory estimate is what this load made (Q4_K kept 4-bit, not float16).
+    loaded_bytes = sum(int(a.nbytes) for _, a in tree_flatten(loaded.model.parameters()))
+    assert estimate_weight_bytes(str(path), dtype) == loaded_bytes
     expected = reference(TOKENS)
     scale = float(mx.abs(expected).max())
     # float16 sub-block scales (above) against the float32 reference.

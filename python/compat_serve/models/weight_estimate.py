@@ -9,8 +9,8 @@ each tensor becomes under that plan:
 
 - kept as stored (`quantized`, or `auto` on Metal/CUDA): MLX's own layout of the stored
   tensor (a GGUF Q4_0/Q4_1/Q8_0 tensor becomes an MLX affine triple of packed weight,
-  f16 scales and f16 biases per group of 32; other GGUF quantized types, which MLX reads
-  as float16, count 2 bytes a weight);
+  f16 scales and f16 biases per group of 32, as are Q4_K, and Q6_K/Q2_K quantized again
+  at 8/4 bits);
 - dense (`auto` on the CPU, `float32`, `float16`, `bfloat16`): every floating or quantized
   weight as a dense tensor of that dtype; integer tensors as stored.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import struct
 from collections.abc import Iterable, Mapping
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from compat_serve.models.errors import ModelLoadError
+from compat_serve.models.gguf_header import read_tensor_table
 from compat_serve.models.weights import Backend, resolve_dtype
 
 __all__ = [
@@ -57,11 +57,14 @@ _SAFETENSORS_TYPES = {
     "U8": (1, False),
     "BOOL": (1, False),
 }
-# GGUF (ggml) tensor types MLX loads as stored: 0 F32, 1 F16, 30 BF16, 24-27 I8..I64.
-_GGUF_DENSE = {0: 4, 1: 2, 30: 2}
-_GGUF_INTEGER = {24: 1, 25: 2, 26: 4, 27: 8}
-# Types `mx.load` turns into MLX affine quantization (group 32): Q4_0, Q4_1 -> 4 bits, Q8_0 -> 8.
-_GGUF_MLX_QUANT_BITS = {2: 4, 3: 4, 8: 8}
+# GGUF tensor types as the loader keeps them (models/gguf.py): dense types as stored, the
+# ones it reads as MLX affine quantization (group 32, f16 scale and bias per group) at their
+# bits: Q4_0/Q4_1/Q8_0 through mx.load, Q4_K from the file's bytes, Q6_K and Q2_K quantized
+# again (8 and 4 bits) where their rows split into groups of 32.
+_GGUF_DENSE = {"F32": 4, "F16": 2, "BF16": 2}
+_GGUF_INTEGER = {"I8": 1, "I16": 2, "I32": 4, "I64": 8}
+_GGUF_MLX_QUANT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4}
+_GGUF_REQUANTIZED_BITS = {"Q6_K": 8, "Q2_K": 4}
 _GGUF_GROUP = 32
 
 
@@ -79,93 +82,28 @@ class StoredTensor:
 
 # ---- GGUF ---------------------------------------------------------------------------------
 
-# GGUF metadata value types -> struct format of a scalar (8: string, 9: array).
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q"}
-_GGUF_SCALARS.update({11: "q", 12: "d"})
 
-
-class _Header:
-    """A cursor over a GGUF file mapped in memory (the header is read in place: a
-    tokenizer's 100k strings are skipped without a system call each)."""
-
-    def __init__(self, data: mmap.mmap, path: str) -> None:
-        self.data, self.path, self.at = data, path, 0
-
-    def take(self, fmt: str) -> Any:
-        size = struct.calcsize("<" + fmt)
-        if self.at + size > len(self.data):
-            raise ModelLoadError(f"{self.path}: truncated GGUF header")
-        value = struct.unpack_from("<" + fmt, self.data, self.at)[0]
-        self.at += size
-        return value
-
-    def skip(self, size: int) -> None:
-        self.at += size
-        if self.at > len(self.data):
-            raise ModelLoadError(f"{self.path}: truncated GGUF header")
-
-    def string(self) -> str:
-        size = self.take("Q")
-        text = bytes(self.data[self.at : self.at + size]).decode("utf-8", errors="replace")
-        self.skip(size)
-        return text
-
-    def skip_value(self, kind: int) -> None:
-        if kind == 8:
-            self.skip(self.take("Q"))
-        elif kind == 9:
-            item_kind, count = self.take("I"), self.take("Q")
-            if item_kind in _GGUF_SCALARS:  # fixed-size items: one skip
-                self.skip(count * struct.calcsize("<" + _GGUF_SCALARS[item_kind]))
-            else:
-                for _ in range(count):
-                    self.skip_value(item_kind)
-        elif kind in _GGUF_SCALARS:
-            self.skip(struct.calcsize("<" + _GGUF_SCALARS[kind]))
-        else:
-            raise ModelLoadError(f"{self.path}: unknown GGUF metadata type {kind}")
-
-
-def _gguf_stored_bytes(kind: int, elements: int) -> tuple[int, bool]:
-    if kind in _GGUF_DENSE:
-        return elements * _GGUF_DENSE[kind], True
-    if kind in _GGUF_INTEGER:
-        return elements * _GGUF_INTEGER[kind], False
-    if kind in _GGUF_MLX_QUANT_BITS:
+def _gguf_stored_bytes(type_name: str, shape: tuple[int, ...]) -> tuple[int, bool]:
+    elements = math.prod(shape)
+    if type_name in _GGUF_DENSE:
+        return elements * _GGUF_DENSE[type_name], True
+    if type_name in _GGUF_INTEGER:
+        return elements * _GGUF_INTEGER[type_name], False
+    bits = _GGUF_MLX_QUANT_BITS.get(type_name)
+    if bits is None and len(shape) >= 2 and shape[-1] % _GGUF_GROUP == 0:
+        bits = _GGUF_REQUANTIZED_BITS.get(type_name)
+    if bits is not None:
         groups = math.ceil(elements / _GGUF_GROUP)
-        return elements * _GGUF_MLX_QUANT_BITS[kind] // 8 + groups * 2 * 2, True
-    return elements * 2, True  # other quantized types: MLX dequantizes them to float16
+        return elements * bits // 8 + groups * 2 * 2, True
+    return elements * 2, True  # what MLX reads as float16 (the loader refuses the rest)
 
 
 def gguf_tensors(path: str) -> list[StoredTensor]:
     """The tensor table of a GGUF file (version 2 or 3), read without its data."""
-    try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return _gguf_table(_Header(data, path))
-    except (OSError, ValueError) as exc:  # ValueError: an empty file cannot be mapped
-        raise ModelLoadError(f"cannot read GGUF {path}: {exc}") from exc
-
-
-def _gguf_table(header: _Header) -> list[StoredTensor]:
-    if bytes(header.data[:4]) != b"GGUF":
-        raise ModelLoadError(f"{header.path}: not a GGUF file")
-    header.skip(4)
-    if header.take("I") not in (2, 3):
-        raise ModelLoadError(f"{header.path}: unsupported GGUF version")
-    n_tensors, n_meta = header.take("Q"), header.take("Q")
-    for _ in range(n_meta):
-        header.skip(header.take("Q"))  # the key
-        header.skip_value(header.take("I"))
-    tensors = []
-    for _ in range(n_tensors):
-        name = header.string()
-        dims = [header.take("Q") for _ in range(header.take("I"))]
-        kind = header.take("I")
-        header.skip(8)  # offset of the data
-        elements = math.prod(dims)
-        stored, floating = _gguf_stored_bytes(kind, elements)
-        tensors.append(StoredTensor(name, elements, stored, floating))
-    return tensors
+    return [
+        StoredTensor(t.name, math.prod(t.shape), *_gguf_stored_bytes(t.type_name, t.shape))
+        for t in read_tensor_table(path)
+    ]
 
 
 # ---- safetensors directories -------------------------------------------------------------
