@@ -307,3 +307,46 @@ def test_models_dir_lists_and_serves_family_ggufs(models_dir_server: str) -> Non
     message = reply.json()["error"]["message"]
     assert "stored as Q5_K, a GGUF type MLX cannot read" in message
     assert "llama-quantize" in message
+
+
+def test_an_ollama_store_serves_its_blobs_to_the_ollama_client(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """`--models-dir ~/.ollama/models`: Ollama names its GGUF files by digest, with no
+    suffix, behind manifests; the Ollama client lists and chats with them by Ollama's names."""
+    import json
+
+    import ollama
+
+    from compat_serve.bootstrap import ServeOptions
+    from compat_serve.serve_models import ModelFlags, build_hub
+    from compat_serve.server.app import create_app
+    from tests.conftest import run_app
+
+    store = tmp_path_factory.mktemp("ollama") / "models"
+    (store / "blobs").mkdir(parents=True)
+    _, path = write_case(
+        tmp_path_factory.mktemp("qwen3"), "qwen3", "Q8_0", small_tokenizer_fields()
+    )
+    path.rename(store / "blobs" / "sha256-0123abcd")
+    manifest = store / "manifests" / "registry.ollama.ai" / "library" / "qwen3-tiny" / "q8"
+    manifest.parent.mkdir(parents=True)
+    layer = {"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:0123abcd"}
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [layer]}))
+
+    hub = build_hub(ServeOptions(), ModelFlags(models_dir=str(store.parent)))
+    running = run_app(create_app(hub), hub)
+    try:
+        client = ollama.Client(host=running.base_url)
+        [listed] = client.list().models
+        assert listed.model == "qwen3-tiny:q8"
+        assert listed.details is not None and listed.details.format == "gguf"
+        reply = client.chat(
+            model="qwen3-tiny:q8",
+            messages=[{"role": "user", "content": "Hi"}],
+            options={"num_predict": 4},
+        )
+        assert reply.model == "qwen3-tiny:q8"
+        assert reply.eval_count and reply.eval_count >= 1
+    finally:
+        running.stop()

@@ -3,6 +3,7 @@ model is loaded here; model paths are empty `.gguf` files and config.json direct
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,46 @@ def test_relative_option_paths_resolve_beside_the_file(models: Path) -> None:
     text = "models:\n  - id: a\n    path: fast.gguf\n    cache_dir: cache/a\n"
     (entry,) = load_models_file(_write(models, text))
     assert entry.options["cache_dir"] == str(models / "cache" / "a")
+
+
+_MODEL_LAYER = "application/vnd.ollama.image.model"
+
+
+def _ollama_manifest(
+    store: Path, name: str, tag: str, digest: str, media: str = _MODEL_LAYER
+) -> None:
+    manifest = store / "manifests" / "registry.ollama.ai" / name / tag
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    layer = {"mediaType": media, "digest": f"sha256:{digest}"}
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [layer]}))
+
+
+def test_an_ollama_store_lists_its_gguf_blobs_under_ollamas_names(tmp_path: Path) -> None:
+    store = tmp_path / ".ollama" / "models"
+    (store / "blobs").mkdir(parents=True)
+    for digest in ("aa11", "bb22"):
+        (store / "blobs" / f"sha256-{digest}").write_bytes(b"GGUF" + bytes(60))
+    (store / "blobs" / "sha256-cc33").write_text("{}")  # a template layer: not a GGUF
+    _ollama_manifest(store, "library/qwen3", "latest", "aa11")
+    _ollama_manifest(store, "library/qwen3", "8b", "aa11")
+    _ollama_manifest(store, "me/coder", "q4", "bb22")
+    # A manifest whose model blob is missing, one with no model layer, one not JSON.
+    _ollama_manifest(store, "library/gone", "latest", "dd44")
+    _ollama_manifest(store, "library/tmpl", "latest", "cc33", media="x")
+    (store / "manifests" / "registry.ollama.ai" / "library" / "tmpl" / "broken").write_text("{")
+
+    for root in (store, store.parent):  # ~/.ollama/models or ~/.ollama
+        entries = entries_from_dir(str(root))
+        assert [(e.id, Path(e.path or "").name) for e in entries] == [
+            ("qwen3:8b", "sha256-aa11"),
+            ("qwen3", "sha256-aa11"),
+            ("me/coder:q4", "sha256-bb22"),
+        ]
+    assert is_model_path(store / "blobs" / "sha256-aa11")
+    assert not is_model_path(store / "blobs" / "sha256-cc33")
+
+    for manifest in (store / "manifests").rglob("*"):
+        if manifest.is_file() and "gone" not in str(manifest):
+            manifest.unlink()
+    with pytest.raises(ValueError, match="an Ollama store with no GGUF models in it"):
+        entries_from_dir(str(store))

@@ -113,7 +113,7 @@ def _read_typed(path: str) -> tuple[dict[str, mx.array], GGUFMetadata, dict[str,
         raise ModelLoadError(f"GGUF file not found: {path}")
     table = _refuse_unreadable(path)
     try:
-        loaded: Any = mx.load(path, return_metadata=True)
+        loaded: Any = mx.load(path, format="gguf", return_metadata=True)
     except Exception as exc:
         raise ModelLoadError(f"cannot read GGUF {path}: {exc}") from exc
     weights, raw_meta = loaded

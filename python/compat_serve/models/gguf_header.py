@@ -11,12 +11,19 @@ tensors itself from their offsets (gguf_q4k.py).
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 
 from compat_serve.models.errors import ModelLoadError
 
-__all__ = ["GGML_TYPE_NAMES", "MX_READABLE_TYPES", "GGUFTensorInfo", "read_tensor_table"]
+__all__ = [
+    "GGML_TYPE_NAMES",
+    "MX_READABLE_TYPES",
+    "GGUFTensorInfo",
+    "is_gguf_file",
+    "read_tensor_table",
+]
 
 # ggml's `enum ggml_type` (ggml/include/ggml.h); gaps are removed types.
 GGML_TYPE_NAMES: dict[int, str] = {
@@ -122,3 +129,17 @@ def _table(r: _Reader) -> list[GGUFTensorInfo]:
         entries.append((name, type_name, tuple(reversed(dims)), offset))
     data_start = -(-r.pos // alignment) * alignment
     return [GGUFTensorInfo(n, t, shape, data_start + off) for n, t, shape, off in entries]
+
+
+def is_gguf_file(path: str | os.PathLike[str]) -> bool:
+    """A file named `.gguf`, or one that starts with GGUF's magic (Ollama's blobs are
+    named by their digest, with no suffix)."""
+    if not os.path.isfile(path):
+        return False
+    if str(path).lower().endswith(".gguf"):
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False

@@ -142,7 +142,9 @@ def _dispatch(spec: str | None, dtype: str | None) -> LoadSteps[LoadedModel]:
         )
     path = Path(spec).expanduser()
     if path.is_file():
-        if path.suffix.lower() == ".gguf":
+        from compat_serve.models.gguf_header import is_gguf_file
+
+        if is_gguf_file(path):
             from compat_serve.models.gguf import load_gguf_steps
 
             loaded = yield from load_gguf_steps(str(path), dtype=dtype, source=str(path))

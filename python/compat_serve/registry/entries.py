@@ -5,10 +5,12 @@ An entry is configuration only; whether it is loaded lives in the hub (registry/
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from compat_serve.models.gguf_header import is_gguf_file
 from compat_serve.registry.adapters import AdapterEntry
 
 # The options a model may set for itself in a --models file, with the CLI's names (as
@@ -74,9 +76,9 @@ class ModelEntry:
 
 
 def is_model_path(path: Path) -> bool:
-    """A `.gguf` file, or a directory holding an MLX/HF model (its config.json)."""
+    """A GGUF file, or a directory holding an MLX/HF model (its config.json)."""
     if path.is_file():
-        return path.suffix.lower() == ".gguf"
+        return is_gguf_file(path)
     return path.is_dir() and (path / "config.json").is_file()
 
 
@@ -86,6 +88,9 @@ def entries_from_dir(directory: str) -> list[ModelEntry]:
     root = Path(directory)
     if not root.is_dir():
         raise ValueError(f"--models-dir {directory}: not a directory")
+    store = ollama_store(root)
+    if store is not None:
+        return _ollama_entries(store, directory)
     entries = []
     for child in sorted(root.iterdir(), key=lambda p: p.name):
         if child.name.startswith(".") or not is_model_path(child):
@@ -97,4 +102,42 @@ def entries_from_dir(directory: str) -> list[ModelEntry]:
             f"--models-dir {directory}: no models in it (a model is a .gguf file or a "
             "directory with a config.json)"
         )
+    return entries
+
+
+# Ollama's model store (`~/.ollama/models`): `manifests/<registry>/<namespace>/<model>/<tag>`
+# are JSON manifests whose layer of this media type names the GGUF blob by its digest,
+# stored as `blobs/sha256-<hex>`.
+_OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+
+
+def ollama_store(root: Path) -> Path | None:
+    """`root` itself, or `root/models` (`~/.ollama`), when it holds Ollama's manifests and
+    blobs; else None."""
+    for candidate in (root, root / "models"):
+        if (candidate / "manifests").is_dir() and (candidate / "blobs").is_dir():
+            return candidate
+    return None
+
+
+def _ollama_entries(store: Path, directory: str) -> list[ModelEntry]:
+    """One entry per manifest whose model layer is a GGUF blob present in the store, its id
+    Ollama's own name (`qwen3:8b`; `name` for the `latest` tag; `namespace/name:tag` outside
+    the `library` namespace), so Ollama clients ask for it as they did."""
+    entries = []
+    for manifest in sorted(p for p in (store / "manifests").glob("*/*/*/*") if p.is_file()):
+        namespace, model, tag = manifest.parts[-3:]
+        try:
+            layers = json.loads(manifest.read_text(encoding="utf-8")).get("layers", [])
+            digest = next(x["digest"] for x in layers if x.get("mediaType") == _OLLAMA_MODEL_LAYER)
+        except (OSError, ValueError, AttributeError, KeyError, StopIteration, TypeError):
+            continue  # not a model manifest (a projector, a corrupt file)
+        blob = store / "blobs" / str(digest).replace(":", "-")
+        if not is_gguf_file(blob):
+            continue
+        name = model if namespace == "library" else f"{namespace}/{model}"
+        model_id = name if tag == "latest" else f"{name}:{tag}"
+        entries.append(ModelEntry(model_id, str(blob), origin=f"--models-dir {directory} (Ollama)"))
+    if not entries:
+        raise ValueError(f"--models-dir {directory}: an Ollama store with no GGUF models in it")
     return entries

@@ -34,6 +34,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from compat_serve import __version__
+from compat_serve.models.gguf_header import is_gguf_file
 from compat_serve.models.weight_report import weights_status
 from compat_serve.registry.adapters import AdapterEntry
 from compat_serve.registry.hub import ModelHub, ModelRequestError, ModelSlot
@@ -115,13 +116,18 @@ def _iso(ts: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
+def _file_format(path: str) -> str:
+    """ "gguf" for a GGUF file (Ollama's blobs have no suffix), else "mlx"."""
+    return "gguf" if path.lower().endswith(".gguf") or is_gguf_file(path) else "mlx"
+
+
 def _ollama_details(slot: ModelSlot) -> dict[str, Any]:
     state = slot.state
     path = slot.entry.path or "embedded.gguf"
     arch = _architecture(state) if state is not None else ""
     return {
         "parent_model": "",
-        "format": "gguf" if path.lower().endswith(".gguf") else "mlx",
+        "format": _file_format(path),
         "family": arch,
         "families": [arch] if arch else [],
         "parameter_size": "",
@@ -176,7 +182,7 @@ def _lmstudio_card(slot: ModelSlot) -> dict[str, Any]:
         "type": "llm",
         "publisher": "compat-serve",
         "arch": "unknown",
-        "compatibility_type": "gguf" if path.lower().endswith(".gguf") else "mlx",
+        "compatibility_type": _file_format(path),
         "quantization": "",
         # LM Studio's names for the two states.
         "state": "loaded" if slot.status == "loaded" else "not-loaded",
