@@ -1,0 +1,145 @@
+"""The embedding engine's scheduling (embeddings/scheduler.py) on a real tiny model:
+batches pool inputs of several requests around the oldest one, by length, under the
+token budget; each request gets its own rows back, equal to the model's forward of each
+input alone; and the host's weighted fairness (engine/host.py) gives a weighted engine
+its share of the thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from compat_serve.embeddings.loader import load_embedding_model
+from compat_serve.embeddings.model import EmbeddingModel
+from compat_serve.embeddings.scheduler import EmbeddingEngine, EmbeddingJob
+from compat_serve.engine.errors import EngineStopped
+from compat_serve.engine.host import EngineHost
+from tests.tiny_embedding_models import write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> EmbeddingModel:
+    root = tmp_path_factory.mktemp("tiny-embedding")
+    return load_embedding_model(write_tiny_model("bert_embedding", root))
+
+
+def _queue(engine: EmbeddingEngine, *lengths: list[int]) -> list[EmbeddingJob]:
+    """Jobs queued without a host (each a request of inputs of these lengths)."""
+    jobs = [EmbeddingJob("embed", [[5] * n for n in job]) for job in lengths]
+    for job in jobs:
+        engine._inbox.put(job)
+    assert engine._drain_inbox(0.0)
+    return jobs
+
+
+def test_a_batch_is_the_oldest_input_and_its_length_neighbours(model: EmbeddingModel) -> None:
+    engine = EmbeddingEngine(model, max_batch_tokens=64, max_batch_size=8)
+    jobs = _queue(engine, [30, 5], [6, 31, 7], [4])
+    first = engine.next_batch()
+    # The oldest (30 tokens) with the one of closest length; a third would pad to 93 > 64.
+    assert sorted(i.length for i in first) == [30, 31]
+    engine._drop(first)
+    second = engine.next_batch()
+    assert sorted(i.length for i in second) == [4, 5, 6, 7]
+    assert {i.job for i in second} == set(jobs)  # three requests in one forward
+    engine._drop(second)
+    assert not engine._hosted_has_work()
+
+
+def test_the_batch_size_bounds_a_step(model: EmbeddingModel) -> None:
+    engine = EmbeddingEngine(model, max_batch_tokens=10_000, max_batch_size=3)
+    _queue(engine, [8] * 5)
+    assert len(engine.next_batch()) == 3
+
+
+def test_requests_batched_together_get_each_inputs_own_vector(model: EmbeddingModel) -> None:
+    """Concurrent requests of mixed lengths, pooled into padded batches, each get the rows
+    the model computes for each input alone (1e-5, f32)."""
+    texts = ["the capital of france", "rust", "how to parse a token in python code", "sky"]
+    rows = [model.tokenize(t) for t in texts]
+    alone = [np.array(model.embed([row]))[0] for row in rows]
+    engine = EmbeddingEngine(model, max_batch_tokens=48)
+    engine.start()
+    try:
+
+        async def run() -> list[list[np.ndarray]]:
+            futures = [engine.submit("embed", [rows[i], rows[3 - i]]) for i in range(4)]
+            return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+
+        results = asyncio.run(run())
+    finally:
+        engine.shutdown()
+    for i, (a, b) in enumerate(results):
+        np.testing.assert_allclose(a, alone[i], atol=1e-5)
+        np.testing.assert_allclose(b, alone[3 - i], atol=1e-5)
+    assert any(inputs > 1 for inputs, _, _ in engine.step_log)  # batched, not one by one
+    assert all(padded <= 48 for _, padded, _ in engine.step_log)
+    assert engine.in_flight == 0
+
+
+def test_a_stopped_engine_refuses_and_fails_what_was_queued(model: EmbeddingModel) -> None:
+    engine = EmbeddingEngine(model)
+    queued = _queue(engine, [4])[0]
+    engine._hosted_finish(failed=False)
+    with pytest.raises(EngineStopped):
+        queued.future.result(timeout=1)
+    with pytest.raises(EngineStopped):
+        engine.submit("embed", [[5]])
+    started = EmbeddingEngine(model)
+    started.start()
+    try:
+        with pytest.raises(ValueError, match="cannot score"):
+            started.submit("score", [[5]])
+    finally:
+        started.shutdown()
+
+
+class _Busy:
+    """A hosted stand-in that always has work: each step spins for `step_s` (the host's
+    policy under test, not a model)."""
+
+    def __init__(self, name: str, step_s: float) -> None:
+        self.model = type("M", (), {"name": name})()
+        self._inbox: Any = __import__("queue").SimpleQueue()
+        self.step_s = step_s
+        self.seconds = 0.0
+        self.stop = threading.Event()
+        self.done = threading.Event()
+
+    def _drain_inbox(self, wait: float | None) -> bool:
+        return not self.stop.is_set()
+
+    def _hosted_has_work(self) -> bool:
+        return True
+
+    def _hosted_step(self) -> bool:
+        started = time.monotonic()
+        while time.monotonic() - started < self.step_s:
+            pass
+        self.seconds += time.monotonic() - started
+        return True
+
+    def _hosted_finish(self, *, failed: bool) -> None:
+        self.done.set()
+
+
+def test_a_weighted_engine_gets_its_share_of_the_thread() -> None:
+    """Weight 5 against 1: the weighted engine gets ~1/6 of the step time (the chat model
+    keeps ~5/6 of its solo speed while embedding batches run beside it)."""
+    host = EngineHost(name="compat-weight-test")
+    chat, embedding = _Busy("chat", 0.002), _Busy("embedding", 0.002)
+    host.attach(chat)
+    host.attach(embedding, weight=5.0)
+    time.sleep(0.6)
+    chat.stop.set()
+    embedding.stop.set()
+    host.wake.set()
+    assert chat.done.wait(5) and embedding.done.wait(5)
+    share = embedding.seconds / (chat.seconds + embedding.seconds)
+    assert 0.10 < share < 0.25, share
