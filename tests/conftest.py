@@ -22,6 +22,10 @@ from compat_serve.models.blas import ensure_fast_blas
 
 ensure_fast_blas()
 
+# Tiny embedding/reranker model directories and loads (#37), shared by tests/python and
+# tests/http.
+pytest_plugins = ["tests.embedding_fixtures"]
+
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
 

@@ -1,0 +1,164 @@
+"""Encoder checkpoints (BERT, XLM-RoBERTa, ModernBERT) as `EmbeddingModel`s: embedding
+models pooled per their sentence-transformers config, and cross-encoder rerankers
+(`*ForSequenceClassification` with one label)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from compat_serve.embeddings.decoders import read_weights
+from compat_serve.embeddings.encoders import (
+    BertForSequenceClassification,
+    BertModel,
+    EncoderConfig,
+    XLMRobertaForSequenceClassification,
+    sanitize_encoder_weights,
+)
+from compat_serve.embeddings.model import EmbeddingModel
+from compat_serve.embeddings.modernbert import (
+    ModernBertConfig,
+    ModernBertForSequenceClassification,
+    ModernBertModel,
+)
+from compat_serve.embeddings.st_config import SentenceTransformersConfig
+from compat_serve.embeddings.text_tokens import TextTokens
+from compat_serve.models.errors import ModelLoadError
+
+# Prefixes the task heads of HF checkpoints put before the encoder's own names.
+_ENCODER_PREFIXES = ("bert.", "roberta.", "model.")
+_HEAD_PREFIXES = ("cls.", "lm_head.", "head.", "decoder.", "classifier.")
+
+
+def max_tokens(model_limit: int, st: SentenceTransformersConfig) -> int:
+    """The model's position limit, or sentence-transformers' `max_seq_length` if lower."""
+    return min(model_limit, st.max_seq_length) if st.max_seq_length else model_limit
+
+
+def _labels(config: dict[str, Any], model_dir: Path) -> int:
+    id2label = config.get("id2label")
+    labels = len(id2label) if isinstance(id2label, dict) else int(config.get("num_labels", 2))
+    if labels != 1:
+        raise ModelLoadError(
+            f"{model_dir}: a classification head with {labels} labels; rerankers "
+            "need a single relevance logit"
+        )
+    return labels
+
+
+def cross_encoder_activation(config: dict[str, Any]) -> str:
+    """What sentence-transformers' CrossEncoder applies to a 1-label head's logit: the
+    activation its config names (`sentence_transformers.activation_fn`, or the older
+    `sbert_ce_default_activation_function`), else Sigmoid, its default for one label."""
+    st = config.get("sentence_transformers")
+    named = st.get("activation_fn") if isinstance(st, dict) else None
+    named = named or config.get("sbert_ce_default_activation_function")
+    if isinstance(named, str) and named.rsplit(".", 1)[-1] == "Identity":
+        return "identity"
+    return "sigmoid"
+
+
+def strip_encoder_prefix(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """The encoder's own parameters: task-head prefixes removed, task heads dropped."""
+    out: dict[str, mx.array] = {}
+    for name, value in weights.items():
+        for prefix in _ENCODER_PREFIXES:
+            if name.startswith(prefix):
+                out[name[len(prefix) :]] = value
+                break
+        else:
+            if not name.startswith(_HEAD_PREFIXES):
+                out[name] = value
+    return out
+
+
+def load_strict(module: nn.Module, weights: dict[str, mx.array], model_dir: Path) -> None:
+    try:
+        module.load_weights(list(weights.items()), strict=True)
+    except ValueError as exc:
+        raise ModelLoadError(f"{model_dir}: weights do not match the config: {exc}") from exc
+
+
+def encoder_model(
+    model_dir: Path,
+    config: dict[str, Any],
+    kind: str,
+    st: SentenceTransformersConfig,
+    tokens: TextTokens,
+) -> EmbeddingModel:
+    if isinstance(config.get("quantization"), dict):
+        raise ModelLoadError(f"{model_dir}: quantized encoder checkpoints are not supported")
+    model_type = str(config["model_type"])
+    weights = sanitize_encoder_weights(read_weights(model_dir))
+    embedder: nn.Module
+    reranker: nn.Module
+    if model_type == "modernbert":
+        mcfg = ModernBertConfig.from_dict(config)
+        limit, width, pad, vocab = (
+            mcfg.max_position_embeddings,
+            mcfg.hidden_size,
+            mcfg.pad_token_id,
+            mcfg.vocab_size,
+        )
+        if kind == "reranker":
+            reranker = ModernBertForSequenceClassification(mcfg, _labels(config, model_dir))
+        else:
+            embedder = ModernBertModel(mcfg)
+    else:
+        sep = tokens.token_id("[SEP]") if model_type == "bert" else None
+        cfg = EncoderConfig.from_dict(config, sep)
+        limit, width, pad, vocab = cfg.max_tokens, cfg.hidden_size, cfg.pad_token_id, cfg.vocab_size
+        if kind == "reranker":
+            labels = _labels(config, model_dir)
+            reranker = (
+                BertForSequenceClassification(cfg, labels)
+                if model_type == "bert"
+                else XLMRobertaForSequenceClassification(cfg, labels)
+            )
+        else:
+            own = strip_encoder_prefix(weights)
+            embedder = BertModel(cfg, pooler="pooler.dense.weight" in own)
+    common: dict[str, Any] = {
+        "name": model_dir.resolve().name,
+        "max_tokens": max_tokens(limit, st),
+        "dimensions": width,
+        "tokens": tokens,
+        "pad_id": pad,
+        "vocab_size": vocab,
+        "source": str(model_dir),
+    }
+    if kind == "reranker":
+        load_strict(reranker, weights, model_dir)
+        activation = cross_encoder_activation(config)
+        head: Any = reranker
+
+        def score(ids: mx.array, mask: mx.array, lengths: mx.array) -> mx.array:
+            del lengths
+            logit = head(ids, mask)[:, 0].astype(mx.float32)
+            return mx.sigmoid(logit) if activation == "sigmoid" else logit
+
+        return EmbeddingModel(
+            kind="reranker",
+            module=reranker,
+            score_forward=score,
+            pair_prompt=lambda tok, query, document: tok.encode_pair(query, document),
+            info={"activation": activation},
+            **common,
+        )
+    load_strict(embedder, strip_encoder_prefix(weights), model_dir)
+    forward: Any = embedder
+    return EmbeddingModel(
+        kind="embedding",
+        module=embedder,
+        hidden_forward=forward,
+        # Without a pooling config: mean, sentence-transformers' default for a bare
+        # Hugging Face encoder.
+        pooling=st.pooling or "mean",
+        normalize=st.normalize,
+        query_prompt=st.prompt(query=True),
+        document_prompt=st.prompt(query=False),
+        **common,
+    )
