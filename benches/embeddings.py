@@ -34,7 +34,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from _servers import BIN, _spawn, _wait_ready, free_port, log, make_client, stream_chat  # noqa: E402
-
 from compat_serve.models.blas import ensure_fast_blas  # noqa: E402
 
 ensure_fast_blas()
@@ -140,7 +139,7 @@ def throughput(rounds: int) -> list[str]:
             rows = rows_all[:batch]
             repeats = max(1, 64 // batch)
             rates: dict[str, list[float]] = {name: [] for name in runners}
-            for name, run in runners.items():
+            for run in runners.values():
                 run(rows)  # warm-up (shapes compiled, buffers allocated)
             for _ in range(rounds):
                 for name, run in runners.items():
@@ -197,6 +196,15 @@ def _decode_tok_s(client: httpx.Client, base: str) -> float:
     return (tokens - 1) / (result.done - result.first_token)
 
 
+def _embed_loop(base: str, batch: list[str], stop: threading.Event, done: list[int]) -> None:
+    """Embedding batches back to back until `stop`; inputs embedded added to `done[0]`."""
+    with httpx.Client(timeout=300) as client:
+        while not stop.is_set():
+            r = client.post(f"{base}/v1/embeddings", json={"model": "embed", "input": batch})
+            assert r.status_code == 200, r.text
+            done[0] += len(batch)
+
+
 def _decode_rounds(base: str, rounds: int) -> list[str]:
     batch = texts(32)
     client = make_client()
@@ -210,15 +218,7 @@ def _decode_rounds(base: str, rounds: int) -> list[str]:
         alone.append(_decode_tok_s(client, base))
         stop = threading.Event()
         done = [0]
-
-        def embed_loop() -> None:
-            with httpx.Client(timeout=300) as c:
-                while not stop.is_set():
-                    r = c.post(f"{base}/v1/embeddings", json={"model": "embed", "input": batch})
-                    assert r.status_code == 200, r.text
-                    done[0] += len(batch)
-
-        worker = threading.Thread(target=embed_loop, daemon=True)
+        worker = threading.Thread(target=_embed_loop, args=(base, batch, stop, done), daemon=True)
         worker.start()
         time.sleep(0.5)  # the embedding stream is under way
         started = time.perf_counter()
@@ -246,7 +246,7 @@ def main() -> None:
     args = parser.parse_args()
     lines: list[str] = []
     if args.only != "decode":
-        lines += throughput(args.rounds) + [""]
+        lines += [*throughput(args.rounds), ""]
     if args.only != "throughput":
         lines += decode_beside_embeddings(args.rounds)
     print("\n".join(lines))

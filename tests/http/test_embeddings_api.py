@@ -11,7 +11,7 @@ request (tests/tiny_embedding_models.py)."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +23,9 @@ import openai
 import pytest
 
 from compat_serve.bootstrap import ServeOptions, build_state
-from compat_serve.embeddings.loader import load_embedding_model
 from compat_serve.serve_models import ModelFlags, build_hub
 from compat_serve.server.app import create_app
 from tests.conftest import RunningServer, run_app
-from tests.tiny_embedding_models import write_tiny_model
 
 if TYPE_CHECKING:
     from compat_serve.embeddings.model import EmbeddingModel
@@ -45,23 +43,24 @@ DOCUMENTS = ["paris is the capital city of france", "apple and orange fruit", "r
 
 
 @pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("embedding-models")
+def model_dirs(tiny_embedding_dir: Callable[[str], Path]) -> dict[str, Path]:
     return {
-        "embed": write_tiny_model("bert_embedding", root),
-        "rerank": write_tiny_model("bert_cross_encoder", root),
+        "embed": tiny_embedding_dir("bert_embedding"),
+        "rerank": tiny_embedding_dir("bert_cross_encoder"),
     }
 
 
 @pytest.fixture(scope="module")
-def embedder(model_dirs: dict[str, Path]) -> EmbeddingModel:
+def embedder(tiny_embedding_model: Callable[[str], EmbeddingModel]) -> EmbeddingModel:
     """The embedding model loaded on its own: its tokenizer and limits, for the tests."""
-    return load_embedding_model(model_dirs["embed"])
+    return tiny_embedding_model("bert_embedding")
 
 
 @pytest.fixture(scope="module")
 def served(
-    tiny_llama_model: LoadedModel, model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+    tiny_llama_model: LoadedModel,
+    model_dirs: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RunningServer]:
     file = tmp_path_factory.mktemp("models-file") / "models.yaml"
     file.write_text(
@@ -103,10 +102,14 @@ def test_openai_sdk_float_and_base64_decode_to_the_same_floats(served: RunningSe
     client = _openai(served)
     default = client.embeddings.create(model="embed", input=TEXTS)  # base64 on the wire
     floats = client.embeddings.create(model="embed", input=TEXTS, encoding_format="float")
-    raw = _post(served, "/v1/embeddings", {"model": "embed", "input": TEXTS[:1], "encoding_format": "base64"})
-    wire = np.frombuffer(base64.b64decode(raw.json()["data"][0]["embedding"]), dtype="<f4")
+    raw = _post(
+        served, "/v1/embeddings", {"model": "embed", "input": TEXTS, "encoding_format": "base64"}
+    )
+    wire = [
+        np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in raw.json()["data"]
+    ]
     assert [d.index for d in default.data] == [0, 1, 2, 3]
-    assert np.array_equal(np.array(default.data[0].embedding, dtype=np.float32), wire)
+    assert np.array_equal(np.array(default.data[3].embedding, dtype=np.float32), wire[3])
     for a, b in zip(default.data, floats.data, strict=True):
         assert np.array_equal(np.array(a.embedding, np.float32), np.array(b.embedding, np.float32))
     assert floats.usage.prompt_tokens == floats.usage.total_tokens > len(TEXTS)
@@ -130,7 +133,9 @@ def test_token_ids_embed_as_their_text(served: RunningServer, embedder: Embeddin
     np.testing.assert_allclose(_floats(served, ids[0]), _floats(served, TEXTS[:1]), atol=1e-6)
 
 
-def test_dimensions_truncate_then_renormalize(served: RunningServer, embedder: EmbeddingModel) -> None:
+def test_dimensions_truncate_then_renormalize(
+    served: RunningServer, embedder: EmbeddingModel
+) -> None:
     full = _floats(served, TEXTS[:2])
     width = embedder.dimensions // 2
     short = _floats(served, TEXTS[:2], dimensions=width)
@@ -225,7 +230,9 @@ def test_rerank_top_n_and_return_documents_as_cohere(served: RunningServer) -> N
         assert [r["document"]["text"] for r in results] == [DOCUMENTS[r["index"]] for r in results]
         scores = [r["relevance_score"] for r in results]
         assert scores == sorted(scores, reverse=True)
-        plain = _post(served, path, {"model": "rerank", "query": QUERY, "documents": DOCUMENTS, "top_n": 1})
+        plain = _post(
+            served, path, {"model": "rerank", "query": QUERY, "documents": DOCUMENTS, "top_n": 1}
+        )
         assert [set(r) for r in plain.json()["results"]] == [{"index", "relevance_score"}]
         assert plain.json()["usage"]["total_tokens"] > 0
 
@@ -324,7 +331,11 @@ def test_a_model_of_the_wrong_kind_is_a_400_naming_it(
         ("/v1/embeddings", {"model": "embed", "input": [[]]}, "input[0]: must not be empty"),
         ("/v1/embeddings", {"model": "embed", "input": ["a", [1, 2]]}, "not a mix"),
         ("/v1/embeddings", {"model": "embed", "input": [[10**9]]}, "out of range"),
-        ("/v1/embeddings", {"model": "embed", "input": "a", "encoding_format": "int8"}, "float or base64"),
+        (
+            "/v1/embeddings",
+            {"model": "embed", "input": "a", "encoding_format": "int8"},
+            "float or base64",
+        ),
         ("/v1/embeddings", {"model": "embed", "input": "a", "dimensions": 0}, "between 1 and"),
         ("/v1/embeddings", {"model": "embed", "input": "a", "dimensions": 10**6}, "between 1 and"),
         ("/api/embed", {"model": "embed", "input": ""}, "input[0]: must not be empty"),
@@ -350,7 +361,29 @@ def test_bad_input_is_a_400_in_the_apis_shape(
 
 def test_a_long_rerank_pair_is_a_400_naming_the_limit(served: RunningServer) -> None:
     long_doc = " ".join(["paris"] * 200)
-    response = _post(served, "/v1/rerank", {"model": "rerank", "query": "q", "documents": ["d", long_doc]})
+    response = _post(
+        served, "/v1/rerank", {"model": "rerank", "query": "q", "documents": ["d", long_doc]}
+    )
     assert response.status_code == 400
     assert "documents[1]" in response.json()["error"]["message"]
     assert "max_tokens of" in response.json()["error"]["message"]
+
+
+def test_an_embedding_model_alone_is_served_with_model(model_dirs: dict[str, Path]) -> None:
+    """`--model DIR` of an embedding model: it is the server's one model."""
+    hub = build_hub(ServeOptions(model=str(model_dirs["embed"])), ModelFlags())
+    running = run_app(create_app(hub), hub)
+    try:
+        base = running.base_url
+        response = httpx.post(f"{base}/v1/embeddings", json={"model": "x", "input": "sky"})
+        assert response.status_code == 200, response.text
+        assert len(response.json()["data"][0]["embedding"]) > 0
+        chat = httpx.post(f"{base}/v1/chat/completions", json={"model": "x", **_CHAT})
+        assert chat.status_code == 400
+        assert "is an embedding model" in chat.json()["error"]["message"]
+        assert httpx.get(f"{base}/health").status_code == 200
+        (card,) = httpx.get(f"{base}/v1/models").json()["data"]
+        assert card["kind"] == "embedding"
+        assert httpx.get(f"{base}/v1/status").json()["models"][0]["state"] == "loaded"
+    finally:
+        running.stop()

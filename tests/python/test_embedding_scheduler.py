@@ -9,24 +9,21 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
-from compat_serve.embeddings.loader import load_embedding_model
 from compat_serve.embeddings.model import EmbeddingModel
 from compat_serve.embeddings.scheduler import EmbeddingEngine, EmbeddingJob
 from compat_serve.engine.errors import EngineStopped
 from compat_serve.engine.host import EngineHost
-from tests.tiny_embedding_models import write_tiny_model
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> EmbeddingModel:
-    root = tmp_path_factory.mktemp("tiny-embedding")
-    return load_embedding_model(write_tiny_model("bert_embedding", root))
+def model(tiny_embedding_model: Callable[[str], EmbeddingModel]) -> EmbeddingModel:
+    return tiny_embedding_model("bert_embedding")
 
 
 def _queue(engine: EmbeddingEngine, *lengths: list[int]) -> list[EmbeddingJob]:

@@ -7,15 +7,15 @@ thread and an embedding model shares the memory budget and registry like any mod
 
 A step is one forward of one batch. Inputs of every queued request are pooled: the
 oldest waiting input always goes in (no request starves), then its neighbours in length
-order (similar lengths, little padding) while the padded batch (`longest × count`) stays
+order (similar lengths, little padding) while the padded batch (`longest x count`) stays
 under `max_batch_tokens` and `max_batch_size`. A batch of 32 texts of 128 tokens is one
 step at the default budget.
 
 Fairness with a chat model: the host gives the next step to the engine that has used the
 least step time. Alone that would split the thread half and half, and a chat model's
-decode would drop to ~0.5× its solo speed while embedding batches run. An embedding
+decode would drop to ~0.5x its solo speed while embedding batches run. An embedding
 step is therefore charged `STEP_WEIGHT` times its seconds, so when both have work the
-chat model gets `STEP_WEIGHT / (STEP_WEIGHT + 1)` of the thread (5: 83%, above the 0.8×
+chat model gets `STEP_WEIGHT / (STEP_WEIGHT + 1)` of the thread (5: 83%, above the 0.8x
 the issue asks) and the embedding model the rest; with nothing else to step, embedding
 steps run back to back at full speed. The batch budget bounds a step's length, so the
 chat model's streams never wait longer than one embedding batch between tokens.

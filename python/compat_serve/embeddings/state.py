@@ -5,6 +5,7 @@ options as a chat model; the chat-only options (templates, KV, parsers) do not a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compat_serve.embeddings.scheduler import EmbeddingEngine
@@ -68,7 +69,7 @@ def build_embedding_state(options: ServeOptions) -> EmbeddingState:
     from compat_serve.embeddings.loader import load_embedding_model
 
     assert options.model is not None  # the embedded default model is a chat model
-    return embedding_state(options, load_embedding_model(options.model, dtype=_dtype(options)))
+    return embedding_state(options, load_embedding_model(Path(options.model), dtype=options.dtype))
 
 
 def embedding_state_steps(options: ServeOptions) -> LoadSteps[EmbeddingState]:
@@ -76,9 +77,5 @@ def embedding_state_steps(options: ServeOptions) -> LoadSteps[EmbeddingState]:
     from compat_serve.embeddings.loader import load_embedding_model_steps
 
     assert options.model is not None
-    model = yield from load_embedding_model_steps(options.model, dtype=_dtype(options))
+    model = yield from load_embedding_model_steps(options.model, dtype=options.dtype)
     return embedding_state(options, model)
-
-
-def _dtype(options: ServeOptions) -> str | None:
-    return None if options.dtype == "auto" else options.dtype

@@ -59,7 +59,7 @@ class ModelSlot:
 
     @property
     def kind(self) -> str:
-        """"chat", "embedding" or "reranker": the resident model's, else read from its
+        """ "chat", "embedding" or "reranker": the resident model's, else read from its
         directory (config.json, sentence-transformers files) without loading it."""
         if self.state is not None:
             return model_kind_of(self.state)

@@ -76,9 +76,7 @@ async def model_state(request: Request, name: str | None) -> ServerState:
     return served
 
 
-async def served_model_state(
-    request: Request, name: str | None, *, want: str
-) -> ServedState:
+async def served_model_state(request: Request, name: str | None, *, want: str) -> ServedState:
     """The state of the model `name` routes to, which must be of kind `want` ("chat",
     "embedding" or "reranker"): else a 400 naming the model's kind and what it serves."""
     from compat_serve.embeddings.state import KIND_SERVES

@@ -87,7 +87,9 @@ def check_ids(model: EmbeddingModel, ids: list[list[int]], field: str) -> None:
                 raise bad(f"{field}[{i}]", f"token id {token} is out of range{limit}")
 
 
-async def tokenize(model: EmbeddingModel, items: Sequence[str], *, query: bool = False) -> list[list[int]]:
+async def tokenize(
+    model: EmbeddingModel, items: Sequence[str], *, query: bool = False
+) -> list[list[int]]:
     """Token ids of each text, off the event loop."""
     return await asyncio.to_thread(lambda: [model.tokenize(t, query=query) for t in items])
 
@@ -102,22 +104,21 @@ def fit(
     """Rows longer than `limit` tokens: cut to it when `truncate`, else a 400 with it."""
     out = []
     for i, row in enumerate(rows):
-        if len(row) > limit:
-            if not truncate:
-                raise ApiError(
-                    400,
-                    f"{field}[{i}]: the {what} has {len(row)} tokens, more than this model's "
-                    f"max_tokens of {limit}; shorten it"
-                    + ("" if what == "input" else " or set truncate"),
-                    param=field,
-                    code="input_too_long",
-                )
-            row = row[:limit]
-        out.append(row)
+        if len(row) > limit and not truncate:
+            raise ApiError(
+                400,
+                f"{field}[{i}]: the {what} has {len(row)} tokens, more than this model's "
+                f"max_tokens of {limit}; shorten it",
+                param=field,
+                code="input_too_long",
+            )
+        out.append(row[:limit])
     return out
 
 
-async def run(state: EmbeddingState, operation: Operation, rows: list[list[int]]) -> list[np.ndarray]:
+async def run(
+    state: EmbeddingState, operation: Operation, rows: list[list[int]]
+) -> list[np.ndarray]:
     """The rows' results from the model's engine (vectors, or one score each)."""
     if state.draining:
         raise shutdown_error()

@@ -22,6 +22,10 @@ class OpenAIEmbeddingRequest(_Body):
     encoding_format: str = "float"
     dimensions: Any = None
     user: str | None = None
+    # Not OpenAI's: Cohere's `input_type` / Jina's `task`; a query gets the model's query
+    # prompt (Qwen3-Embedding's instruction).
+    input_type: Any = None
+    task: Any = None
 
 
 class OllamaEmbedRequest(_Body):
@@ -60,7 +64,7 @@ class RerankRequest(_Body):
 
 
 class ScoreRequest(_Body):
-    """vLLM `POST /v1/score`: `text_1` against each of `text_2` (1×N), or pairwise (N×N)."""
+    """vLLM `POST /v1/score`: `text_1` against each of `text_2` (1xN), or pairwise (NxN)."""
 
     model: str | None = None
     text_1: Any = None

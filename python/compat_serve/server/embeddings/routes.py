@@ -48,8 +48,8 @@ async def _state(request: Request, name: str | None, kind: str) -> EmbeddingStat
     return state
 
 
-def _is_query(request_body: dict[str, Any]) -> bool:
-    marker = request_body.get("input_type", request_body.get("task"))
+def _is_query(body: OpenAIEmbeddingRequest) -> bool:
+    marker = body.input_type if body.input_type is not None else body.task
     return isinstance(marker, str) and marker in _QUERY_TYPES
 
 
@@ -65,10 +65,9 @@ async def openai_embeddings(request: Request, body: OpenAIEmbeddingRequest) -> d
     model = state.model
     width = inputs.dimensions(body.dimensions, int(model.dimensions))
     if isinstance(given[0], str):
-        extra = body.model_extra or {}
-        rows = await inputs.tokenize(model, given, query=_is_query(extra))  # type: ignore[arg-type]
+        rows = await inputs.tokenize(model, given, query=_is_query(body))
     else:
-        rows = given  # type: ignore[assignment]
+        rows = given
         inputs.check_ids(model, rows, "input")
     # OpenAI has no truncation flag: a long input is the client's to shorten.
     rows = inputs.fit(rows, state.context_length, truncate=False, field="input")
@@ -219,9 +218,9 @@ async def score(request: Request, body: ScoreRequest) -> dict[str, Any]:
     first = _score_texts(body.text_1, "text_1")
     second = _score_texts(body.text_2, "text_2")
     if len(first) == 1:
-        pairs = [(first[0], text) for text in second]  # 1×N
+        pairs = [(first[0], text) for text in second]  # 1xN
     elif len(first) == len(second):
-        pairs = list(zip(first, second, strict=True))  # N×N, pairwise
+        pairs = list(zip(first, second, strict=True))  # NxN, pairwise
     else:
         raise bad(
             "text_1",
