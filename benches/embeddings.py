@@ -3,10 +3,10 @@
 1. Inputs per second at batch 1, 32 and 256 of 128-token texts: ours (the embedding
    engine's scheduler and forward, embeddings/scheduler.py, on its host thread) against
    `mlx-embeddings`' own batched call (its BERT module, one padded forward per batch,
-   mean pooling and normalization as its `text_embeds`) on the same weights: a random
-   BERT of MiniLM-L6's size (6 layers, hidden 384, 12 heads, 22.7M parameters, f32),
-   written as a sentence-transformers directory (tests/tiny_embedding_models.py's
-   writer). Rounds alternate between the two; medians with min-max.
+   mean pooling and normalization as its `text_embeds`) on the same weights: a small
+   random BERT (4 layers, hidden 256, 4 heads, FFN 1024: 3.2M parameters besides its
+   tiny vocabulary's embeddings, f32), written as a sentence-transformers directory
+   (tests/tiny_embedding_models.py's writer). Rounds alternate; medians with min-max.
 2. The chat model's decode (embedded SmolLM2-135M, greedy, 48 tokens, one stream)
    through a real `compat-serve --models FILE --memory-budget 4GiB` holding both models,
    alone and while a client sends embedding batches of 32 such texts back to back
@@ -39,25 +39,25 @@ from compat_serve.models.blas import ensure_fast_blas  # noqa: E402
 ensure_fast_blas()
 
 TEXT_TOKENS = 128
-MINILM_SIZES = {
-    "hidden_size": 384,
-    "num_hidden_layers": 6,
-    "num_attention_heads": 12,
-    "intermediate_size": 1536,
+BENCH_SIZES = {
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "intermediate_size": 1024,
     "max_position_embeddings": 512,
 }
 
 
 def write_small_bert(parent: Path) -> Path:
-    """A random BERT of MiniLM-L6's size, as users have it (sentence-transformers files)."""
+    """A small random BERT (BENCH_SIZES), as users have it (sentence-transformers files)."""
     import json
 
     from tests import tiny_embedding_models as tiny
 
     saved = dict(tiny._BERT_SIZES)
-    tiny._BERT_SIZES.update(MINILM_SIZES)
+    tiny._BERT_SIZES.update(BENCH_SIZES)
     try:
-        model_dir = tiny.write_bert_embedding(parent / "bert-minilm-size")
+        model_dir = tiny.write_bert_embedding(parent / "bert-small")
     finally:
         tiny._BERT_SIZES.clear()
         tiny._BERT_SIZES.update(saved)
@@ -66,7 +66,9 @@ def write_small_bert(parent: Path) -> Path:
     )
     pooling = model_dir / "1_Pooling" / "config.json"
     config = json.loads(pooling.read_text())
-    pooling.write_text(json.dumps({**config, "word_embedding_dimension": 384}))
+    pooling.write_text(
+        json.dumps({**config, "word_embedding_dimension": BENCH_SIZES["hidden_size"]})
+    )
     return model_dir
 
 
@@ -131,7 +133,7 @@ def throughput(rounds: int) -> list[str]:
         assert {len(r) for r in rows_all} == {TEXT_TOKENS}, {len(r) for r in rows_all}
         runners = {"ours": ours(model_dir), "mlx-embeddings": theirs(model_dir)}
         lines = [
-            "inputs/s, 128-token texts, random BERT of MiniLM-L6's size (f32), "
+            "inputs/s, 128-token texts, random BERT (4 layers, hidden 256, f32), "
             f"median (min-max) of {rounds} alternating rounds",
             f"{'batch':>6} {'ours':>22} {'mlx-embeddings':>22} {'ratio':>6}",
         ]

@@ -18,7 +18,7 @@ import pytest
 from compat_serve.embeddings.model import EmbeddingModel
 from compat_serve.embeddings.scheduler import EmbeddingEngine, EmbeddingJob
 from compat_serve.engine.errors import EngineStopped
-from compat_serve.engine.host import EngineHost
+from compat_serve.engine.host import EngineHost, _Hosted
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +53,26 @@ def test_the_batch_size_bounds_a_step(model: EmbeddingModel) -> None:
     engine = EmbeddingEngine(model, max_batch_tokens=10_000, max_batch_size=3)
     _queue(engine, [8] * 5)
     assert len(engine.next_batch()) == 3
+
+
+def test_a_step_takes_what_the_forwards_do_in_the_target_time(model: EmbeddingModel) -> None:
+    """On a slow device a 4,096-token step would stall the chat model's streams for
+    seconds: the budget shrinks to what the measured forwards do in TARGET_STEP_S."""
+    from compat_serve.embeddings.scheduler import TARGET_STEP_S
+
+    engine = EmbeddingEngine(model, max_batch_tokens=4096)
+    assert engine.step_tokens == 4096  # nothing measured yet
+    engine._tokens_per_s = 40 / TARGET_STEP_S  # 40 padded tokens per step
+    assert engine.step_tokens == 40
+    _queue(engine, [10] * 6, [60])
+    host = EngineHost(name="compat-bound-test")
+    engine._host = host
+    assert len(engine.next_batch()) == 7  # alone: the whole budget
+    chat = _Busy("chat", 0.0)
+    host._hosted.append(_Hosted(chat, was_busy=True))  # another model with work
+    assert len(engine.next_batch()) == 4  # 4 x 10 tokens
+    engine._pending = engine._pending[-1:]
+    assert [i.length for i in engine.next_batch()] == [60]  # one input always goes through
 
 
 def test_requests_batched_together_get_each_inputs_own_vector(model: EmbeddingModel) -> None:

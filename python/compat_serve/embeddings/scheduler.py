@@ -17,8 +17,14 @@ decode would drop to ~0.5x its solo speed while embedding batches run. An embedd
 step is therefore charged `STEP_WEIGHT` times its seconds, so when both have work the
 chat model gets `STEP_WEIGHT / (STEP_WEIGHT + 1)` of the thread (5: 83%, above the 0.8x
 the issue asks) and the embedding model the rest; with nothing else to step, embedding
-steps run back to back at full speed. The batch budget bounds a step's length, so the
-chat model's streams never wait longer than one embedding batch between tokens.
+steps run back to back at full speed.
+
+The weight sets the shares; the step's length sets how long the chat model's streams
+wait between two tokens when an embedding step comes between them. Steps are therefore
+also bounded in time: the engine keeps the padded tokens per second its forwards reach
+and, while another model has work, takes at most `TARGET_STEP_S` of them per step (a
+GPU takes the whole 4,096-token budget; a slow CPU, a fraction of it); a single input
+always goes through. Alone, steps take the whole budget (the most inputs per second).
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ STEP_WEIGHT = 5.0
 # Padded tokens per forward (32 inputs of 128 tokens), and inputs per forward.
 MAX_BATCH_TOKENS = 4096
 MAX_BATCH_SIZE = 256
+# Seconds an embedding step aims to take at most (its token budget shrinks to fit).
+TARGET_STEP_S = 0.25
 # Requests queued at once before new ones are refused (429, like the chat engine's queue).
 MAX_QUEUED_REQUESTS = 256
 
@@ -117,6 +125,8 @@ class EmbeddingEngine:
         self._stopping = threading.Event()
         self._done = threading.Event()
         self._host: EngineHost | None = None
+        # Padded tokens per second of the forwards so far (None: none measured yet).
+        self._tokens_per_s: float | None = None
         # (inputs, padded tokens, seconds) of the last steps: benches and logs.
         self.step_log: list[tuple[int, int, float]] = []
 
@@ -219,8 +229,22 @@ class EmbeddingEngine:
                 _settle(job)
         self._drop(batch)
         padded = max(len(s) for s in sequences) * len(sequences)
-        self.step_log = [*self.step_log[-255:], (len(batch), padded, time.monotonic() - started)]
+        seconds = time.monotonic() - started
+        self.step_log = [*self.step_log[-255:], (len(batch), padded, seconds)]
+        rate = padded / max(seconds, 1e-6)
+        # A moving estimate: one odd step (a first call compiling shapes) does not set it.
+        self._tokens_per_s = (
+            rate if self._tokens_per_s is None else 0.7 * self._tokens_per_s + 0.3 * rate
+        )
         return True
+
+    @property
+    def step_tokens(self) -> int:
+        """Padded tokens a step beside another model's may take: the budget, or fewer
+        where the forwards measured so far would take longer than `TARGET_STEP_S`."""
+        if self._tokens_per_s is None:
+            return self.max_batch_tokens
+        return max(1, min(self.max_batch_tokens, int(self._tokens_per_s * TARGET_STEP_S)))
 
     def _forward(self, sequences: list[list[int]]) -> list[np.ndarray]:
         import mlx.core as mx
@@ -238,9 +262,11 @@ class EmbeddingEngine:
         self._pending = [item for item in self._pending if id(item) not in taken]
 
     def next_batch(self) -> list[_Input]:
-        """The oldest pending input and its length neighbours, under the batch budget."""
+        """The oldest pending input and its length neighbours, under the step's budget."""
         pending = sorted(self._pending, key=lambda item: (item.length, item.seq))
         oldest = min(range(len(pending)), key=lambda i: pending[i].seq)
+        contended = self._host is not None and self._host.others_busy(self)
+        budget = self.step_tokens if contended else self.max_batch_tokens
         low, high = oldest, oldest + 1  # the batch is pending[low:high]
         longest = pending[oldest].length
         while high - low < self.max_batch_size:
@@ -254,7 +280,7 @@ class EmbeddingEngine:
             )
             candidate = left if take_left else right
             assert candidate is not None
-            if max(longest, candidate.length) * (high - low + 1) > self.max_batch_tokens:
+            if max(longest, candidate.length) * (high - low + 1) > budget:
                 break
             longest = max(longest, candidate.length)
             if take_left:

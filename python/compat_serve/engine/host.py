@@ -189,6 +189,13 @@ class EngineHost:
                 return done, value
             label = value.label
 
+    def others_busy(self, engine: HostedEngine) -> bool:
+        """Whether an engine other than `engine` has work (on the host's thread: whether
+        a step of `engine` now delays another model's)."""
+        with self._lock:
+            hosted = list(self._hosted)
+        return any(h.was_busy for h in hosted if h.engine is not engine)
+
     def _others_waiting(self) -> bool:
         with self._lock:
             if self._slices:
