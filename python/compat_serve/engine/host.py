@@ -101,6 +101,9 @@ class EngineHost:
         self._loads = 0
         # Seconds of the last engine step: a load's share of the next turn.
         self._last_step_s = 0.0
+        # The fairness clock's floor: the least virtual time of the engines stepping, never
+        # decreasing (`_step`).
+        self._floor = 0.0
         self._lock = threading.Lock()
         self.wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -249,14 +252,14 @@ class EngineHost:
 
     def _step(self, busy: list[_Hosted]) -> None:
         """One step of the busy engine that has used the least step time."""
-        floor = (
-            min(h.virtual_s for h in busy if h.was_busy)
-            if any(h.was_busy for h in busy)
-            else min(h.virtual_s for h in busy)
-        )
+        running = [h.virtual_s for h in busy if h.was_busy]
+        # The floor never goes back: a model that was idle while another stepped alone
+        # re-enters at the clock that one reached, not at its own older time (which would
+        # be credit banked while idle: it would then hold the thread until it caught up).
+        self._floor = max(self._floor, min(running) if running else 0.0)
         for h in busy:
             if not h.was_busy:  # back from idle: no credit for the time it slept
-                h.virtual_s = max(h.virtual_s, floor)
+                h.virtual_s = max(h.virtual_s, self._floor)
                 h.was_busy = True
         chosen = min(busy, key=lambda h: (h.stalled, h.virtual_s))
         started = time.monotonic()

@@ -58,9 +58,6 @@ class RerankRequest(_Body):
     documents: Any = None
     top_n: Any = None
     return_documents: bool = False
-    # Cohere's: tokens per document, longer ones truncated (as Cohere does).
-    max_tokens_per_doc: Any = None
-    truncate: bool | None = None
 
 
 class ScoreRequest(_Body):

@@ -21,6 +21,7 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from compat_serve.embeddings.state import EmbeddingState
 from compat_serve.server.embeddings import inputs
@@ -57,7 +58,7 @@ def _is_query(body: OpenAIEmbeddingRequest) -> bool:
 
 
 @router.post("/v1/embeddings")
-async def openai_embeddings(request: Request, body: OpenAIEmbeddingRequest) -> dict[str, Any]:
+async def openai_embeddings(request: Request, body: OpenAIEmbeddingRequest) -> JSONResponse:
     given = inputs.texts_or_ids(body.input, "input")
     if body.encoding_format not in _ENCODINGS:
         raise bad("encoding_format", f"must be float or base64, not {body.encoding_format!r}")
@@ -73,26 +74,28 @@ async def openai_embeddings(request: Request, body: OpenAIEmbeddingRequest) -> d
     rows = inputs.fit(rows, state.context_length, truncate=False, field="input")
     vectors = await inputs.run(state, "embed", rows)
     tokens = sum(len(row) for row in rows)
-    return {
-        "object": "list",
-        "data": [
-            {
-                "object": "embedding",
-                "index": i,
-                "embedding": inputs.encoded(inputs.shaped(v, width), body.encoding_format),
-            }
-            for i, v in enumerate(vectors)
-        ],
-        "model": body.model or state.served_model_name,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }
+    return inputs.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": inputs.encoded(inputs.shaped(v, width), body.encoding_format),
+                }
+                for i, v in enumerate(vectors)
+            ],
+            "model": body.model or state.served_model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )
 
 
 # --- Ollama ------------------------------------------------------------------------------
 
 
 @router.post("/api/embed")
-async def ollama_embed(request: Request, body: OllamaEmbedRequest) -> dict[str, Any]:
+async def ollama_embed(request: Request, body: OllamaEmbedRequest) -> JSONResponse:
     started = time.monotonic()
     if not body.model:
         raise ApiError(400, "model is required", param="model")
@@ -103,17 +106,19 @@ async def ollama_embed(request: Request, body: OllamaEmbedRequest) -> dict[str, 
     rows = await inputs.tokenize(state.model, given)
     rows = inputs.fit(rows, state.context_length, truncate=body.truncate, field="input")
     vectors = await inputs.run(state, "embed", rows)
-    return {
-        "model": body.model,
-        "embeddings": [[float(x) for x in inputs.shaped(v, width)] for v in vectors],
-        "total_duration": _ns(time.monotonic() - started),
-        "load_duration": _ns(loaded - started),
-        "prompt_eval_count": sum(len(row) for row in rows),
-    }
+    return inputs.json_response(
+        {
+            "model": body.model,
+            "embeddings": [inputs.floats(inputs.shaped(v, width)) for v in vectors],
+            "total_duration": _ns(time.monotonic() - started),
+            "load_duration": _ns(loaded - started),
+            "prompt_eval_count": sum(len(row) for row in rows),
+        }
+    )
 
 
 @router.post("/api/embeddings")
-async def ollama_embeddings(request: Request, body: OllamaEmbeddingsRequest) -> dict[str, Any]:
+async def ollama_embeddings(request: Request, body: OllamaEmbeddingsRequest) -> JSONResponse:
     if not body.model:
         raise ApiError(400, "model is required", param="model")
     if not isinstance(body.prompt, str) or not body.prompt:
@@ -122,7 +127,7 @@ async def ollama_embeddings(request: Request, body: OllamaEmbeddingsRequest) -> 
     rows = await inputs.tokenize(state.model, [body.prompt])
     rows = inputs.fit(rows, state.context_length, truncate=True, field="prompt")
     (vector,) = await inputs.run(state, "embed", rows)
-    return {"embedding": [float(x) for x in vector]}
+    return inputs.json_response({"embedding": inputs.floats(vector)})
 
 
 def _ns(seconds: float) -> int:
