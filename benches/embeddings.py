@@ -165,8 +165,10 @@ def throughput(rounds: int) -> list[str]:
 
 
 def decode_beside_embeddings(rounds: int) -> list[str]:
+    from compat_serve.embeddings.scheduler import STEP_WEIGHT
+
     lines = []
-    for weight in ("5", "1"):
+    for weight in (f"{STEP_WEIGHT:g}", "1"):
         lines += [f"embedding step weight {weight}:", *_decode_server(rounds, weight)]
     return lines
 

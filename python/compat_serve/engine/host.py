@@ -7,8 +7,8 @@ engine with work that has used the least step time (its virtual time), so a back
 model's request is not starved by a main model that decodes without pause: a model that
 was idle re-enters at the busy ones' floor rather than with a head start of credit.
 An engine attached with a `weight` is charged that many seconds of virtual time per second
-of its steps: an embedding model (weight 5, embeddings/scheduler.py) gets a sixth of the
-thread while a chat model decodes beside it, and all of it when alone.
+of its steps: an embedding model (weight 7, embeddings/scheduler.py) gets an eighth of
+the thread while a chat model decodes beside it, and all of it when alone.
 When every engine with work is stalled (waiting for KV), the host sleeps a moment; with
 no work at all it sleeps until a submission wakes it.
 
