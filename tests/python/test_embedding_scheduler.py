@@ -128,12 +128,13 @@ class _Busy:
         self.seconds = 0.0
         self.stop = threading.Event()
         self.done = threading.Event()
+        self.has_work = True
 
     def _drain_inbox(self, wait: float | None) -> bool:
         return not self.stop.is_set()
 
     def _hosted_has_work(self) -> bool:
-        return True
+        return self.has_work
 
     def _hosted_step(self) -> bool:
         started = time.monotonic()
@@ -147,8 +148,7 @@ class _Busy:
 
 
 def test_a_weighted_engine_gets_its_share_of_the_thread() -> None:
-    """Weight 5 against 1: the weighted engine gets ~1/6 of the step time (the chat model
-    keeps ~5/6 of its solo speed while embedding batches run beside it)."""
+    """Weight 5 against 1: the weighted engine gets ~1/6 of the step time."""
     host = EngineHost(name="compat-weight-test")
     chat, embedding = _Busy("chat", 0.002), _Busy("embedding", 0.002)
     host.attach(chat)
@@ -160,3 +160,29 @@ def test_a_weighted_engine_gets_its_share_of_the_thread() -> None:
     assert chat.done.wait(5) and embedding.done.wait(5)
     share = embedding.seconds / (chat.seconds + embedding.seconds)
     assert 0.10 < share < 0.25, share
+
+
+def test_an_engine_idle_while_another_stepped_alone_banks_no_credit() -> None:
+    """An engine idle while the other stepped alone re-enters at that one's clock: from
+    then on they share the thread, rather than the late one holding it until its own
+    older clock catches up (which starved a chat model for seconds after an idle spell)."""
+    host = EngineHost(name="compat-floor-test")
+    first, late = _Busy("first", 0.002), _Busy("late", 0.002)
+    late.has_work = False
+    host.attach(first)
+    host.attach(late)
+    time.sleep(0.4)  # `first` steps alone
+    first.has_work = False  # between two of its requests...
+    late.has_work = True  # ...the other's work arrives
+    host.wake.set()
+    time.sleep(0.02)
+    first.has_work = True
+    first.seconds = late.seconds = 0.0
+    host.wake.set()
+    time.sleep(0.3)
+    share = late.seconds / (first.seconds + late.seconds)
+    first.stop.set()
+    late.stop.set()
+    host.wake.set()
+    assert first.done.wait(5) and late.done.wait(5)
+    assert 0.3 < share < 0.7, share
