@@ -6,8 +6,9 @@ sentence_bert_config.json).
 
 Kinds (`TINY_KINDS`): a Qwen3-Embedding-shaped decoder (last-token pooling, Normalize, a
 query instruction), BERT (mean + Normalize), ModernBERT (CLS + Normalize, a sliding window
-shorter than the test inputs), a Qwen3-Reranker-shaped causal LM, a BERT cross-encoder and
-an XLM-RoBERTa cross-encoder (bge-reranker's architecture).
+shorter than the test inputs), a Qwen3-Reranker-shaped causal LM and its
+sequence-classification conversion (same weights, a `score` row = "yes" - "no"), and
+cross-encoders: BERT, XLM-RoBERTa (bge-reranker's architecture) and ModernBERT.
 
 Encoder weights are drawn with numpy from a fixed seed (so layer norms and biases are not
 their trivial 1/0 init); decoder weights are mlx-lm's own random init under a fixed seed.
@@ -28,23 +29,101 @@ TINY_KINDS = (
     "bert_embedding",
     "modernbert_embedding",
     "qwen3_reranker",
+    "qwen3_reranker_seq_cls",
     "bert_cross_encoder",
     "xlm_roberta_cross_encoder",
+    "modernbert_cross_encoder",
 )
 
 # Words of the tiny vocabularies (and the BPE training text): enough for short code-search
 # and memory queries; anything else falls back to sub-words or [UNK].
 WORDS = (
-    "the a an of to in is it for on with as and or not this that how what where which "
-    "function class method file code search query document memory agent server model "
-    "python rust test error parse token cache prefix block hash request response value "
-    "list dict string number return import def fn let mut self none true false "
-    "embedding rerank vector score relevant passage answer question find read write "
-    "paris france capital city river apple orange fruit blue green sky sea"
-).split()
+    "the",
+    "a",
+    "an",
+    "of",
+    "to",
+    "in",
+    "is",
+    "it",
+    "for",
+    "on",
+    "with",
+    "as",
+    "and",
+    "or",
+    "not",
+    "this",
+    "that",
+    "how",
+    "what",
+    "where",
+    "which",
+    "function",
+    "class",
+    "method",
+    "file",
+    "code",
+    "search",
+    "query",
+    "document",
+    "memory",
+    "agent",
+    "server",
+    "model",
+    "python",
+    "rust",
+    "test",
+    "error",
+    "parse",
+    "token",
+    "cache",
+    "prefix",
+    "block",
+    "hash",
+    "request",
+    "response",
+    "value",
+    "list",
+    "dict",
+    "string",
+    "number",
+    "return",
+    "import",
+    "def",
+    "fn",
+    "let",
+    "mut",
+    "self",
+    "none",
+    "true",
+    "false",
+    "embedding",
+    "rerank",
+    "vector",
+    "score",
+    "relevant",
+    "passage",
+    "answer",
+    "question",
+    "find",
+    "read",
+    "write",
+    "paris",
+    "france",
+    "capital",
+    "city",
+    "river",
+    "apple",
+    "orange",
+    "fruit",
+    "blue",
+    "green",
+    "sky",
+    "sea",
+)
 QUERY_INSTRUCTION = (
-    "Instruct: Given a web search query, retrieve relevant passages that answer the query\n"
-    "Query:"
+    "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
 )
 _BPE_TEXT = [
     *(" ".join(WORDS[i : i + 9]) for i in range(0, len(WORDS), 9)),
@@ -117,7 +196,12 @@ def _sentence_transformers(
 ) -> None:
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
     ]
     if normalize:
         modules.append(
@@ -138,12 +222,16 @@ def _sentence_transformers(
         "pooling_mode_lasttoken": pooling == "lasttoken",
         "include_prompt": True,
     }
-    _write_json(model_dir / "1_Pooling" / "config.json", {"word_embedding_dimension": width, **flags})
+    _write_json(
+        model_dir / "1_Pooling" / "config.json", {"word_embedding_dimension": width, **flags}
+    )
     _write_json(
         model_dir / "config_sentence_transformers.json",
         {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"},
     )
-    _write_json(model_dir / "sentence_bert_config.json", {"max_seq_length": 48, "do_lower_case": False})
+    _write_json(
+        model_dir / "sentence_bert_config.json", {"max_seq_length": 48, "do_lower_case": False}
+    )
 
 
 def _random_like(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, mx.array]:
@@ -191,7 +279,9 @@ def write_bert_embedding(model_dir: Path) -> Path:
     from compat_serve.embeddings.encoders import BertModel, EncoderConfig
 
     vocab = _save_tokenizer(
-        model_dir, wordpiece_tokenizer(), {"tokenizer_class": "BertTokenizer", "do_lower_case": True}
+        model_dir,
+        wordpiece_tokenizer(),
+        {"tokenizer_class": "BertTokenizer", "do_lower_case": True},
     )
     config = _bert_config("BertModel", "bert", vocab, type_vocab_size=2, pad_token_id=0)
     _write_json(model_dir / "config.json", config)
@@ -205,7 +295,9 @@ def write_bert_cross_encoder(model_dir: Path) -> Path:
     from compat_serve.embeddings.encoders import BertForSequenceClassification, EncoderConfig
 
     vocab = _save_tokenizer(
-        model_dir, wordpiece_tokenizer(), {"tokenizer_class": "BertTokenizer", "do_lower_case": True}
+        model_dir,
+        wordpiece_tokenizer(),
+        {"tokenizer_class": "BertTokenizer", "do_lower_case": True},
     )
     config = _bert_config(
         "BertForSequenceClassification",
@@ -248,13 +340,8 @@ def write_xlm_roberta_cross_encoder(model_dir: Path) -> Path:
     return model_dir
 
 
-def write_modernbert_embedding(model_dir: Path) -> Path:
-    from compat_serve.embeddings.modernbert import ModernBertConfig, ModernBertModel
-
-    vocab = _save_tokenizer(
-        model_dir, wordpiece_tokenizer(), {"tokenizer_class": "PreTrainedTokenizerFast"}
-    )
-    config = {
+def _modernbert_config(vocab: int, **extra: Any) -> dict[str, Any]:
+    return {
         "architectures": ["ModernBertModel"],
         "model_type": "modernbert",
         "vocab_size": vocab,
@@ -275,11 +362,47 @@ def write_modernbert_embedding(model_dir: Path) -> Path:
         "pad_token_id": 0,
         "cls_token_id": 2,
         "sep_token_id": 3,
+        **extra,
     }
+
+
+def write_modernbert_embedding(model_dir: Path) -> Path:
+    from compat_serve.embeddings.modernbert import ModernBertConfig, ModernBertModel
+
+    vocab = _save_tokenizer(
+        model_dir, wordpiece_tokenizer(), {"tokenizer_class": "PreTrainedTokenizerFast"}
+    )
+    config = _modernbert_config(vocab)
     _write_json(model_dir / "config.json", config)
     module = ModernBertModel(ModernBertConfig.from_dict(config))
     _save_weights(model_dir, _random_like(_shapes(module), seed=4))
     _sentence_transformers(model_dir, "cls", normalize=True, width=32, prompts={})
+    return model_dir
+
+
+def write_modernbert_cross_encoder(model_dir: Path) -> Path:
+    """`ModernBertForSequenceClassification` with mean `classifier_pooling` (gte-reranker-
+    modernbert's architecture), one label."""
+    from compat_serve.embeddings.modernbert import (
+        ModernBertConfig,
+        ModernBertForSequenceClassification,
+    )
+
+    vocab = _save_tokenizer(
+        model_dir, wordpiece_tokenizer(), {"tokenizer_class": "PreTrainedTokenizerFast"}
+    )
+    config = _modernbert_config(
+        vocab,
+        architectures=["ModernBertForSequenceClassification"],
+        classifier_pooling="mean",
+        classifier_activation="gelu",
+        classifier_bias=False,
+        id2label={"0": "LABEL_0"},
+        label2id={"LABEL_0": 0},
+    )
+    _write_json(model_dir / "config.json", config)
+    module = ModernBertForSequenceClassification(ModernBertConfig.from_dict(config), 1)
+    _save_weights(model_dir, _random_like(_shapes(module), seed=7))
     return model_dir
 
 
@@ -355,13 +478,38 @@ def write_qwen3_reranker(model_dir: Path) -> Path:
     return model_dir
 
 
+def write_qwen3_reranker_seq_cls(model_dir: Path) -> Path:
+    """The Qwen3-Reranker above converted the way vLLM and sentence-transformers load it
+    (`Qwen3ForSequenceClassification`): the same backbone, and a one-row `score` head =
+    the LM head's "yes" row minus its "no" row, so sigmoid(score) = p("yes")."""
+    tok = bpe_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None)
+    vocab = _save_tokenizer(model_dir, tok, {"tokenizer_class": "Qwen2Tokenizer"})
+    config = {
+        "architectures": ["Qwen3ForSequenceClassification"],
+        **QWEN3_SIZES,
+        "vocab_size": vocab,
+        "tie_word_embeddings": False,
+        "id2label": {"0": "LABEL_0"},
+        "label2id": {"LABEL_0": 0},
+    }
+    _write_json(model_dir / "config.json", config)
+    model = _qwen3_model({**config, "architectures": ["Qwen3ForCausalLM"]}, seed=6)
+    head = model.lm_head.weight
+    weights = {f"model.{k}": v for k, v in tree_flatten(model.model.parameters())}
+    weights["score.weight"] = head[tok.token_to_id("yes")][None] - head[tok.token_to_id("no")][None]
+    _save_weights(model_dir, weights)
+    return model_dir
+
+
 _WRITERS = {
     "qwen3_embedding": ("Qwen3-Embedding-tiny", write_qwen3_embedding),
     "bert_embedding": ("bert-embedding-tiny", write_bert_embedding),
     "modernbert_embedding": ("modernbert-embed-tiny", write_modernbert_embedding),
     "qwen3_reranker": ("Qwen3-Reranker-tiny", write_qwen3_reranker),
+    "qwen3_reranker_seq_cls": ("Qwen3-Reranker-tiny-seq-cls", write_qwen3_reranker_seq_cls),
     "bert_cross_encoder": ("bert-cross-encoder-tiny", write_bert_cross_encoder),
     "xlm_roberta_cross_encoder": ("bge-reranker-tiny", write_xlm_roberta_cross_encoder),
+    "modernbert_cross_encoder": ("modernbert-reranker-tiny", write_modernbert_cross_encoder),
 }
 
 

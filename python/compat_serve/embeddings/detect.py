@@ -45,8 +45,9 @@ def kind_from_config(model_dir: Path, config: dict[str, Any]) -> ModelKind:
         # A bare encoder (BertModel, XLMRobertaModel, ModernBertModel, ...ForMaskedLM):
         # nothing to chat with; served as an embedding model with the family's pooling.
         return "embedding"
-    if archs and all(a.endswith("Model") for a in archs):
-        # A decoder saved without its LM head (Qwen3Model): an embedding backbone.
+    if archs and all(a.endswith("Model") and "LMHead" not in a for a in archs):
+        # A decoder saved without its LM head (Qwen3Model): an embedding backbone. (Not
+        # GPT2LMHeadModel and its kin: chat models whose class name ends in "Model".)
         return "embedding"
     return "chat"
 

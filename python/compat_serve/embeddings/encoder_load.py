@@ -8,9 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx.nn.layers.base import Module
 
-from compat_serve.embeddings.decoders import read_weights
+from compat_serve.embeddings.checkpoint import (
+    cross_encoder_activation,
+    head_labels,
+    load_strict,
+    max_tokens,
+    read_weights,
+)
 from compat_serve.embeddings.encoders import (
     BertForSequenceClassification,
     BertModel,
@@ -33,34 +39,6 @@ _ENCODER_PREFIXES = ("bert.", "roberta.", "model.")
 _HEAD_PREFIXES = ("cls.", "lm_head.", "head.", "decoder.", "classifier.")
 
 
-def max_tokens(model_limit: int, st: SentenceTransformersConfig) -> int:
-    """The model's position limit, or sentence-transformers' `max_seq_length` if lower."""
-    return min(model_limit, st.max_seq_length) if st.max_seq_length else model_limit
-
-
-def _labels(config: dict[str, Any], model_dir: Path) -> int:
-    id2label = config.get("id2label")
-    labels = len(id2label) if isinstance(id2label, dict) else int(config.get("num_labels", 2))
-    if labels != 1:
-        raise ModelLoadError(
-            f"{model_dir}: a classification head with {labels} labels; rerankers "
-            "need a single relevance logit"
-        )
-    return labels
-
-
-def cross_encoder_activation(config: dict[str, Any]) -> str:
-    """What sentence-transformers' CrossEncoder applies to a 1-label head's logit: the
-    activation its config names (`sentence_transformers.activation_fn`, or the older
-    `sbert_ce_default_activation_function`), else Sigmoid, its default for one label."""
-    st = config.get("sentence_transformers")
-    named = st.get("activation_fn") if isinstance(st, dict) else None
-    named = named or config.get("sbert_ce_default_activation_function")
-    if isinstance(named, str) and named.rsplit(".", 1)[-1] == "Identity":
-        return "identity"
-    return "sigmoid"
-
-
 def strip_encoder_prefix(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     """The encoder's own parameters: task-head prefixes removed, task heads dropped."""
     out: dict[str, mx.array] = {}
@@ -75,13 +53,6 @@ def strip_encoder_prefix(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     return out
 
 
-def load_strict(module: nn.Module, weights: dict[str, mx.array], model_dir: Path) -> None:
-    try:
-        module.load_weights(list(weights.items()), strict=True)
-    except ValueError as exc:
-        raise ModelLoadError(f"{model_dir}: weights do not match the config: {exc}") from exc
-
-
 def encoder_model(
     model_dir: Path,
     config: dict[str, Any],
@@ -93,8 +64,8 @@ def encoder_model(
         raise ModelLoadError(f"{model_dir}: quantized encoder checkpoints are not supported")
     model_type = str(config["model_type"])
     weights = sanitize_encoder_weights(read_weights(model_dir))
-    embedder: nn.Module
-    reranker: nn.Module
+    embedder: Module
+    reranker: Module
     if model_type == "modernbert":
         mcfg = ModernBertConfig.from_dict(config)
         limit, width, pad, vocab = (
@@ -104,15 +75,17 @@ def encoder_model(
             mcfg.vocab_size,
         )
         if kind == "reranker":
-            reranker = ModernBertForSequenceClassification(mcfg, _labels(config, model_dir))
+            reranker = ModernBertForSequenceClassification(mcfg, head_labels(config, model_dir))
         else:
             embedder = ModernBertModel(mcfg)
     else:
-        sep = tokens.token_id("[SEP]") if model_type == "bert" else None
+        # BERT pairs take token type 1 after the first [SEP]; a single text is all type 0.
+        pair = model_type == "bert" and kind == "reranker"
+        sep = tokens.token_id("[SEP]") if pair else None
         cfg = EncoderConfig.from_dict(config, sep)
         limit, width, pad, vocab = cfg.max_tokens, cfg.hidden_size, cfg.pad_token_id, cfg.vocab_size
         if kind == "reranker":
-            labels = _labels(config, model_dir)
+            labels = head_labels(config, model_dir)
             reranker = (
                 BertForSequenceClassification(cfg, labels)
                 if model_type == "bert"

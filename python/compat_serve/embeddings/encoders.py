@@ -13,7 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx.nn.layers.activations import GELU, ReLU, SiLU
+from mlx.nn.layers.base import Module
+from mlx.nn.layers.embedding import Embedding
+from mlx.nn.layers.linear import Linear
+from mlx.nn.layers.normalization import LayerNorm
 
 
 @dataclass(frozen=True)
@@ -58,15 +62,15 @@ class EncoderConfig:
         return self.max_position_embeddings
 
 
-def activation(name: str) -> nn.Module:
+def activation(name: str) -> Module:
     if name == "gelu":
-        return nn.GELU()
+        return GELU()  # type: ignore[no-untyped-call]
     if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
-        return nn.GELU(approx="precise")
+        return GELU(approx="precise")  # type: ignore[no-untyped-call]
     if name == "relu":
-        return nn.ReLU()
+        return ReLU()  # type: ignore[no-untyped-call]
     if name in ("silu", "swish"):
-        return nn.SiLU()
+        return SiLU()  # type: ignore[no-untyped-call]
     raise ValueError(f"unsupported hidden_act {name!r}")
 
 
@@ -75,14 +79,14 @@ def key_mask(mask: mx.array) -> mx.array:
     return mask[:, None, None, :]
 
 
-class BertEmbeddings(nn.Module):
+class BertEmbeddings(Module):
     def __init__(self, cfg: EncoderConfig) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.cfg = cfg
-        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.word_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position_embeddings = Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
     def __call__(self, ids: mx.array, mask: mx.array) -> mx.array:
         cfg = self.cfg
@@ -101,16 +105,17 @@ class BertEmbeddings(nn.Module):
             + self.position_embeddings(positions)
             + self.token_type_embeddings(types)
         )
-        return self.LayerNorm(x)
+        out: mx.array = self.LayerNorm(x)
+        return out
 
 
-class BertSelfAttention(nn.Module):
+class BertSelfAttention(Module):
     def __init__(self, cfg: EncoderConfig) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.heads = cfg.num_attention_heads
-        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.query = Linear(cfg.hidden_size, cfg.hidden_size)
+        self.key = Linear(cfg.hidden_size, cfg.hidden_size)
+        self.value = Linear(cfg.hidden_size, cfg.hidden_size)
 
     def __call__(self, x: mx.array, mask: mx.array) -> mx.array:
         n, length, width = x.shape
@@ -129,21 +134,22 @@ class BertSelfAttention(nn.Module):
         return out.transpose(0, 2, 1, 3).reshape(n, length, width)
 
 
-class BertDenseNorm(nn.Module):
+class BertDenseNorm(Module):
     """Linear, then LayerNorm of (that + the residual): BERT's SelfOutput and Output."""
 
     def __init__(self, in_dims: int, cfg: EncoderConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(in_dims, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.dense = Linear(in_dims, cfg.hidden_size)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
     def __call__(self, x: mx.array, residual: mx.array) -> mx.array:
-        return self.LayerNorm(self.dense(x) + residual)
+        out: mx.array = self.LayerNorm(self.dense(x) + residual)
+        return out
 
 
-class BertAttention(nn.Module):
+class BertAttention(Module):
     def __init__(self, cfg: EncoderConfig) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.self = BertSelfAttention(cfg)
         self.output = BertDenseNorm(cfg.hidden_size, cfg)
 
@@ -151,19 +157,20 @@ class BertAttention(nn.Module):
         return self.output(self.self(x, mask), x)
 
 
-class BertIntermediate(nn.Module):
+class BertIntermediate(Module):
     def __init__(self, cfg: EncoderConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.dense = Linear(cfg.hidden_size, cfg.intermediate_size)
         self.act = activation(cfg.hidden_act)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.act(self.dense(x))
+        out: mx.array = self.act(self.dense(x))
+        return out
 
 
-class BertLayer(nn.Module):
+class BertLayer(Module):
     def __init__(self, cfg: EncoderConfig) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.attention = BertAttention(cfg)
         self.intermediate = BertIntermediate(cfg)
         self.output = BertDenseNorm(cfg.intermediate_size, cfg)
@@ -173,27 +180,27 @@ class BertLayer(nn.Module):
         return self.output(self.intermediate(attended), attended)
 
 
-class BertEncoder(nn.Module):
+class BertEncoder(Module):
     def __init__(self, cfg: EncoderConfig) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.layer = [BertLayer(cfg) for _ in range(cfg.num_hidden_layers)]
 
 
-class BertPooler(nn.Module):
+class BertPooler(Module):
     def __init__(self, cfg: EncoderConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.dense = Linear(cfg.hidden_size, cfg.hidden_size)
 
     def __call__(self, hidden: mx.array) -> mx.array:
         return mx.tanh(self.dense(hidden[:, 0]))
 
 
-class BertModel(nn.Module):
+class BertModel(Module):
     """BertModel / XLMRobertaModel: token ids [n, L] and a mask [n, L] (True = real token,
     right padding) -> last hidden states [n, L, hidden]."""
 
     def __init__(self, cfg: EncoderConfig, *, pooler: bool) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.cfg = cfg
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
@@ -208,34 +215,34 @@ class BertModel(nn.Module):
         return x
 
 
-class BertForSequenceClassification(nn.Module):
+class BertForSequenceClassification(Module):
     """`bert.*` + `classifier`: logits = classifier(tanh(pooler(h[CLS])))."""
 
     def __init__(self, cfg: EncoderConfig, labels: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.bert = BertModel(cfg, pooler=True)
-        self.classifier = nn.Linear(cfg.hidden_size, labels)
+        self.classifier = Linear(cfg.hidden_size, labels)
 
     def __call__(self, ids: mx.array, mask: mx.array) -> mx.array:
         return self.classifier(self.bert.pooler(self.bert(ids, mask)))
 
 
-class RobertaClassificationHead(nn.Module):
+class RobertaClassificationHead(Module):
     def __init__(self, cfg: EncoderConfig, labels: int) -> None:
-        super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.out_proj = nn.Linear(cfg.hidden_size, labels)
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.dense = Linear(cfg.hidden_size, cfg.hidden_size)
+        self.out_proj = Linear(cfg.hidden_size, labels)
 
     def __call__(self, hidden: mx.array) -> mx.array:
         return self.out_proj(mx.tanh(self.dense(hidden[:, 0])))
 
 
-class XLMRobertaForSequenceClassification(nn.Module):
+class XLMRobertaForSequenceClassification(Module):
     """`roberta.*` (no pooler) + `classifier.dense`/`classifier.out_proj` on h[<s>]: the
     bge-reranker architecture."""
 
     def __init__(self, cfg: EncoderConfig, labels: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.roberta = BertModel(cfg, pooler=False)
         self.classifier = RobertaClassificationHead(cfg, labels)
 
@@ -249,7 +256,6 @@ def sanitize_encoder_weights(weights: dict[str, mx.array]) -> dict[str, mx.array
     for name, value in weights.items():
         if name.endswith("position_ids"):
             continue
-        name = name.replace("LayerNorm.gamma", "LayerNorm.weight")
-        name = name.replace("LayerNorm.beta", "LayerNorm.bias")
-        out[name] = value
+        renamed = name.replace("LayerNorm.gamma", "LayerNorm.weight")
+        out[renamed.replace("LayerNorm.beta", "LayerNorm.bias")] = value
     return out

@@ -12,24 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
-import mlx.nn as nn
+from mlx.nn.layers.base import Module
+from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear
 
-from compat_serve.embeddings.decoders import (
-    build_decoder,
-    decoder_hidden,
-    qwen3_rerank_pair,
-    read_weights,
-    yes_no_scorer,
-)
+from compat_serve.embeddings.decoders import decoder_model
 from compat_serve.embeddings.detect import ENCODER_TYPES, kind_from_config
-from compat_serve.embeddings.encoder_load import encoder_model, max_tokens
+from compat_serve.embeddings.encoder_load import encoder_model
 from compat_serve.embeddings.model import EmbeddingModel
-from compat_serve.embeddings.st_config import (
-    SentenceTransformersConfig,
-    read_json,
-    read_sentence_transformers,
-)
+from compat_serve.embeddings.st_config import read_json, read_sentence_transformers
 from compat_serve.embeddings.text_tokens import TextTokens
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.load_steps import WORKER, LoadSteps, evaluate_in_slices, host, run_inline
@@ -71,61 +61,21 @@ def load_embedding_model_steps(
     if model_type in ENCODER_TYPES:
         loaded = encoder_model(model_dir, config, kind, st, tokens)
     else:
-        loaded = _decoder_model(model_dir, config, kind, st, tokens)
+        loaded = decoder_model(model_dir, config, kind, st, tokens)
     if plan.dense is not None:
         from compat_serve.models.weights import cast_floating, dequantize_model, mx_dtype
 
-        dequantize_model(loaded.module, mx_dtype(plan.dense))
+        if has_quantized_layers(loaded.module):  # (dequantize_model imports mlx-lm: ~3 s)
+            dequantize_model(loaded.module, mx_dtype(plan.dense))
         cast_floating(loaded.module, mx_dtype(plan.dense))
         loaded.dtype = plan.dense
     yield from evaluate_in_slices(loaded.module, f"{loaded.name} weights", log=logger)
-    logger.info(
-        "%s model %s ready in %.2fs", kind, loaded.name, time.perf_counter() - t0
-    )
+    logger.info("%s model %s ready in %.2fs", kind, loaded.name, time.perf_counter() - t0)
     return loaded
 
 
-def _decoder_model(
-    model_dir: Path,
-    config: dict[str, Any],
-    kind: str,
-    st: SentenceTransformersConfig,
-    tokens: TextTokens,
-) -> EmbeddingModel:
-    limit = int(config.get("max_position_embeddings") or 32768)
-    hidden_size = int(config["hidden_size"])
-    common: dict[str, Any] = {
-        "name": model_dir.resolve().name,
-        "max_tokens": max_tokens(limit, st),
-        "dimensions": hidden_size,
-        "tokens": tokens,
-        "pad_id": 0,
-        "vocab_size": int(config["vocab_size"]),
-        "source": str(model_dir),
-    }
-    if kind == "reranker":
-        yes, no = tokens.token_id("yes"), tokens.token_id("no")
-        if yes is None or no is None:
-            raise ModelLoadError(f"{model_dir}: a yes/no reranker needs 'yes' and 'no' tokens")
-        model = build_decoder(model_dir, config, keep_head=True)
-        return EmbeddingModel(
-            kind="reranker",
-            module=model,
-            score_forward=yes_no_scorer(model, yes, no),
-            pair_prompt=qwen3_rerank_pair,
-            **common,
-        )
-    model = build_decoder(model_dir, config, keep_head=False)
-    backbone: Any = model
-    return EmbeddingModel(
-        kind="embedding",
-        module=backbone.model,
-        hidden_forward=decoder_hidden(model),
-        # Decoder embedding models without a pooling mode: the last token (what
-        # Qwen3-Embedding and its kin use; mean over a causal model is rarely trained).
-        pooling=st.pooling or "lasttoken",
-        normalize=st.normalize,
-        query_prompt=st.prompt(query=True),
-        document_prompt=st.prompt(query=False),
-        **common,
+def has_quantized_layers(module: Module) -> bool:
+    untyped: Any = module
+    return any(
+        isinstance(m, (QuantizedLinear, QuantizedEmbedding)) for _, m in untyped.named_modules()
     )

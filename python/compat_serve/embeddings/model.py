@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx.nn.layers.base import Module
 
 from compat_serve.embeddings.pooling import l2_normalize, pad_batch, pool
 from compat_serve.embeddings.st_config import PoolingMode
@@ -43,7 +43,7 @@ class EmbeddingModel:
     max_tokens: int
     dimensions: int
     tokens: TextTokens
-    module: nn.Module
+    module: Module
     pad_id: int
     vocab_size: int
     pooling: PoolingMode | None = None
@@ -74,8 +74,7 @@ class EmbeddingModel:
         for i, row in enumerate(batch):
             if len(row) > self.max_tokens:
                 raise ValueError(
-                    f"input {i} has {len(row)} tokens; {self.name} takes at most "
-                    f"{self.max_tokens}"
+                    f"input {i} has {len(row)} tokens; {self.name} takes at most {self.max_tokens}"
                 )
             bad = [t for t in row if not 0 <= t < self.vocab_size]
             if bad:

@@ -10,7 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx.nn.layers.base import Module
+from mlx.nn.layers.embedding import Embedding
+from mlx.nn.layers.linear import Identity, Linear
+from mlx.nn.layers.normalization import LayerNorm
+from mlx.nn.layers.positional_encoding import RoPE
 
 from compat_serve.embeddings.encoders import activation
 
@@ -63,43 +67,42 @@ class ModernBertConfig:
         )
 
 
-class ModernBertEmbeddings(nn.Module):
+class ModernBertEmbeddings(Module):
     def __init__(self, cfg: ModernBertConfig) -> None:
-        super().__init__()
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.norm = LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
 
     def __call__(self, ids: mx.array) -> mx.array:
-        return self.norm(self.tok_embeddings(ids))
+        out: mx.array = self.norm(self.tok_embeddings(ids))
+        return out
 
 
-class ModernBertAttention(nn.Module):
+class ModernBertAttention(Module):
     def __init__(self, cfg: ModernBertConfig, local: bool) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.heads = cfg.num_attention_heads
         self.head_dim = cfg.hidden_size // cfg.num_attention_heads
         self.local = local
-        self.Wqkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.attention_bias)
-        self.Wo = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.attention_bias)
+        self.Wqkv = Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.attention_bias)
+        self.Wo = Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.attention_bias)
         theta = cfg.local_rope_theta if local else cfg.global_rope_theta
-        self.rope = nn.RoPE(self.head_dim, traditional=False, base=theta)
+        self.rope = RoPE(self.head_dim, traditional=False, base=theta)
 
     def __call__(self, x: mx.array, mask: mx.array) -> mx.array:
         n, length, width = x.shape
         qkv = self.Wqkv(x).reshape(n, length, 3, self.heads, self.head_dim)
         qkv = qkv.transpose(2, 0, 3, 1, 4)  # [3, n, heads, L, head_dim]
         q, k, v = self.rope(qkv[0]), self.rope(qkv[1]), qkv[2]
-        out = mx.fast.scaled_dot_product_attention(
-            q, k, v, scale=self.head_dim**-0.5, mask=mask
-        )
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5, mask=mask)
         return self.Wo(out.transpose(0, 2, 1, 3).reshape(n, length, width))
 
 
-class ModernBertMLP(nn.Module):
+class ModernBertMLP(Module):
     def __init__(self, cfg: ModernBertConfig) -> None:
-        super().__init__()
-        self.Wi = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.Wo = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.Wi = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.Wo = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.act = activation(cfg.hidden_activation)
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -107,18 +110,18 @@ class ModernBertMLP(nn.Module):
         return self.Wo(self.act(value) * gate)
 
 
-class ModernBertLayer(nn.Module):
+class ModernBertLayer(Module):
     def __init__(self, cfg: ModernBertConfig, index: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.local = index % cfg.global_attn_every_n_layers != 0
         # The first layer's attention input is the (already normed) embedding output.
-        self.attn_norm: nn.Module = (
-            nn.Identity()
+        self.attn_norm: Module = (
+            Identity()
             if index == 0
-            else nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
+            else LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
         )
         self.attn = ModernBertAttention(cfg, self.local)
-        self.mlp_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
+        self.mlp_norm = LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
         self.mlp = ModernBertMLP(cfg)
 
     def __call__(self, x: mx.array, global_mask: mx.array, local_mask: mx.array) -> mx.array:
@@ -126,16 +129,16 @@ class ModernBertLayer(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class ModernBertModel(nn.Module):
+class ModernBertModel(Module):
     """Token ids [n, L] and a mask [n, L] (True = real token, right padding) -> the final
     normed hidden states [n, L, hidden]."""
 
     def __init__(self, cfg: ModernBertConfig) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.cfg = cfg
         self.embeddings = ModernBertEmbeddings(cfg)
         self.layers = [ModernBertLayer(cfg, i) for i in range(cfg.num_hidden_layers)]
-        self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
+        self.final_norm = LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
 
     def __call__(self, ids: mx.array, mask: mx.array) -> mx.array:
         length = ids.shape[1]
@@ -146,30 +149,32 @@ class ModernBertModel(nn.Module):
         x = self.embeddings(ids)
         for layer in self.layers:
             x = layer(x, global_mask, local_mask)
-        return self.final_norm(x)
+        out: mx.array = self.final_norm(x)
+        return out
 
 
-class ModernBertPredictionHead(nn.Module):
+class ModernBertPredictionHead(Module):
     def __init__(self, cfg: ModernBertConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.classifier_bias)
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.dense = Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.classifier_bias)
         self.act = activation(cfg.classifier_activation)
-        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
+        self.norm = LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.norm(self.act(self.dense(x)))
+        out: mx.array = self.norm(self.act(self.dense(x)))
+        return out
 
 
-class ModernBertForSequenceClassification(nn.Module):
+class ModernBertForSequenceClassification(Module):
     """`model.*` + `head` + `classifier` on the CLS or mean-pooled state (config's
     `classifier_pooling`)."""
 
     def __init__(self, cfg: ModernBertConfig, labels: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.cfg = cfg
         self.model = ModernBertModel(cfg)
         self.head = ModernBertPredictionHead(cfg)
-        self.classifier = nn.Linear(cfg.hidden_size, labels)
+        self.classifier = Linear(cfg.hidden_size, labels)
 
     def __call__(self, ids: mx.array, mask: mx.array) -> mx.array:
         hidden = self.model(ids, mask)

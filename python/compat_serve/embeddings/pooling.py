@@ -4,6 +4,7 @@ tokens (the mask and lengths exclude the padding)."""
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 from compat_serve.embeddings.st_config import PoolingMode
 
@@ -15,10 +16,12 @@ def pad_batch(batch: list[list[int]], pad_id: int) -> tuple[mx.array, mx.array, 
     if any(not row for row in batch):
         raise ValueError("an input with no tokens")
     width = max(len(row) for row in batch)
-    padded = [row + [pad_id] * (width - len(row)) for row in batch]
+    padded = np.full((len(batch), width), pad_id, dtype=np.int32)
+    for i, row in enumerate(batch):
+        padded[i, : len(row)] = row  # (numpy takes numpy integers too, mx.array does not)
     lengths = mx.array([len(row) for row in batch], dtype=mx.int32)
     mask = mx.arange(width)[None, :] < lengths[:, None]
-    return mx.array(padded, dtype=mx.int32), mask, lengths
+    return mx.array(padded), mask, lengths
 
 
 def last_positions(hidden: mx.array, lengths: mx.array) -> mx.array:

@@ -23,6 +23,9 @@ _POOLING_FLAGS: dict[str, PoolingMode] = {
     "pooling_mode_max_tokens": "max",
 }
 _UNSUPPORTED_FLAGS = ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens")
+# The modules.json pipeline steps this package runs. Any other (Dense projections, Asym,
+# CNN...) would change the vectors, so such a model is refused rather than served wrong.
+_KNOWN_MODULES = (".Transformer", ".Pooling", ".Normalize")
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,14 @@ def pooling_mode(config: dict[str, Any], origin: Path) -> PoolingMode:
 
 def read_sentence_transformers(model_dir: Path) -> SentenceTransformersConfig:
     modules = read_modules(model_dir)
+    for module in modules:
+        kind = str(module.get("type", ""))
+        if not kind.endswith(_KNOWN_MODULES):
+            raise ModelLoadError(
+                f"{model_dir}: the sentence-transformers module {kind or '?'} "
+                f"({module.get('path', '')}) is not supported; compat-serve runs "
+                "Transformer, Pooling and Normalize"
+            )
     pooling: PoolingMode | None = None
     path = pooling_config_path(model_dir)
     if path is not None:
