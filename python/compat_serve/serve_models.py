@@ -8,6 +8,11 @@ model's engine is stepped by one `EngineHost` thread (engine/host.py), and a mod
 on demand has every MLX evaluation of its load (weights a slice at a time, then the
 engine's start-up forwards) run on that thread between the resident models' steps
 (`load_state_steps`); only file reading and tokenizers run on a worker thread.
+
+An embedding or reranker model (#37, detected from its directory: embeddings/detect.py)
+is an entry like any other: it loads through its own loader into an `EmbeddingState`
+whose engine the same host steps (embeddings/scheduler.py), and counts its weights
+alone against the budget (it keeps no KV and no prefix cache).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import gc
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from compat_serve.bootstrap import ServeOptions, build_state, check_serve_options
 from compat_serve.engine.host import EngineHost
@@ -30,8 +36,11 @@ from compat_serve.registry.config_file import load_models_file
 from compat_serve.registry.entries import ModelEntry, entries_from_dir
 from compat_serve.registry.hub import ModelHub
 from compat_serve.registry.routing import ModelRegistry
-from compat_serve.registry.slots import add_adapters
+from compat_serve.registry.slots import add_adapters, path_kind
 from compat_serve.server.state import ServerState
+
+if TYPE_CHECKING:
+    from compat_serve.registry.slots import ServedState
 
 log = logging.getLogger("compat_serve")
 
@@ -83,6 +92,8 @@ def estimate_bytes(base: ServeOptions, entry: ModelEntry) -> int:
     refusal all use; after a load the hub checks it against what the engine measured."""
     options = entry_options(base, entry)
     weights = estimate_weight_bytes(entry.path, options.dtype or "auto")
+    if path_kind(entry.path) != "chat":
+        return weights  # no KV, no prefix cache
     kv = None if options.kv_memory == "30%" else parse_memory_size(options.kv_memory)
     cache = None if options.cache_memory == "20%" else parse_memory_size(options.cache_memory)
     if not options.prefix_cache:
@@ -104,12 +115,30 @@ def load_state_steps(options: ServeOptions) -> LoadSteps[ServerState]:
     return state
 
 
+def served_state(options: ServeOptions) -> ServedState:
+    """`build_state`, or an embedding model's state for an embedding/reranker model."""
+    if path_kind(options.model) != "chat":
+        from compat_serve.embeddings.state import build_embedding_state
+
+        return build_embedding_state(options)
+    return build_state(options)
+
+
+def served_state_steps(options: ServeOptions) -> LoadSteps[ServedState]:
+    """`served_state` as load steps (on the host's thread, between the others' steps)."""
+    if path_kind(options.model) != "chat":
+        from compat_serve.embeddings.state import embedding_state_steps
+
+        return (yield from embedding_state_steps(options))
+    return (yield from load_state_steps(options))
+
+
 async def load_with_adapters(
     engine_host: EngineHost, base: ServeOptions, entry: ModelEntry, registry: ModelRegistry
-) -> ServerState:
+) -> ServedState:
     """A model loaded on demand, with the adapters it serves added on the host thread
     (their MLX arrays are made there, between the resident models' steps)."""
-    state = await engine_host.run_steps(load_state_steps(entry_options(base, entry)))
+    state = await engine_host.run_steps(served_state_steps(entry_options(base, entry)))
     adapters = registry.adapters.of(entry.id)
     if adapters:
         await asyncio.wrap_future(
@@ -118,7 +147,7 @@ async def load_with_adapters(
     return state
 
 
-def release_state(state: ServerState) -> None:
+def release_state(state: ServedState) -> None:
     """Stop a model's engine (its disk tier is flushed and kept for the next load)."""
     state.engine.shutdown()
 
@@ -163,7 +192,7 @@ def with_lora_flags(entries: list[ModelEntry], loras: tuple[str, ...]) -> list[M
 
 
 def build_hub(
-    base: ServeOptions, flags: ModelFlags, single_state: ServerState | None = None
+    base: ServeOptions, flags: ModelFlags, single_state: ServedState | None = None
 ) -> ModelHub:
     """The registry, with `--model` (or, with no model flags at all, the embedded model)
     and every pinned or preloaded model loaded now. `single_state`: that model already
@@ -180,7 +209,7 @@ def build_hub(
             raise ValueError(f"{entry.origin}: model {entry.id!r}: {exc}") from exc
     budget = memory_budget(flags.memory_budget) if entries else None
     if single_state is None and (base.model is not None or not entries):
-        single_state = build_state(base)
+        single_state = served_state(base)
     if single_state is not None:
         entries.insert(
             0,
@@ -198,7 +227,7 @@ def build_hub(
     engine_host = EngineHost()  # one thread steps every resident model, and runs loads' MLX work
     hub = ModelHub(
         registry,
-        load=lambda entry: build_state(entry_options(base, entry)),
+        load=lambda entry: served_state(entry_options(base, entry)),
         load_async=lambda e: load_with_adapters(engine_host, base, e, registry),
         release=release_state,
         # gc and mx.clear_cache on the host thread, between steps.
@@ -223,7 +252,7 @@ def build_hub(
                     f"{entry.origin}: model {entry.id!r} is pinned or preloaded but does not fit "
                     f"--memory-budget ({need} bytes needed, {budget - hub.resident_total()} left)"
                 )
-            hub.adopt(entry.id, build_state(entry_options(base, entry)), need)
+            hub.adopt(entry.id, served_state(entry_options(base, entry)), need)
     log.info(
         "models: %s (default %s)",
         ", ".join(f"{e.id} [{hub.slots[e.id].status}]" for e in registry.entries),

@@ -6,6 +6,9 @@ Each turn the host applies every engine's queued commands, then takes one step o
 engine with work that has used the least step time (its virtual time), so a background
 model's request is not starved by a main model that decodes without pause: a model that
 was idle re-enters at the busy ones' floor rather than with a head start of credit.
+An engine attached with a `weight` is charged that many seconds of virtual time per second
+of its steps: an embedding model (weight 7, embeddings/scheduler.py) gets an eighth of
+the thread while a chat model decodes beside it, and all of it when alone.
 When every engine with work is stalled (waiting for KV), the host sleeps a moment; with
 no work at all it sleeps until a submission wakes it.
 
@@ -29,10 +32,9 @@ from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from compat_serve.engine.engine import Engine
     from compat_serve.models.load_steps import Step
 
 log = logging.getLogger("compat_serve.engine")
@@ -53,11 +55,31 @@ class WakingInbox(queue.SimpleQueue[T]):
         self._wake.set()
 
 
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class HostedEngine(Protocol):
+    """What the host calls on what it steps: a chat model's `Engine`, or an embedding
+    model's `EmbeddingEngine` (embeddings/scheduler.py)."""
+
+    @property
+    def model(self) -> _Named: ...
+    @property
+    def _inbox(self) -> queue.SimpleQueue[Any]: ...
+    def _drain_inbox(self, wait: float | None) -> bool: ...
+    def _hosted_has_work(self) -> bool: ...
+    def _hosted_step(self) -> bool: ...
+    def _hosted_finish(self, *, failed: bool) -> None: ...
+
+
 @dataclass(eq=False)
 class _Hosted:
-    engine: Engine
-    # Seconds of steps taken, the fairness clock.
+    engine: HostedEngine
+    # Seconds of steps taken (times `weight`), the fairness clock.
     virtual_s: float = 0.0
+    weight: float = 1.0
     was_busy: bool = False
     stalled: bool = False
 
@@ -79,6 +101,9 @@ class EngineHost:
         self._loads = 0
         # Seconds of the last engine step: a load's share of the next turn.
         self._last_step_s = 0.0
+        # The fairness clock's floor: the least virtual time of the engines stepping, never
+        # decreasing (`_step`).
+        self._floor = 0.0
         self._lock = threading.Lock()
         self.wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -89,11 +114,12 @@ class EngineHost:
     def thread_name(self) -> str:
         return self._name
 
-    def attach(self, engine: Engine) -> threading.Thread:
-        """Step `engine` from now on; the host thread (started on first use)."""
+    def attach(self, engine: HostedEngine, *, weight: float = 1.0) -> threading.Thread:
+        """Step `engine` from now on, its step seconds counted `weight` times in the
+        fairness clock; the host thread (started on first use)."""
         with self._lock:
             floor = min((h.virtual_s for h in self._hosted), default=0.0)
-            self._hosted.append(_Hosted(engine, virtual_s=floor))
+            self._hosted.append(_Hosted(engine, virtual_s=floor, weight=weight))
             thread = self._ensure_thread()
         self.wake.set()
         return thread
@@ -166,6 +192,13 @@ class EngineHost:
                 return done, value
             label = value.label
 
+    def others_busy(self, engine: HostedEngine) -> bool:
+        """Whether an engine other than `engine` has work (on the host's thread: whether
+        a step of `engine` now delays another model's)."""
+        with self._lock:
+            hosted = list(self._hosted)
+        return any(h.was_busy for h in hosted if h.engine is not engine)
+
     def _others_waiting(self) -> bool:
         with self._lock:
             if self._slices:
@@ -219,14 +252,14 @@ class EngineHost:
 
     def _step(self, busy: list[_Hosted]) -> None:
         """One step of the busy engine that has used the least step time."""
-        floor = (
-            min(h.virtual_s for h in busy if h.was_busy)
-            if any(h.was_busy for h in busy)
-            else min(h.virtual_s for h in busy)
-        )
+        running = [h.virtual_s for h in busy if h.was_busy]
+        # The floor never goes back: a model that was idle while another stepped alone
+        # re-enters at the clock that one reached, not at its own older time (which would
+        # be credit banked while idle: it would then hold the thread until it caught up).
+        self._floor = max(self._floor, min(running) if running else 0.0)
         for h in busy:
             if not h.was_busy:  # back from idle: no credit for the time it slept
-                h.virtual_s = max(h.virtual_s, floor)
+                h.virtual_s = max(h.virtual_s, self._floor)
                 h.was_busy = True
         chosen = min(busy, key=lambda h: (h.stalled, h.virtual_s))
         started = time.monotonic()
@@ -238,7 +271,7 @@ class EngineHost:
             busy.remove(chosen)
             return
         self._last_step_s = time.monotonic() - started
-        chosen.virtual_s += self._last_step_s
+        chosen.virtual_s += self._last_step_s * chosen.weight
         chosen.stalled = not progressed
 
     def _poll(self, hosted: _Hosted) -> bool:

@@ -54,6 +54,7 @@ from compat_serve.registry.slots import (
 __all__ = ["ModelHub", "ModelRequestError", "ModelSlot", "parse_lifetime"]
 
 if TYPE_CHECKING:
+    from compat_serve.registry.slots import ServedState
     from compat_serve.server.state import ServerState
 
 log = logging.getLogger("compat_serve.registry")
@@ -67,8 +68,8 @@ class ModelHub:
     def __init__(
         self,
         registry: ModelRegistry,
-        load: Callable[[ModelEntry], ServerState],
-        release: Callable[[ServerState], None],
+        load: Callable[[ModelEntry], ServedState],
+        release: Callable[[ServedState], None],
         collect: Callable[[], None],
         estimate: Callable[[ModelEntry], int],
         *,
@@ -76,8 +77,8 @@ class ModelHub:
         max_request_bytes: int = 32 * 1024 * 1024,
         budget_bytes: int | None = None,
         wait_timeout_s: float = 300.0,
-        start: Callable[[ServerState], None] | None = None,
-        load_async: Callable[[ModelEntry], Awaitable[ServerState]] | None = None,
+        start: Callable[[ServedState], None] | None = None,
+        load_async: Callable[[ModelEntry], Awaitable[ServedState]] | None = None,
     ) -> None:
         self.registry = registry
         self._load_fn, self._release_fn, self._estimate_fn = load, release, estimate
@@ -133,7 +134,7 @@ class ModelHub:
 
     # ---- resident models -------------------------------------------------------------
 
-    def adopt(self, model_id: str, state: ServerState, estimate: int | None = None) -> None:
+    def adopt(self, model_id: str, state: ServedState, estimate: int | None = None) -> None:
         """Make an already built state resident (preloaded at start, or a test's), with
         the adapters its model serves added to its engine (a bad adapter file raises
         AdapterError, a ValueError: the load fails naming it)."""
@@ -161,12 +162,17 @@ class ModelHub:
 
     def front_state(self) -> ServerState | None:
         """The default model's state if resident, else the most recently used resident
-        one, else None: what single-model routes (/props, /metrics, /v1/status) show."""
+        one, else None: what single-model routes (/props, /metrics, /v1/status) show.
+        Chat models only: an embedding model has no generation settings to show."""
         default = self.slots[self.registry.default.id]
-        if default.status == "loaded":
-            return default.state
-        resident = sorted(self.resident(), key=lambda s: s.last_used, reverse=True)
-        return resident[0].state if resident else None
+        if default.status == "loaded" and default.chat_state is not None:
+            return default.chat_state
+        resident = sorted(
+            (s for s in self.resident() if s.chat_state is not None),
+            key=lambda s: s.last_used,
+            reverse=True,
+        )
+        return resident[0].chat_state if resident else None
 
     @property
     def in_flight(self) -> int:
@@ -225,7 +231,7 @@ class ModelHub:
         name: str | None,
         lifetime: Mapping[str, Any] | None = None,
         leases: list[ModelSlot] | None = None,
-    ) -> ServerState:
+    ) -> ServedState:
         """The state serving a request for `name`, loading its model if it is cold.
         `lifetime`: the body's `keep_alive` (Ollama) or `ttl` (LM Studio), if any.
         `leases`: the request's list; the model stays resident until its owner calls
@@ -238,7 +244,7 @@ class ModelHub:
         name: str | None,
         lifetime: Mapping[str, Any] | None = None,
         leases: list[ModelSlot] | None = None,
-    ) -> tuple[ServerState, AdapterEntry | None]:
+    ) -> tuple[ServedState, AdapterEntry | None]:
         """`acquire`, with the adapter the name picked (None: the base model)."""
         routed = self.resolve(name)
         entry = routed.entry
@@ -272,7 +278,7 @@ class ModelHub:
             )
         state = await self.ensure_loaded(base)
         try:
-            await asyncio.to_thread(state.engine.add_adapter, adapter.name, adapter.path)
+            await asyncio.to_thread(add_adapters, state, [adapter])
         except ValueError as exc:  # AdapterError: files that are no adapter of this model
             raise ModelRequestError(
                 400, f"adapter {adapter.name!r}: {exc}", code="adapter_load_failed"
@@ -286,7 +292,7 @@ class ModelHub:
         (waiting up to the hub's wait timeout, then 503 and it stays)."""
         self.registry.adapters.remove(base.id, adapter.name)
         deadline = time.monotonic() + self.wait_timeout_s
-        while (state := self.slots[base.id].state) is not None:
+        while (state := self.slots[base.id].chat_state) is not None:
             try:
                 await asyncio.to_thread(state.engine.remove_adapter, adapter.name)
                 break
@@ -299,7 +305,7 @@ class ModelHub:
                 await asyncio.sleep(_POLL_S)
         log.info("adapter %s unloaded from model %s", adapter.name, base.id)
 
-    async def ensure_loaded(self, entry: ModelEntry) -> ServerState:
+    async def ensure_loaded(self, entry: ModelEntry) -> ServedState:
         slot = self.slots[entry.id]
         while True:
             if slot.state is not None and not slot.unloading:
@@ -350,7 +356,7 @@ class ModelHub:
                 )
             slot.failure = None  # its files changed: try again
 
-    async def _load(self, slot: ModelSlot) -> ServerState:
+    async def _load(self, slot: ModelSlot) -> ServedState:
         """One model's load. Loads run one at a time: each sees the sizes the previous
         one measured, and two loads never hold their peak memory together."""
         if self._load_lock is None:
@@ -361,7 +367,7 @@ class ModelHub:
         finally:
             slot.loading = None
 
-    async def _load_now(self, slot: ModelSlot) -> ServerState:
+    async def _load_now(self, slot: ModelSlot) -> ServedState:
         entry = slot.entry
         try:
             estimate = await self._make_room(slot)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from compat_serve.registry.adapters import AdapterEntry
 from compat_serve.registry.entries import ModelEntry
@@ -15,7 +15,11 @@ from compat_serve.registry.entries import ModelEntry
 if TYPE_CHECKING:
     import asyncio
 
+    from compat_serve.embeddings.state import EmbeddingState
     from compat_serve.server.state import ServerState
+
+    # What a resident model is: a chat model's state, or an embedding/reranker model's.
+    ServedState = ServerState | EmbeddingState
 
 
 class ModelRequestError(Exception):
@@ -32,8 +36,8 @@ class ModelRequestError(Exception):
 @dataclass
 class ModelSlot:
     entry: ModelEntry
-    state: ServerState | None = None
-    loading: asyncio.Task[ServerState] | None = None
+    state: ServedState | None = None
+    loading: asyncio.Task[ServedState] | None = None
     unloading: bool = False
     last_used: float = 0.0
     loaded_at: float = 0.0
@@ -53,6 +57,21 @@ class ModelSlot:
         if self.state is not None and not self.unloading:
             return "loaded"
         return "loading" if self.loading is not None else "unloaded"
+
+    @property
+    def kind(self) -> str:
+        """ "chat", "embedding" or "reranker": the resident model's, else read from its
+        directory (config.json, sentence-transformers files) without loading it."""
+        if self.state is not None:
+            return model_kind_of(self.state)
+        return path_kind(self.entry.path)
+
+    @property
+    def chat_state(self) -> ServerState | None:
+        """The state if it is a chat model's (what chat routes and engine views read)."""
+        from compat_serve.server.state import ServerState
+
+        return self.state if isinstance(self.state, ServerState) else None
 
     @property
     def in_flight(self) -> int:
@@ -109,21 +128,53 @@ def cannot_reload(entry: ModelEntry) -> ServerState:
     raise RuntimeError(f"model {entry.id!r} was built by its embedder and cannot be reloaded")
 
 
-def resident_bytes(state: ServerState) -> int:
+def model_kind_of(state: ServedState) -> str:
+    from compat_serve.embeddings.state import EmbeddingState
+
+    return state.kind if isinstance(state, EmbeddingState) else "chat"
+
+
+_KINDS: dict[tuple[str, float | None], str] = {}
+
+
+def path_kind(path: str | None) -> str:
+    """The kind of model at `path` (None: the embedded chat model), cached per files'
+    stamp; a directory that cannot be read is left to its load to report."""
+    if path is None:
+        return "chat"
+    key = (path, files_stamp(path))
+    if key not in _KINDS:
+        from pathlib import Path
+
+        from compat_serve.embeddings.detect import model_kind
+
+        try:
+            _KINDS[key] = model_kind(Path(path))
+        except (OSError, ValueError):
+            _KINDS[key] = "chat"
+    return _KINDS[key]
+
+
+def resident_bytes(state: ServedState) -> int:
     """What a model holds at most: its weights, its live-KV budget and its prefix cache."""
     memory = state.engine.memory
     return int(memory.weights + memory.kv + memory.cache)
 
 
-def add_adapters(state: ServerState, adapters: Sequence[AdapterEntry]) -> None:
+def add_adapters(state: ServedState, adapters: Sequence[AdapterEntry]) -> None:
     """Add to a model's engine the adapters it serves that it does not hold yet (blocks
-    on the engine thread once started; AdapterError, a ValueError, for bad files)."""
+    on the engine thread once started; AdapterError, a ValueError, for bad files or a
+    model that is not a chat model)."""
     if not adapters:
         return
-    held = set(state.engine.adapter_names())
+    kind = model_kind_of(state)
+    if kind != "chat":
+        raise ValueError(f"LoRA adapters apply to chat models; this is an {kind} model")
+    engine = cast("ServerState", state).engine
+    held = set(engine.adapter_names())
     for adapter in adapters:
         if adapter.name not in held:
-            state.engine.add_adapter(adapter.name, adapter.path)
+            engine.add_adapter(adapter.name, adapter.path)
 
 
 def gib(size: int) -> str:

@@ -20,6 +20,7 @@ from compat_serve.server import (
 from compat_serve.server.anthropic import routes as anthropic_routes
 from compat_serve.server.dashboard import routes as dashboard_routes
 from compat_serve.server.dashboard.log_ring import attach_log_ring
+from compat_serve.server.embeddings import routes as embedding_routes
 from compat_serve.server.errors import ApiError, install_error_handlers
 from compat_serve.server.generation import model_hub
 from compat_serve.server.keys import presented_key
@@ -76,6 +77,7 @@ def create_app(served: ServerState | ModelHub, *, manage_engine: bool = True) ->
     app.include_router(responses_routes.router, dependencies=authed)
     app.include_router(anthropic_routes.router, dependencies=authed)
     app.include_router(ollama_routes.router, dependencies=authed)
+    app.include_router(embedding_routes.router, dependencies=authed)
     app.include_router(observability_routes.router, dependencies=authed)
     app.include_router(model_routes.router, dependencies=authed, include_in_schema=False)
     router_routes.install(app, authed)

@@ -1,8 +1,9 @@
 """Endpoints shared by both APIs: health and the model list.
 
 The list holds every configured model with its state (`unloaded`, `loading`, `loaded`);
-a resident model's card also carries its window, sampling defaults and parsers. Neither
-route loads a model.
+a resident model's card also carries its window, sampling defaults and parsers. Every
+card says what its model serves (`kind`: chat, embedding or reranker, and
+`capabilities`). Neither route loads a model.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from compat_serve.embeddings.state import KIND_CAPABILITIES, EmbeddingState
 from compat_serve.registry.adapters import AdapterEntry
 from compat_serve.registry.hub import ModelHub, ModelRequestError, ModelSlot
 from compat_serve.server.discovery import context_fields
@@ -35,7 +37,17 @@ def model_card(slot: ModelSlot) -> dict[str, Any]:
         "display_name": slot.entry.id,
         "owned_by": "compat-serve",
     }
-    state = slot.state
+    state = slot.chat_state
+    # What the model serves: chat, or embeddings, or rerank/score (#37).
+    card["kind"] = slot.kind
+    card["capabilities"] = KIND_CAPABILITIES[slot.kind]
+    if slot.status == "loaded" and isinstance(slot.state, EmbeddingState):
+        card.update(
+            {
+                "max_input_tokens": slot.state.context_length,
+                "dimensions": int(slot.state.model.dimensions),
+            }
+        )
     if state is not None and slot.status == "loaded":
         card.update(
             {

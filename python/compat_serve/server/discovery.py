@@ -34,6 +34,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from compat_serve import __version__
+from compat_serve.embeddings.state import KIND_CAPABILITIES, EmbeddingState
 from compat_serve.models.gguf_header import is_gguf_file
 from compat_serve.models.weight_report import weights_status
 from compat_serve.registry.adapters import AdapterEntry
@@ -122,9 +123,11 @@ def _file_format(path: str) -> str:
 
 
 def _ollama_details(slot: ModelSlot) -> dict[str, Any]:
-    state = slot.state
+    state = slot.chat_state
     path = slot.entry.path or "embedded.gguf"
     arch = _architecture(state) if state is not None else ""
+    if isinstance(slot.state, EmbeddingState):
+        arch = str(getattr(slot.state.model, "model_type", "") or slot.kind)
     return {
         "parent_model": "",
         "format": _file_format(path),
@@ -136,7 +139,8 @@ def _ollama_details(slot: ModelSlot) -> dict[str, Any]:
 
 
 def _digest(slot: ModelSlot) -> str:
-    source = slot.state.engine.model.source if slot.state is not None else slot.entry.path
+    chat = slot.chat_state
+    source = chat.engine.model.source if chat is not None else slot.entry.path
     return hashlib.sha256(str(source).encode()).hexdigest()
 
 
@@ -174,7 +178,7 @@ async def llama_props(request: Request) -> dict[str, Any]:
 
 
 def _lmstudio_card(slot: ModelSlot) -> dict[str, Any]:
-    state = slot.state
+    state = slot.chat_state
     path = slot.entry.path or ""
     card: dict[str, Any] = {
         "id": slot.entry.id,
@@ -188,6 +192,8 @@ def _lmstudio_card(slot: ModelSlot) -> dict[str, Any]:
         "state": "loaded" if slot.status == "loaded" else "not-loaded",
         "capabilities": ["tool_use"],
     }
+    if slot.kind != "chat":  # LM Studio's type for an embedding model
+        card.update({"type": "embeddings", "capabilities": KIND_CAPABILITIES[slot.kind]})
     if state is not None and slot.status == "loaded":
         card.update(
             {
@@ -235,6 +241,9 @@ def _ollama_tag(slot: ModelSlot) -> dict[str, Any]:
         "size": _model_file_size(slot.entry.path),
         "digest": _digest(slot),
         "details": _ollama_details(slot),
+        # Ollama lists `capabilities` in /api/show; here too, so a picker sees which
+        # models embed (["embedding"]) or rerank without asking each one.
+        "capabilities": _tag_capabilities(slot),
     }
 
 
@@ -253,6 +262,13 @@ def _ollama_adapter_tag(slot: ModelSlot, adapter: AdapterEntry) -> dict[str, Any
     )
     tag["details"] = {**tag["details"], "parent_model": _ollama_name(slot.entry.id)}
     return tag
+
+
+def _tag_capabilities(slot: ModelSlot) -> list[str]:
+    if slot.kind != "chat":
+        return KIND_CAPABILITIES[slot.kind]
+    state = slot.chat_state
+    return capabilities(state) if state is not None else ["completion", "tools"]
 
 
 @router.get("/api/tags")
@@ -281,6 +297,7 @@ async def ollama_ps(request: Request) -> dict[str, Any]:
     models = []
     for slot in model_hub(request).resident():
         assert slot.state is not None
+        chat = slot.chat_state
         models.append(
             {
                 **_ollama_tag(slot),
@@ -289,7 +306,7 @@ async def ollama_ps(request: Request) -> dict[str, Any]:
                 "size_vram": 0,
                 "context_length": slot.state.context_length,
                 # Not Ollama's: the weight plan this model runs (dtype, CPU fast paths).
-                "weights": weights_status(slot.state.engine.model),
+                "weights": weights_status(chat.engine.model) if chat is not None else None,
             }
         )
     return {"models": models}
@@ -315,6 +332,8 @@ async def ollama_show(request: Request) -> dict[str, Any] | JSONResponse:
     except ModelRequestError as exc:
         error = model_error(exc)
         return _ollama_error(error.status, error.message)
+    if isinstance(state, EmbeddingState):
+        return _show_embedding(slot, state)
     arch = _architecture(state)
     return {
         "license": "",
@@ -329,5 +348,26 @@ async def ollama_show(request: Request) -> dict[str, Any] | JSONResponse:
             f"{arch}.vocab_size": _vocab_size(state),
         },
         "capabilities": capabilities(state),
+        "modified_at": _iso(_STARTED),
+    }
+
+
+def _show_embedding(slot: ModelSlot, state: EmbeddingState) -> dict[str, Any]:
+    """`/api/show` of an embedding or reranker model: Ollama's fields for one."""
+    details = _ollama_details(slot)
+    arch = details["family"]
+    return {
+        "license": "",
+        "modelfile": f"FROM {slot.entry.path}\n",
+        "parameters": f"num_ctx {state.context_length}",
+        "template": "",
+        "details": details,
+        "model_info": {
+            "general.architecture": arch,
+            "general.basename": state.served_model_name,
+            f"{arch}.context_length": state.context_length,
+            f"{arch}.embedding_length": int(state.model.dimensions),
+        },
+        "capabilities": KIND_CAPABILITIES[state.kind],
         "modified_at": _iso(_STARTED),
     }

@@ -89,8 +89,9 @@ def is_anthropic_request(request: Request) -> bool:
     return request.url.path.startswith("/v1/messages") or "anthropic-version" in request.headers
 
 
-# Ollama's generating routes: errors are `{"error": "..."}` (server/ollama/).
-OLLAMA_PATHS = ("/api/chat", "/api/generate")
+# Ollama's generating and embedding routes: errors are `{"error": "..."}` (server/ollama/,
+# server/embeddings/).
+OLLAMA_PATHS = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings")
 
 
 def is_ollama_request(request: Request) -> bool:

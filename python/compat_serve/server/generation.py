@@ -42,6 +42,7 @@ from compat_serve.server.turn import TurnOutput
 
 if TYPE_CHECKING:
     from compat_serve.engine.vision import VisionInput
+    from compat_serve.registry.slots import ServedState
 
 RETRY_AFTER_S = "2"
 MIN_TEMPERATURE = 1e-4
@@ -66,15 +67,35 @@ def server_state(request: Request) -> ServerState:
 
 
 async def model_state(request: Request, name: str | None) -> ServerState:
-    """The state of the model a request names (id, alias, adapter, else the default
-    model), loaded first if it is cold: the start of every route that serves a model. A
-    body's `keep_alive` (Ollama) or `ttl` (LM Studio) sets how long the model stays idle.
+    """The state of the chat model a request names (id, alias, adapter, else the default
+    model), loaded first if it is cold: the start of every chat route. A body's
+    `keep_alive` (Ollama) or `ttl` (LM Studio) sets how long the model stays idle. An
+    embedding or reranker model named here is a 400 naming its kind (before it loads).
     The adapter the name picked is kept on the request for `request_adapter`."""
+    served = await served_model_state(request, name, want="chat")
+    assert isinstance(served, ServerState)
+    return served
+
+
+async def served_model_state(request: Request, name: str | None, *, want: str) -> ServedState:
+    """The state of the model `name` routes to, which must be of kind `want` ("chat",
+    "embedding" or "reranker"): else a 400 naming the model's kind and what it serves.
+    A chat model's adapter (the name's) is kept on the request for `request_adapter`."""
+    from compat_serve.embeddings.state import KIND_SERVES
+
+    hub = model_hub(request)
     leases = getattr(request.state, MODEL_LEASES, None)
     try:
-        state, adapter = await model_hub(request).acquire_route(
-            name, await _lifetime_fields(request), leases
-        )
+        model_id = hub.route(name).id
+        kind = hub.slots[model_id].kind
+        if kind != want:
+            raise ModelRequestError(
+                400,
+                f"model {model_id!r} is {_article(kind)} {kind} model: it serves "
+                f"{KIND_SERVES[kind]}, not {KIND_SERVES[want].split(' (')[0]}",
+                code="wrong_model_kind",
+            )
+        state, adapter = await hub.acquire_route(name, await _lifetime_fields(request), leases)
     except ModelRequestError as exc:
         raise model_error(exc) from exc
     setattr(request.state, _ADAPTER, None if adapter is None else adapter.name)
@@ -89,6 +110,10 @@ def request_adapter(request: Request) -> str | None:
     """The LoRA adapter the request's model name picked (None: the base model)."""
     adapter: str | None = getattr(request.state, _ADAPTER, None)
     return adapter
+
+
+def _article(kind: str) -> str:
+    return "an" if kind[0] in "aeiou" else "a"
 
 
 async def _lifetime_fields(request: Request) -> dict[str, object] | None:

@@ -23,6 +23,7 @@ def models_status(hub: ModelHub) -> list[dict[str, Any]]:
     return [
         {
             "id": slot.entry.id,
+            "kind": slot.kind,
             "state": slot.status,
             "default": slot.entry is hub.registry.default,
             "aliases": list(slot.entry.aliases),
@@ -33,7 +34,7 @@ def models_status(hub: ModelHub) -> list[dict[str, Any]]:
             "in_flight": slot.in_flight,
             "failure": slot.failure,
             # The weight plan the resident model runs (models/weight_report.py).
-            "weights": weights_status(slot.state.engine.model) if slot.state else None,
+            "weights": weights_status(slot.chat_state.engine.model) if slot.chat_state else None,
         }
         for slot in hub.slots.values()
     ]
@@ -53,12 +54,13 @@ async def status(request: Request) -> dict[str, Any]:
     engine = state.engine
     rows = []
     for slot in hub.resident() if len(hub.slots) > 1 else [hub.slots[hub.registry.default.id]]:
-        if slot.state is None:
+        chat = slot.chat_state
+        if chat is None:
             continue
         # Token counts and decode rate come from the metrics registry, which counts every
         # token; the status board holds phase, prompt size and TTFT.
-        progress = slot.state.engine.metrics.progress()
-        for row in slot.state.engine.status.snapshot():
+        progress = chat.engine.metrics.progress()
+        for row in chat.engine.status.snapshot():
             row.update(progress.get(row["request_id"], {}))
             if len(hub.slots) > 1:
                 row["model"] = slot.entry.id
@@ -97,9 +99,9 @@ async def metrics(request: Request) -> PlainTextResponse:
     else:
         engines = merge_expositions(
             [
-                (slot.entry.id, slot.state.engine.metrics.render())
+                (slot.entry.id, slot.chat_state.engine.metrics.render())
                 for slot in hub.resident()
-                if slot.state is not None
+                if slot.chat_state is not None
             ]
         )
     return PlainTextResponse(engines + hub.metrics.render(), media_type=CONTENT_TYPE)

@@ -258,9 +258,17 @@ SCHEMAS: dict[str, JsonSchema] = {
             "state": _MODEL_STATE,
             "status": _object({"value": _MODEL_STATE}),
             "aliases": {"type": "array", "items": _STR},
+            # What the model serves (#37): chat, or embeddings, or rerank and score.
+            "kind": {"enum": ["chat", "embedding", "reranker"]},
+            "capabilities": {"type": "array", "items": _STR},
+            "max_input_tokens": _INT,
+            "dimensions": _INT,
         },
-        # A model not resident yet lists no window, defaults nor parsers (#27).
+        # A model not resident yet lists no window, defaults nor parsers (#27); only a
+        # resident embedding or reranker model its input limit and width.
         optional=(
+            "max_input_tokens",
+            "dimensions",
             "context_length",
             "max_model_len",
             "max_context_length",

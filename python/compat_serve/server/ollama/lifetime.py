@@ -25,7 +25,7 @@ from fastapi import Request
 from compat_serve.registry.entries import ModelEntry
 from compat_serve.registry.hub import ModelHub, ModelRequestError, parse_lifetime
 from compat_serve.server.errors import ApiError
-from compat_serve.server.generation import model_error, model_hub, model_state
+from compat_serve.server.generation import model_error, model_hub, served_model_state
 from compat_serve.server.output_format import bad
 
 
@@ -53,7 +53,7 @@ async def load(request: Request, name: str) -> None:
     """Ollama's preload: a configured model made resident (its lifetime from the body's
     keep_alive). Like an unload, it needs a name that matches a configured model."""
     entry = _configured(request, name)
-    await model_state(request, entry.id)
+    await served_model_state(request, entry.id, want=model_hub(request).slots[entry.id].kind)
 
 
 async def unload(request: Request, name: str) -> None:
