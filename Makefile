@@ -102,8 +102,12 @@ test: build lint docs check-installed test-rust test-python test-cpu-fallback te
 test-rust:
 	cargo test --workspace --quiet
 
+# Two pytest workers (pytest-xdist), whole files each so a module's server fixture starts
+# once: much of the suite waits on subprocesses, sockets and clients, and two workers
+# overlap that waiting on two cores. PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
 test-python: build
-	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The decode tests once more with the Rust CPU kernels turned off, so the fallback a CPU
 # without AVX-512 runs (input-major weights, MLX's decode attention) is tested here too.
