@@ -174,6 +174,8 @@ bench-python: build
 	$(PY) benches/multi_model.py
 	$(PY) benches/multi_model_replay.py
 	$(PY) benches/load_speed.py
+	$(PY) benches/embeddings.py
+	$(PY) benches/lora.py
 
 # The GPU kit (#35): wheels a lent NVIDIA device lacks, our abi3 wheel and the embedded
 # GGUF, packed in parts that fit the device tool's calls (.gpu-kit/, ignored); the calls
