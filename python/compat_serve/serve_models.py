@@ -191,6 +191,19 @@ def with_lora_flags(entries: list[ModelEntry], loras: tuple[str, ...]) -> list[M
     ]
 
 
+def check_adapter_bases(entries: list[ModelEntry]) -> None:
+    """LoRA adapters apply to chat models: a ValueError (before anything loads on demand)
+    for adapters on an embedding or reranker model."""
+    for entry in entries:
+        kind = path_kind(entry.path) if entry.adapters else "chat"
+        if kind != "chat":
+            raise ValueError(
+                f"{entry.origin}: model {entry.id!r} is {'an' if kind[0] in 'aeiou' else 'a'} "
+                f"{kind} model; LoRA adapters "
+                f"({', '.join(a.name for a in entry.adapters)}) apply to chat models only"
+            )
+
+
 def build_hub(
     base: ServeOptions, flags: ModelFlags, single_state: ServedState | None = None
 ) -> ModelHub:
@@ -223,6 +236,7 @@ def build_hub(
             ),
         )
     entries = with_lora_flags(entries, flags.loras)
+    check_adapter_bases(entries)
     registry = ModelRegistry(entries, strict=base.strict_model_names)
     engine_host = EngineHost()  # one thread steps every resident model, and runs loads' MLX work
     hub = ModelHub(

@@ -14,7 +14,7 @@ from compat_serve.registry.adapters import AdapterEntry, parse_lora_flag
 from compat_serve.registry.config_file import ModelsFileError, load_models_file
 from compat_serve.registry.entries import ModelEntry
 from compat_serve.registry.routing import ModelRegistry, UnknownAdapter
-from compat_serve.serve_models import SINGLE_ORIGIN, with_lora_flags
+from compat_serve.serve_models import SINGLE_ORIGIN, check_adapter_bases, with_lora_flags
 from tests.python.test_cli import run_cli
 
 
@@ -188,3 +188,19 @@ def test_a_bad_lora_flag_stops_the_start_before_the_model_loads(files: Path) -> 
     assert f"adapter 'x': {files}/adapters/empty is not an adapter" in result.stderr
     assert "Traceback" not in result.stderr
     assert "loading" not in result.stderr.lower()
+
+
+def test_adapters_on_an_embedding_model_are_refused(files: Path, tmp_path: Path) -> None:
+    from tests.tiny_embedding_models import write_bert_embedding
+
+    embedder = write_bert_embedding(tmp_path / "bert")
+    adapter = AdapterEntry("style", str(files / "adapters" / "style"))
+    check_adapter_bases([ModelEntry("chat", None, adapters=(adapter,))])
+    with pytest.raises(ValueError) as err:
+        check_adapter_bases(
+            [ModelEntry("bert", str(embedder), adapters=(adapter,), origin="m.yaml:3")]
+        )
+    assert str(err.value) == (
+        "m.yaml:3: model 'bert' is an embedding model; LoRA adapters (style) apply to chat "
+        "models only"
+    )
