@@ -126,6 +126,7 @@ def main() -> None:
 
     from compat_serve.engine.config import EngineConfig
     from compat_serve.engine.engine import Engine
+    from compat_serve.engine.host import EngineHost
     from compat_serve.models.loader import load_model
 
     loaded = load_model(None, dtype=args.dtype)
@@ -133,11 +134,14 @@ def main() -> None:
     config = EngineConfig(max_num_seqs=STREAMS, prefix_cache=False)
     engine = Engine(loaded, config)
     bare = Engine(load_model(None, dtype=args.dtype), config)
-    bare.start()
+    # One host thread steps both engines, as in the server (serve_models.py); only one of
+    # them has work at a time here.
+    host = EngineHost()
+    bare.start(host)
     with tempfile.TemporaryDirectory() as tmp:
         for i, folder in enumerate(write_adapters(loaded.model, Path(tmp), 4)):
             engine.add_adapter(f"a{i}", folder)
-    engine.start()
+    engine.start(host)
     print(f"model: {loaded.name} ({loaded.dtype}), {STREAMS} streams, {args.tokens} tokens each")
     rates: dict[str, list[float]] = {case: [] for case in CASES}
     cpu_rates: dict[str, list[float]] = {case: [] for case in CASES}
