@@ -52,6 +52,13 @@ def cross_encoder_activation(config: dict[str, Any]) -> str:
     return "sigmoid"
 
 
+def cross_encoder_score(logits: mx.array, activation: str) -> mx.array:
+    """A 1-label head's relevance scores from its logits `[n, 1]`, as float32 with the
+    activation `cross_encoder_activation` named."""
+    logit = logits[:, 0].astype(mx.float32)
+    return mx.sigmoid(logit) if activation == "sigmoid" else logit
+
+
 def load_strict(module: Module, weights: dict[str, mx.array], model_dir: Path) -> None:
     try:
         module.load_weights(list(weights.items()), strict=True)

@@ -22,6 +22,7 @@ from mlx.nn.layers.linear import Linear
 
 from compat_serve.embeddings.checkpoint import (
     cross_encoder_activation,
+    cross_encoder_score,
     head_labels,
     max_tokens,
     read_weights,
@@ -163,8 +164,7 @@ def decoder_model(
 
         def score(ids: mx.array, mask: mx.array, lengths: mx.array) -> mx.array:
             del mask
-            logit = scorer(ids, lengths)[:, 0].astype(mx.float32)
-            return mx.sigmoid(logit) if activation == "sigmoid" else logit
+            return cross_encoder_score(scorer(ids, lengths), activation)
 
         return EmbeddingModel(
             kind="reranker",

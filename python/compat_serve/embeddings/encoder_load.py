@@ -12,6 +12,7 @@ from mlx.nn.layers.base import Module
 
 from compat_serve.embeddings.checkpoint import (
     cross_encoder_activation,
+    cross_encoder_score,
     head_labels,
     load_strict,
     max_tokens,
@@ -110,8 +111,7 @@ def encoder_model(
 
         def score(ids: mx.array, mask: mx.array, lengths: mx.array) -> mx.array:
             del lengths
-            logit = head(ids, mask)[:, 0].astype(mx.float32)
-            return mx.sigmoid(logit) if activation == "sigmoid" else logit
+            return cross_encoder_score(head(ids, mask), activation)
 
         return EmbeddingModel(
             kind="reranker",
