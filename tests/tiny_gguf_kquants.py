@@ -1,6 +1,6 @@
-"""Tiny GGUFs with K-quant tensors (Q4_K, Q6_K, Q2_K...), which the `gguf` package can
-dequantize but not write: random blocks stand in for quantized weights, and the reference
-directory holds `gguf.quants.dequantize` of the same blocks."""
+"""Tiny GGUFs with tensors of any llama.cpp block type (K-quants, IQ4, MXFP4...), which the
+`gguf` package can dequantize but not all write: random blocks stand in for quantized
+weights, and the reference directory holds `gguf.quants.dequantize` of the same blocks."""
 
 from __future__ import annotations
 
@@ -30,18 +30,27 @@ QWEN3_256 = GGUFCase(
 )
 
 
-def random_k_blocks(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Random K-quant blocks (all codes and sub-block scales random) with small finite
-    float16 super-block scales; `gguf.quants` can dequantize but not write K-quants."""
+# Where each type keeps its float16 scales: (byte offset from the block's start, count);
+# a negative offset counts from the block's end. MXFP4's one-byte E8M0 exponent is separate.
+_F16_SCALES = {
+    "Q4_0": (0, 1), "Q5_0": (0, 1), "Q8_0": (0, 1), "IQ4_NL": (0, 1), "IQ4_XS": (0, 1),
+    "Q4_1": (0, 2), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2),
+    "Q2_K": (-4, 2), "Q3_K": (-2, 1), "Q6_K": (-2, 1),
+}  # fmt: skip
+
+
+def random_blocks(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Random blocks of `qtype` (all codes and sub-block scales random) with small finite
+    float16 scales (MXFP4: exponents near 2^0)."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
-    scales = rng.uniform(1e-4, 3e-4, (raw.shape[0], 2)).astype(np.float16).view(np.uint8)
-    if qtype == Q.Q2_K:
-        raw[:, -4:] = scales  # d, dmin at the end
-    elif qtype in (Q.Q4_K, Q.Q5_K):
-        raw[:, :4] = scales  # d, dmin at the start
-    else:  # Q3_K, Q6_K: d at the end
-        raw[:, -2:] = scales[:, :2]
+    if qtype == Q.MXFP4:
+        raw[:, 0] = rng.integers(118, 130, raw.shape[0])
+    else:
+        at, count = _F16_SCALES[qtype.name]
+        scales = rng.uniform(1e-4, 3e-4, (raw.shape[0], count)).astype(np.float16)
+        start = at if at >= 0 else size + at
+        raw[:, start : start + 2 * count] = scales.view(np.uint8)
     return raw.reshape(rows, cols // block * size)
 
 
@@ -59,7 +68,7 @@ def write_k_quant_case(
     rng = np.random.default_rng(seed)
     weights = {k: np.array(v.astype(mx.float32)) for k, v in tree_flatten(model.parameters())}
     blocks = {
-        name: random_k_blocks(qtype, *value.shape, rng)
+        name: random_blocks(qtype, *value.shape, rng)
         for name, value in weights.items()
         if value.ndim == 2
     }

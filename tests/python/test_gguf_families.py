@@ -21,11 +21,11 @@ from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 from mlx_lm.utils import load_model
 
 from compat_serve.models.errors import ModelLoadError
-from compat_serve.models.gguf import load_gguf, read_gguf, requantize_dense
+from compat_serve.models.gguf import load_gguf
 from compat_serve.models.gguf_header import read_tensor_table
 from compat_serve.models.weight_estimate import estimate_weight_bytes
 from tests.tiny_gguf import CASES, small_tokenizer_fields, write_case
-from tests.tiny_gguf_kquants import random_k_blocks, write_k_quant_case
+from tests.tiny_gguf_kquants import write_k_quant_case
 
 # 40 tokens: past gemma3's 24-token sliding window, so a wrong window or pattern shows.
 TOKENS = mx.array([[1, 50, 34, 28, 46, 31, 70, 30, 216, 198] * 4])
@@ -40,7 +40,7 @@ QUANTIZED_REL_TOL = 1e-2
 TYPES_PER_FAMILY = ["F32", "Q8_0", "Q4_0"]
 MORE_TYPES = [
     ("qwen3", "F16"),
-    ("qwen3", "BF16"),  # mx.load hands BF16 back as float16: exact for weights in its range
+    ("qwen3", "BF16"),
     ("gemma3", "BF16"),
     ("qwen3", "Q4_1"),
     ("gemma3", "Q4_1"),
@@ -142,102 +142,46 @@ def _one_tensor_gguf(path: Path, qtype: gguf.GGMLQuantizationType, raw: np.ndarr
     return path
 
 
-@pytest.mark.parametrize("name", ["Q6_K", "Q2_K"])
-def test_k_quants_mlx_reads_load_and_stay_quantized(tmp_path: Path, name: str) -> None:
-    qtype = gguf.GGMLQuantizationType[name]
-    raw = random_k_blocks(qtype, 8, 512, np.random.default_rng(0))
-    path = _one_tensor_gguf(tmp_path / f"{name}.gguf", qtype, raw)
-    expected = gguf.quants.dequantize(raw, qtype)
-    weights, _ = read_gguf(str(path))
-    dense = np.array(weights["blk.0.attn_q.weight"].astype(mx.float32))
-    # MLX hands them back as float16: equal up to its rounding.
-    np.testing.assert_allclose(dense, expected, rtol=1e-3, atol=1e-6)
-
-    requantize_dense(weights, {t.name: t.type_name for t in read_tensor_table(str(path))})
-    packed = weights["blk.0.attn_q.weight"]
-    bits = {"Q6_K": 8, "Q2_K": 4}[name]
-    assert packed.dtype == mx.uint32 and packed.shape == (8, 512 * bits // 32)
-    again = mx.dequantize(
-        packed,
-        weights["blk.0.attn_q.scales"],
-        weights["blk.0.attn_q.biases"],
-        group_size=32,
-        bits=bits,
-    )
-    # Requantized over groups of 32 from mx.load's float16: MLX's affine rounding (zero kept
-    # exact) reaches one step of the group's range; measured up to 1.07 steps.
-    got = np.array(again.astype(mx.float32)).reshape(8, -1, 32)
-    step = np.ptp(expected.reshape(8, -1, 32), axis=-1) / (2**bits - 1)
-    assert (np.abs(got - expected.reshape(8, -1, 32)).max(axis=-1) / step).max() <= 1.1
-    # The memory estimate counts what the loader keeps: the requantized triple.
-    kept = sum(int(array.nbytes) for array in weights.values())
-    assert estimate_weight_bytes(str(path), "quantized") == kept
-
-
-def test_q4_k_is_read_from_its_bytes(tmp_path: Path) -> None:
-    """mx.load decodes Q4_K with the wrong sub-block scale (mlx 0.32.4), so gguf_q4k.py reads
-    it: exactly MLX 4-bit affine, group 32. Were MLX fixed, the first assertion fails and
-    the loader can leave Q4_K to mx.load again."""
-    qtype = gguf.GGMLQuantizationType.Q4_K
-    raw = random_k_blocks(qtype, 8, 512, np.random.default_rng(0))
-    path = _one_tensor_gguf(tmp_path / "q4k.gguf", qtype, raw)
-    expected = gguf.quants.dequantize(raw, qtype)
-    misread = np.array(mx.load(str(path))["blk.0.attn_q.weight"].astype(mx.float32))
-    assert np.abs(misread - expected).max() > 0.1 * np.abs(expected).max()
-
-    weights, _ = read_gguf(str(path))
-    packed = weights["blk.0.attn_q.weight"]
-    assert packed.dtype == mx.uint32 and packed.shape == (8, 64)
-    scales, biases = weights["blk.0.attn_q.scales"], weights["blk.0.attn_q.biases"]
-    got = mx.dequantize(
-        packed, scales.astype(mx.float32), biases.astype(mx.float32), group_size=32, bits=4
-    )
-    # Scales and biases are float16 (as mx.load gives Q4_0/Q4_1's): d * sc_j rounds to
-    # within 2^-11 of itself, so values within 2^-11 of the largest one.
-    tol = 2**-11 * np.abs(expected).max()
-    assert np.abs(np.array(got) - expected).max() <= tol
-
-
+# Q4_K_M/Q5_K_M files (llama.cpp's K-quants; Q5_0 where a row is not 256-aligned, as in
+# Gemma 3 270M), read from the file's bytes (models/gguf_tensors.py): dense, the directory's
+# values bit for bit; kept quantized, MLX layouts whose sub-block scales round to float16.
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q5_0"])
 @pytest.mark.parametrize("dtype", [None, "quantized"])
-def test_q4_k_model_gives_the_directorys_logits(
-    tmp_path: Path, tokenizer: dict[str, Any], dtype: str | None
+def test_k_quant_models_give_the_directorys_logits(
+    tmp_path: Path, tokenizer: dict[str, Any], dtype: str | None, name: str
 ) -> None:
-    ref_dir, path = write_k_quant_case(tmp_path, "Q4_K", tokenizer)
+    ref_dir, path = write_k_quant_case(tmp_path, name, tokenizer)
     reference, _ = load_model(ref_dir)
     loaded = load_gguf(str(path), dtype=dtype)
-    assert loaded.dtype == ("quantized-4bit" if dtype else "float32")
-    # The memory estimate is what this load made (Q4_K kept 4-bit, not float16).
+    bits = {"Q4_K": 4, "Q5_K": 5, "Q5_0": 5}[name]
+    assert loaded.dtype == (f"quantized-{bits}bit" if dtype else "float32")
+    # The memory estimate is what this load made.
     loaded_bytes = sum(int(a.nbytes) for _, a in tree_flatten(loaded.model.parameters()))
     assert estimate_weight_bytes(str(path), dtype) == loaded_bytes
     expected = reference(TOKENS)
+    if dtype is None:
+        assert _max_delta(loaded.model(TOKENS), expected) <= DENSE_TOL
+        return
     scale = float(mx.abs(expected).max())
-    # float16 sub-block scales (above) against the float32 reference.
     assert _max_delta(loaded.model(TOKENS), expected) <= QUANTIZED_REL_TOL * scale
 
 
-def test_q5_k_is_refused_in_one_line(tmp_path: Path) -> None:
-    qtype = gguf.GGMLQuantizationType.Q5_K
-    path = _one_tensor_gguf(
-        tmp_path / "q5k.gguf", qtype, random_k_blocks(qtype, 8, 512, np.random.default_rng(0))
-    )
+# IQ2_XXS/IQ3_S (lattice codebooks) and TQ1_0 (ternary) have no MLX layout: each is refused
+# by name, in one line, before any tensor is read.
+@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ3_S", "TQ1_0"])
+def test_types_without_a_reader_are_refused_in_one_line(tmp_path: Path, name: str) -> None:
+    qtype = gguf.GGMLQuantizationType[name]
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = np.zeros((8, 512 // block * size), np.uint8)
+    path = _one_tensor_gguf(tmp_path / f"{name}.gguf", qtype, raw)
     with pytest.raises(ModelLoadError) as err:
         load_gguf(str(path))
     message = str(err.value)
     assert "\n" not in message
-    assert "tensor blk.0.attn_q.weight stored as Q5_K, a GGUF type MLX cannot read" in message
+    assert f"tensor blk.0.attn_q.weight stored as {name}, a GGUF type compat-serve cannot read" in (
+        message
+    )
     assert "llama-quantize --allow-requantize IN.gguf OUT.gguf Q8_0" in message
-
-
-# Q5_0/IQ4_NL: mx.load raises a bare "gguf_tensor_to_f16 failed"; MXFP4: it silently drops
-# the tensor. Each is refused by name before MLX reads the file.
-@pytest.mark.parametrize("name", ["Q5_0", "IQ4_NL", "MXFP4"])
-def test_types_mlx_cannot_read_are_refused(tmp_path: Path, name: str) -> None:
-    qtype = gguf.GGMLQuantizationType[name]
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    raw = np.zeros((8, 256 // block * size), np.uint8)
-    path = _one_tensor_gguf(tmp_path / f"{name}.gguf", qtype, raw)
-    with pytest.raises(ModelLoadError, match=f"blk.0.attn_q.weight stored as {name}, a GGUF"):
-        load_gguf(str(path))
 
 
 def test_unsupported_architecture_lists_the_supported_ones(tmp_path: Path) -> None:
@@ -272,9 +216,11 @@ def models_dir_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     ):
         _, path = write_case(tmp_path_factory.mktemp(case), case, qtype, fields)
         path.rename(root / file)
-    q5k = gguf.GGMLQuantizationType.Q5_K
-    raw = random_k_blocks(q5k, 8, 512, np.random.default_rng(0))
-    _one_tensor_gguf(root / "Qwen3-tiny-Q5_K_M.gguf", q5k, raw)
+    iq2 = gguf.GGMLQuantizationType.IQ2_XXS
+    block, size = gguf.GGML_QUANT_SIZES[iq2]
+    _one_tensor_gguf(
+        root / "Qwen3-tiny-IQ2_XXS.gguf", iq2, np.zeros((8, 512 // block * size), np.uint8)
+    )
     hub = build_hub(ServeOptions(), ModelFlags(models_dir=str(root)))
     running = run_app(create_app(hub), hub)
     yield running.base_url
@@ -284,7 +230,7 @@ def models_dir_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 def test_models_dir_lists_and_serves_family_ggufs(models_dir_server: str) -> None:
     base = models_dir_server
     ids = [card["id"] for card in httpx.get(f"{base}/v1/models").json()["data"]]
-    assert ids == ["Qwen3-tiny-Q4_0", "Qwen3-tiny-Q5_K_M", "gemma-2-tiny.Q8_0"]
+    assert ids == ["Qwen3-tiny-IQ2_XXS", "Qwen3-tiny-Q4_0", "gemma-2-tiny.Q8_0"]
     for model in ("Qwen3-tiny-Q4_0", "gemma-2-tiny.Q8_0"):
         reply = httpx.post(
             f"{base}/v1/chat/completions",
@@ -296,16 +242,16 @@ def test_models_dir_lists_and_serves_family_ggufs(models_dir_server: str) -> Non
         assert body["model"] == model
         assert body["usage"]["completion_tokens"] >= 1
 
-    # A file of a type MLX cannot read is listed, and a request for it gets the one-line
+    # A file of a type compat-serve cannot read is listed, and a request for it gets the one-line
     # refusal (the hub's load-failure policy: 500 on the failed load, 400 after).
     reply = httpx.post(
         f"{base}/v1/chat/completions",
-        json={"model": "Qwen3-tiny-Q5_K_M", "messages": [{"role": "user", "content": "Hi"}]},
+        json={"model": "Qwen3-tiny-IQ2_XXS", "messages": [{"role": "user", "content": "Hi"}]},
         timeout=120,
     )
     assert reply.status_code == 500  # the first request: the failed load itself
     message = reply.json()["error"]["message"]
-    assert "stored as Q5_K, a GGUF type MLX cannot read" in message
+    assert "stored as IQ2_XXS, a GGUF type compat-serve cannot read" in message
     assert "llama-quantize" in message
 
 

@@ -1,11 +1,13 @@
 """Load a `.gguf` file of a supported architecture into its mlx-lm model class.
 
-`mx.load(path, return_metadata=True)` reads the file: Q4_0/Q4_1/Q8_0 tensors come back as MLX
-affine-quantized triples (`weight` uint32, `scales`, `biases`), other tensors as dense arrays.
-`gguf_families/` turns the metadata into the family's mlx-lm config and llama.cpp's tensors
-into mlx-lm's parameters (renames, Q/K row un-permutation for llama, Gemma's +1 norms, MLA
-splits); this module reads the file, refuses what MLX cannot read (`gguf_header.py`), keeps
-quantized layers quantized where the backend wants them, and builds the `LoadedModel`.
+compat-serve reads the file itself (gguf_header.py, gguf_tensors.py): quantized tensors come
+back in MLX's nearest quantized layout (`weight` uint32, `scales`, `biases`; gguf_layout.py)
+where weights stay quantized, else as dense float32 equal to llama.cpp's dequantization
+(gguf_dequant.py). `gguf_families/` turns the metadata into the family's mlx-lm config and
+llama.cpp's tensors into mlx-lm's parameters (renames, Q/K row un-permutation for llama,
+Gemma's +1 norms, MLA splits); this module refuses the types it cannot read (one line
+naming the tensor), keeps quantized layers quantized where the backend wants them, and
+builds the `LoadedModel`.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ from compat_serve.models.gguf_families import (
     unpermute_rows,
 )
 from compat_serve.models.gguf_families.common import Hparams, rename_tensors
-from compat_serve.models.gguf_header import MX_READABLE_TYPES, GGUFTensorInfo, read_tensor_table
+from compat_serve.models.gguf_header import GGUFTensorInfo, read_header
+from compat_serve.models.gguf_layout import GROUP, LAYOUTS
 from compat_serve.models.gguf_metadata import GGUFMetadata
-from compat_serve.models.gguf_q4k import read_q4_k
+from compat_serve.models.gguf_tensors import READABLE_TYPES, read_tensors, unreadable
 from compat_serve.models.gguf_tokenizer import GGUFTokenizerInfo, build_gguf_tokenizer
 from compat_serve.models.load_steps import (
     WORKER,
@@ -75,72 +78,55 @@ logger = logging.getLogger(__name__)
 
 _permute_rows = permute_rows  # the tests write llama.cpp's layout with it
 
-# Types `mx.load` hands back as dense float16 although the file stores them quantized:
-# where weights stay quantized they are quantized again with MLX's affine scheme (group 32).
-# Neither maps exactly (their sub-blocks are 16 values, MLX's smallest group 32), so each
-# gets more bits than it had: Q6_K (chosen for near-lossless layers) 8, Q2_K 4.
-_REQUANTIZE_BITS = {"Q6_K": 8, "Q2_K": 4}
 
-
-# What this loader reads: mx.load's types, and Q4_K from the file's bytes (gguf_q4k.py).
-READABLE_TYPES = MX_READABLE_TYPES | {"Q4_K"}
-
-
-def _refuse_unreadable(path: str) -> list[GGUFTensorInfo]:
-    """The tensor table; a one-line refusal for any type the loader cannot read."""
-    table = read_tensor_table(path)
-    bad = [t for t in table if t.type_name not in READABLE_TYPES]
+def _refuse_unreadable(path: str, table: list[GGUFTensorInfo]) -> None:
+    """A one-line refusal for any tensor type the loader cannot read."""
+    bad = unreadable(table)
     if bad:
         first = bad[0]
         more = f" and {len(bad) - 1} more tensors" if len(bad) > 1 else ""
         raise ModelLoadError(
-            f"{path}: tensor {first.name}{more} stored as {first.type_name}, a GGUF type MLX "
-            f"cannot read (loadable: {', '.join(sorted(READABLE_TYPES))}); requantize the "
-            "file (llama.cpp: llama-quantize --allow-requantize IN.gguf OUT.gguf Q8_0) or "
-            "serve the original weights as an MLX/HF model directory"
+            f"{path}: tensor {first.name}{more} stored as {first.type_name}, a GGUF type "
+            f"compat-serve cannot read (loadable: {', '.join(sorted(READABLE_TYPES))}); "
+            "requantize the file (llama.cpp: llama-quantize --allow-requantize IN.gguf "
+            "OUT.gguf Q8_0) or serve the original weights as an MLX/HF model directory"
         )
-    return table
 
 
-def read_gguf(path: str) -> tuple[dict[str, mx.array], GGUFMetadata]:
-    """Tensors and metadata of a GGUF file (refused if a tensor's type is unreadable)."""
-    weights, meta, _types = _read_typed(path)
+def read_gguf(
+    path: str, *, keep_quantized: bool = True
+) -> tuple[dict[str, mx.array], GGUFMetadata]:
+    """Tensors (llama.cpp names) and metadata of a GGUF file (refused if a tensor's type is
+    unreadable). `keep_quantized`: quantized tensors in MLX's layout (gguf_layout.py), else
+    dense float32 equal to llama.cpp's dequantization."""
+    weights, meta, _quant, _types = _read_typed(path, keep_quantized=keep_quantized)
     return weights, meta
 
 
-def _read_typed(path: str) -> tuple[dict[str, mx.array], GGUFMetadata, dict[str, str]]:
+def _read_typed(
+    path: str, *, keep_quantized: bool
+) -> tuple[dict[str, mx.array], GGUFMetadata, dict[str, QuantParams], dict[str, str]]:
     if not os.path.isfile(path):
         raise ModelLoadError(f"GGUF file not found: {path}")
-    table = _refuse_unreadable(path)
-    try:
-        loaded: Any = mx.load(path, format="gguf", return_metadata=True)
-    except Exception as exc:
-        raise ModelLoadError(f"cannot read GGUF {path}: {exc}") from exc
-    weights, raw_meta = loaded
-    weights = dict(weights)
-    for info in table:
-        if info.type_name == "Q4_K":  # mx.load's float16 values are wrong: read the codes
-            prefix = info.name.removesuffix(".weight")
-            packed, scales, biases = read_q4_k(path, info)
-            weights[info.name] = mx.array(packed)
-            weights[f"{prefix}.scales"] = mx.array(scales)
-            weights[f"{prefix}.biases"] = mx.array(biases)
-    types = {t.name: t.type_name for t in table}
-    return weights, GGUFMetadata(raw_meta, path=path), types
+    header = read_header(path)
+    _refuse_unreadable(path, header.tensors)
+    read = read_tensors(path, header.tensors, keep_quantized=keep_quantized)
+    types = {t.name: t.type_name for t in header.tensors}
+    return read.weights, GGUFMetadata(header.metadata, path=path), read.quant, types
 
 
-def requantize_dense(weights: dict[str, mx.array], types: Mapping[str, str]) -> None:
-    """Quantize again (in place) the K-quant tensors `mx.load` dequantized to float16."""
+def _stored_quantization(family: Family, types: Mapping[str, str]) -> dict[str, QuantParams]:
+    """mlx-lm module path -> the layout of each quantized tensor kept quantized: what the file
+    holds, reported on dense loads too (`extra["quantization"]`)."""
+    out: dict[str, QuantParams] = {}
     for name, type_name in types.items():
-        bits = _REQUANTIZE_BITS.get(type_name)
-        tensor = weights.get(name)
-        if bits is None or tensor is None or tensor.ndim < 2 or tensor.shape[-1] % 32:
+        layout = LAYOUTS.get(type_name)
+        if layout is None or not name.endswith(".weight"):
             continue
-        prefix = name.removesuffix(".weight")
-        packed, scales, biases = mx.quantize(tensor, group_size=32, bits=bits)
-        weights[name] = packed
-        weights[f"{prefix}.scales"] = scales
-        weights[f"{prefix}.biases"] = biases
+        renamed, _rope = rename_tensors(family, {name: mx.array(0)})
+        for mlx_name in renamed:
+            out[mlx_name.removesuffix(".weight")] = QuantParams(GROUP, layout.bits, layout.mode)
+    return out
 
 
 class GGUFRoPE(Module):
@@ -173,6 +159,7 @@ class GGUFModelParts:
     metadata: GGUFMetadata
     family: Family
     rope_freqs: mx.array | None = None
+    stored_quant: dict[str, QuantParams] = field(default_factory=dict)  # what the file holds
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -198,18 +185,16 @@ def read_gguf_parts(path: str, *, keep_quantized: bool = True) -> GGUFModelParts
 
 
 def gguf_parts_steps(path: str, *, keep_quantized: bool = True) -> LoadSteps[GGUFModelParts]:
-    """`read_gguf_parts` as load steps (models/load_steps.py): MLX reads the whole file
-    eagerly in one host slice; the tokenizer is built from its metadata off the host.
-    `keep_quantized` quantizes again the K-quant tensors MLX reads as float16."""
+    """`read_gguf_parts` as load steps (models/load_steps.py): the whole file is read in one
+    host slice; the tokenizer is built from its metadata off the host. `keep_quantized`:
+    quantized tensors in MLX's nearest layout (gguf_layout.py), else dense float32."""
     t0 = time.perf_counter()
     logger.info("loading GGUF %s", path)
     yield host("read GGUF")
-    raw_weights, meta, types = _read_typed(path)
+    raw_weights, meta, _quant, types = _read_typed(path, keep_quantized=keep_quantized)
     t_read = time.perf_counter()
     logger.info("read %d tensors in %.2fs", len(raw_weights), t_read - t0)
     family = family_for(meta)
-    if keep_quantized:
-        requantize_dense(raw_weights, types)
     config = family.config(Hparams(meta), raw_weights)
     renamed, rope = rename_tensors(family, raw_weights)
     del raw_weights
@@ -224,9 +209,13 @@ def gguf_parts_steps(path: str, *, keep_quantized: bool = True) -> LoadSteps[GGU
         dense_shape = shapes.get(f"{prefix}.weight")
         if dense_shape is None:
             raise ModelLoadError(f"{path}: quantized tensor {prefix} has no model parameter")
-        quant[prefix] = infer_quant_params(
-            weights[f"{prefix}.weight"], weights[f"{prefix}.scales"], dense_shape[-1], name=prefix
+        scales = weights[f"{prefix}.scales"]
+        params = infer_quant_params(
+            weights[f"{prefix}.weight"], scales, dense_shape[-1], name=prefix
         )
+        if scales.dtype == mx.uint8:  # E8M0 exponents: MXFP4 (gguf_layout.py)
+            params = QuantParams(params.group_size, params.bits, "mxfp4")
+        quant[prefix] = params
     if missing:
         raise ModelLoadError(f"{path}: the GGUF lacks {', '.join(missing[:3])} ({len(missing)})")
     yield WORKER
@@ -243,6 +232,7 @@ def gguf_parts_steps(path: str, *, keep_quantized: bool = True) -> LoadSteps[GGU
         config=config,
         weights=weights,
         quant=quant,
+        stored_quant=_stored_quantization(family, types),
         tokenizer=tokenizer,
         metadata=meta,
         family=family,
@@ -413,7 +403,7 @@ def load_gguf_steps(
             "format": "gguf",
             "config": config,
             "backend": plan.backend,
-            "quantization": quantization_config(parts.quant),
+            "quantization": quantization_config(parts.stored_quant),
             "gguf_pre_tokenizer": parts.tokenizer.pre,
             "weights_nbytes": nbytes,
             "load_seconds": {

@@ -1,11 +1,11 @@
-"""The tensor table of a GGUF file: each tensor's name and llama.cpp storage type.
+"""The header of a GGUF file: its metadata and its tensor table (each tensor's name, llama.cpp
+storage type, shape and data offset).
 
-`mx.load` reads F32/F16/BF16, Q4_0/Q4_1/Q8_0 (as MLX affine-quantized triples) and, as dense
-float16, Q2_K and Q6_K. It raises a bare "gguf_tensor_to_f16 failed" on most other types,
-silently drops some (TQ1_0, TQ2_0, MXFP4), and decodes Q4_K wrongly (mlx 0.32.4: the second
-half of each 64-value pair of sub-blocks gets the first half's scale). So the loader reads
-this table first: it refuses such a file with the type and tensor named, and reads Q4_K
-tensors itself from their offsets (gguf_q4k.py).
+compat-serve reads GGUF files itself rather than with `mx.load`, which reads only some types:
+it raises a bare "gguf_tensor_to_f16 failed" on Q5_0/Q5_K/IQ4_*, silently drops TQ1_0, TQ2_0
+and MXFP4, and decodes Q4_K wrongly (mlx 0.32.4: the second half of each 64-value pair of
+sub-blocks gets the first half's scale). The tensors' bytes are read from their offsets
+(gguf_tensors.py).
 """
 
 from __future__ import annotations
@@ -14,14 +14,18 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from compat_serve.models.errors import ModelLoadError
 
 __all__ = [
     "GGML_TYPE_NAMES",
-    "MX_READABLE_TYPES",
+    "GGUFHeader",
     "GGUFTensorInfo",
     "is_gguf_file",
+    "read_header",
     "read_tensor_table",
 ]
 
@@ -33,13 +37,12 @@ GGML_TYPE_NAMES: dict[int, str] = {
     22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64",
     29: "IQ1_M", 30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4",
 }  # fmt: skip
-# Types `mx.load` reads correctly (checked against the `gguf` package's dequantizer in
-# tests/python/test_gguf_quant_types.py).
-MX_READABLE_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q2_K", "Q6_K"})
 
 # GGUF metadata value types -> struct format of a scalar (8 = string, 9 = array).
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q"}
 _SCALARS.update({11: "q", 12: "d"})
+_ARRAY_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?"}
+_ARRAY_DTYPES.update({10: "<u8", 11: "<i8", 12: "<f8"})
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,25 @@ class _Reader:
         self.pos += n
         return raw.decode("utf-8", errors="replace")
 
+    def value(self, vtype: int) -> Any:
+        """A metadata value as plain Python (strings, numbers, lists)."""
+        if vtype == 8:
+            return self.string()
+        if vtype == 9:
+            item, count = int(self.take("I")), int(self.take("Q"))
+            if item in _ARRAY_DTYPES:
+                dtype = np.dtype(_ARRAY_DTYPES[item])
+                end = self.pos + count * dtype.itemsize
+                if end > len(self.buf):
+                    raise ModelLoadError(f"cannot read GGUF {self.path}: truncated header")
+                values = np.frombuffer(self.buf, dtype, count, self.pos).tolist()
+                self.pos = end
+                return values
+            return [self.value(item) for _ in range(count)]
+        if vtype not in _SCALARS:
+            raise ModelLoadError(f"cannot read GGUF {self.path}: unknown metadata type {vtype}")
+        return self.take(_SCALARS[vtype])
+
     def skip_value(self, vtype: int) -> None:
         if vtype == 8:
             self.skip_string()
@@ -94,16 +116,34 @@ class _Reader:
         self.pos += struct.calcsize(_SCALARS[vtype])
 
 
+@dataclass(frozen=True)
+class GGUFHeader:
+    metadata: dict[str, Any]  # plain Python values
+    tensors: list[GGUFTensorInfo]
+    file_size: int
+
+
 def read_tensor_table(path: str) -> list[GGUFTensorInfo]:
     """Every tensor's name, storage type and shape, read from the header alone."""
+    return _read(path, with_metadata=False).tensors
+
+
+def read_header(path: str) -> GGUFHeader:
+    """The metadata and the tensor table of a GGUF file."""
+    return _read(path, with_metadata=True)
+
+
+def _read(path: str, *, with_metadata: bool) -> GGUFHeader:
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _table(_Reader(buf, path))
+            reader = _Reader(buf, path)
+            metadata, tensors = _table(reader, with_metadata)
+            return GGUFHeader(metadata, tensors, len(buf))
     except (OSError, ValueError) as exc:  # ValueError: an empty file cannot be mapped
         raise ModelLoadError(f"cannot read GGUF {path}: {exc}") from exc
 
 
-def _table(r: _Reader) -> list[GGUFTensorInfo]:
+def _table(r: _Reader, with_metadata: bool) -> tuple[dict[str, Any], list[GGUFTensorInfo]]:
     if r.buf[:4] != b"GGUF":
         raise ModelLoadError(f"cannot read GGUF {r.path}: not a GGUF file (no GGUF magic)")
     r.pos = 4
@@ -112,11 +152,15 @@ def _table(r: _Reader) -> list[GGUFTensorInfo]:
         raise ModelLoadError(f"cannot read GGUF {r.path}: version {version} is too old")
     n_tensors, n_kv = int(r.take("Q")), int(r.take("Q"))
     alignment = 32  # GGUF's default; `general.alignment` overrides it
+    metadata: dict[str, Any] = {}
     for _ in range(n_kv):
         key = r.string()
         vtype = int(r.take("I"))
         if key == "general.alignment" and vtype == 4:
             alignment = int(r.take("I"))
+            metadata[key] = alignment
+        elif with_metadata:
+            metadata[key] = r.value(vtype)
         else:
             r.skip_value(vtype)
     entries: list[tuple[str, str, tuple[int, ...], int]] = []
@@ -128,7 +172,8 @@ def _table(r: _Reader) -> list[GGUFTensorInfo]:
         type_name = GGML_TYPE_NAMES.get(type_id, f"type {type_id}")
         entries.append((name, type_name, tuple(reversed(dims)), offset))
     data_start = -(-r.pos // alignment) * alignment
-    return [GGUFTensorInfo(n, t, shape, data_start + off) for n, t, shape, off in entries]
+    tensors = [GGUFTensorInfo(n, t, shape, data_start + off) for n, t, shape, off in entries]
+    return metadata, tensors
 
 
 def is_gguf_file(path: str | os.PathLike[str]) -> bool:

@@ -8,9 +8,9 @@ directory's safetensors files (names, shapes, stored types; no tensor data) and 
 each tensor becomes under that plan:
 
 - kept as stored (`quantized`, or `auto` on Metal/CUDA): MLX's own layout of the stored
-  tensor (a GGUF Q4_0/Q4_1/Q8_0 tensor becomes an MLX affine triple of packed weight,
-  f16 scales and f16 biases per group of 32, as are Q4_K, and Q6_K/Q2_K quantized again
-  at 8/4 bits);
+  tensor (a quantized 2-D GGUF tensor becomes the MLX layout of gguf_layout.py `LAYOUTS`:
+  packed codes at its bits, and per group of 32 an f16 scale and f16 bias, or MXFP4's
+  one-byte scale; a 1-D quantized tensor is dequantized to float32);
 - dense (`auto` on the CPU, `float32`, `float16`, `bfloat16`): every floating or quantized
   weight as a dense tensor of that dtype; integer tensors as stored.
 """
@@ -28,6 +28,7 @@ from typing import Any
 
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.gguf_header import read_tensor_table
+from compat_serve.models.gguf_layout import GROUP, LAYOUTS
 from compat_serve.models.weights import Backend, resolve_dtype
 
 __all__ = [
@@ -57,15 +58,10 @@ _SAFETENSORS_TYPES = {
     "U8": (1, False),
     "BOOL": (1, False),
 }
-# GGUF tensor types as the loader keeps them (models/gguf.py): dense types as stored, the
-# ones it reads as MLX affine quantization (group 32, f16 scale and bias per group) at their
-# bits: Q4_0/Q4_1/Q8_0 through mx.load, Q4_K from the file's bytes, Q6_K and Q2_K quantized
-# again (8 and 4 bits) where their rows split into groups of 32.
-_GGUF_DENSE = {"F32": 4, "F16": 2, "BF16": 2}
+# GGUF tensor types as the loader keeps them (models/gguf_tensors.py): dense types as stored,
+# quantized 2-D tensors in their MLX layout (gguf_layout.py), 1-D ones dequantized to float32.
+_GGUF_DENSE = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
 _GGUF_INTEGER = {"I8": 1, "I16": 2, "I32": 4, "I64": 8}
-_GGUF_MLX_QUANT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4}
-_GGUF_REQUANTIZED_BITS = {"Q6_K": 8, "Q2_K": 4}
-_GGUF_GROUP = 32
 
 
 @dataclass(frozen=True)
@@ -89,13 +85,12 @@ def _gguf_stored_bytes(type_name: str, shape: tuple[int, ...]) -> tuple[int, boo
         return elements * _GGUF_DENSE[type_name], True
     if type_name in _GGUF_INTEGER:
         return elements * _GGUF_INTEGER[type_name], False
-    bits = _GGUF_MLX_QUANT_BITS.get(type_name)
-    if bits is None and len(shape) >= 2 and shape[-1] % _GGUF_GROUP == 0:
-        bits = _GGUF_REQUANTIZED_BITS.get(type_name)
-    if bits is not None:
-        groups = math.ceil(elements / _GGUF_GROUP)
-        return elements * bits // 8 + groups * 2 * 2, True
-    return elements * 2, True  # what MLX reads as float16 (the loader refuses the rest)
+    layout = LAYOUTS.get(type_name)
+    if layout is not None and len(shape) >= 2 and shape[-1] % GROUP == 0:
+        groups = elements // GROUP
+        per_group = 1 if layout.mode == "mxfp4" else 2 * 2  # E8M0 scale | f16 scale + bias
+        return elements * layout.bits // 8 + groups * per_group, True
+    return elements * 4, True  # dequantized to float32 (the loader refuses unknown types)
 
 
 def gguf_tensors(path: str) -> list[StoredTensor]:
