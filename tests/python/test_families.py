@@ -28,7 +28,7 @@ from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
 from compat_serve.models.loader import load_model
 from tests.chat_prompts import chat_ids
-from tests.greedy_ties import assert_same_or_near_tie
+from tests.greedy_ties import assert_argmax_equal_up_to_tie, assert_same_or_near_tie
 from tests.python.rollback_rows import rolled_back_and_exact
 from tests.python.test_batching import DecodeSpy, greedy, run_alone_then_together
 from tests.tiny_models import FAMILY_CONFIGS, SLIDING_WINDOW, write_model_dir
@@ -145,7 +145,8 @@ def test_the_directory_loads_as_the_model_that_was_written(family: Family) -> No
     got, expected = loaded.model(x), family.source(x)
     # Same weights; the CPU fast paths sum in another order.
     assert mx.abs(got - expected).max().item() < 1e-3
-    assert mx.array_equal(mx.argmax(got, axis=-1), mx.argmax(expected, axis=-1)).item()
+    # Bound: two float orders; greedy tokens may part only on a near tie (F32_TIE).
+    assert_argmax_equal_up_to_tie(expected, got)
     if family.name in QUANTIZED:
         _, bits, mode = QUANTIZED[family.name]
         # The checkpoint's base quantization (experts in another mode have their own entry).
