@@ -210,10 +210,13 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         inline_system=options.inline_system,
         reply_history=options.reply_history,
     )
-    if builder.uses_default_template:
-        log.warning("the model has no chat template; using a ChatML fallback")
+    if not builder.has_template:
+        log.warning(
+            "the model has no chat template: chat requests are answered 400 (pass "
+            "--chat-template FILE, or use /v1/completions or Ollama's raw generate)"
+        )
     output_parsing = _output_parsing(options, loaded)
-    if not builder.traits.renders_tools:
+    if builder.has_template and not builder.traits.renders_tools:
         if options.tool_parser == "auto":
             builder.injects_tools = True
             output_parsing.tool_format = ENVELOPE_FORMAT
