@@ -32,14 +32,15 @@ def choose_auto_dtype(path: str | None, dtype: str | None, budget: int | None = 
     plan = resolve_dtype(dtype, warn=False)
     if plan.requested != "auto" or plan.dense != "float32":
         return AutoChoice(dtype, None)
+    from compat_serve.models.errors import ModelLoadError
     from compat_serve.models.resident_size import estimate_resident_bytes
 
-    if path is not None and not path.lower().endswith(".gguf"):
-        from pathlib import Path
-
-        if not Path(path).expanduser().is_dir():
-            return AutoChoice(dtype, None)  # a hub id: its files are not here yet
-    dense = estimate_resident_bytes(path, "float32", plan.backend)
+    try:
+        dense = estimate_resident_bytes(path, "float32", plan.backend)
+    except (ModelLoadError, OSError):
+        # A hub id (its files are not here yet) or a path that is no model: the loader
+        # says what is wrong with it, in its own words.
+        return AutoChoice(dtype, None)
     limit, what = _memory_limit(budget)
     if dense <= limit:
         return AutoChoice(dtype, None)
