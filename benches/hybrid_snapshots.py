@@ -22,12 +22,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.types import EngineRequest, SamplingParams, Usage
 from compat_serve.models.loader import load_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from tests.tiny_models import tiny_model
 
 BLOCK = 16

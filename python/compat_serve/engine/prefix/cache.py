@@ -454,9 +454,7 @@ class PrefixCaching:
                 if self.disk is not None:
                     snapshot = self.store.snapshot_states(last)
                     self.disk.put(snapshot_key(last), SNAPSHOTS, (), [], snapshot)
-        elif (
-            self.points is not None and end == seq.prompt_len - 1 and seq.request.vision is None
-        ):
+        elif self.points is not None and end == seq.prompt_len - 1 and seq.request.vision is None:
             # An exact repeat of this prompt resumes here (it computes the last token).
             self._store_point(seq, end, request_kv(cache), 0, cache_states(cache))
 

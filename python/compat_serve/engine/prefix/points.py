@@ -94,9 +94,9 @@ def longest_point(
     best: tuple[int, Any] | None = None
     for tokens, value in candidates:
         n = len(tokens)
-        if 0 < n <= limit and tuple(following[:n]) == tuple(tokens):
-            if best is None or n > best[0]:
-                best = (n, value)
+        longer = best is None or n > best[0]
+        if longer and 0 < n <= limit and tuple(following[:n]) == tuple(tokens):
+            best = (n, value)
     return best
 
 
