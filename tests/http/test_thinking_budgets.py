@@ -20,8 +20,10 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from tests.http.responses_helpers import final_response, stream_events
-from tests.http.scripted_servers import WEATHER_TOOLS, scripted_server
+from tests.conftest import start_server
+from tests.http.scripted_servers import WEATHER_TOOLS, scripted_server, template
 from tests.http.sdk_clients import claude_streamed_and_whole, oai
+from tests.scripted_model import scripted_model
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -287,3 +289,49 @@ def test_anthropic_budget_at_max_tokens_is_a_400(budgeted: RunningServer) -> Non
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"
     assert "budget_tokens" in response.json()["error"]["message"]
+
+
+# gpt-oss (harmony): the budget closes the analysis message and opens the final one.
+# The scripted model restarts its reply at the forced `<|start|>assistant`; the reasoning
+# then in the prompt picks the script of the final answer (its first tokens are the
+# forced `<|channel|>final<|message|>`).
+HARMONY_OPEN = "<|channel|>analysis<|message|>"
+HARMONY_FINAL = "<|channel|>final<|message|>"
+PONDER = "\nPonder this once more."
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(embedded_model: LoadedModel) -> Iterator[tuple[RunningServer, str]]:
+    tok = embedded_model.tokenizer
+    head = tok.encode(HARMONY_OPEN)
+    opened = next(i for i in range(len(head) + 1) if HARMONY_OPEN in tok.decode(head[:i]))
+    thought: list[int] = []
+    while len(thought) < 4 * LOW:
+        thought += tok.encode(PONDER)
+    reasoning = tok.decode([*head, *thought][opened : opened + LOW])
+    replies: list[tuple[str, str | list[int]]] = [
+        ("Ponder", f"{HARMONY_FINAL}{ANSWER}<|return|>"),
+        ("zebra", [*head, *thought]),
+    ]
+    loaded = scripted_model(
+        embedded_model,
+        template("openai-gpt-oss-120b.jinja"),
+        replies,
+        reply_start="start|>assistant",
+    )
+    running = start_server(loaded, reasoning_budgets="low=16")
+    try:
+        yield running, reasoning
+    finally:
+        running.stop()
+
+
+def test_harmony_analysis_is_closed_into_the_final_channel(
+    gpt_oss: tuple[RunningServer, str],
+) -> None:
+    server, reasoning = gpt_oss
+    body: dict[str, Any] = {"model": "m", "messages": ask("zebra"), "reasoning_effort": "low"}
+    reply = oai(server).chat.completions.create(**body, extra_body=GREEDY)
+    message = reply.choices[0].message
+    assert message.model_dump().get("reasoning_content") == reasoning  # harmony keeps layout
+    assert message.content == ANSWER
