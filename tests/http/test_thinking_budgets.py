@@ -19,8 +19,8 @@ import ollama
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from tests.http.responses_helpers import final_response, stream_events
 from tests.conftest import start_server
+from tests.http.responses_helpers import final_response, stream_events
 from tests.http.scripted_servers import WEATHER_TOOLS, scripted_server, template
 from tests.http.sdk_clients import claude_streamed_and_whole, oai
 from tests.scripted_model import scripted_model
