@@ -91,9 +91,9 @@ def to_chat_request(
     grammar = _output_grammar(body)
     images: list[ImageRef] | None = [] if vision else None
     messages = _system_messages(body.system) + chat_messages(body.messages, images)
+    # Only an empty final assistant message may be empty, as Anthropic allows; when it was
+    # the only content, the model answers an empty conversation (the template's own start).
     prefill = bool(messages) and _prefill(messages)
-    if not messages:
-        raise ApiError(400, "messages: all messages are empty", param="messages")
     if prefill and grammar is not None:
         raise ApiError(
             400,
