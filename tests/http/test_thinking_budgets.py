@@ -335,3 +335,27 @@ def test_harmony_analysis_is_closed_into_the_final_channel(
     message = reply.choices[0].message
     assert message.model_dump().get("reasoning_content") == reasoning  # harmony keeps layout
     assert message.content == ANSWER
+
+
+def test_the_next_turn_reads_the_forced_close_from_the_cache(budgeted: RunningServer) -> None:
+    """The forced tokens are part of the reply the server remembers: an OpenAI echo of the
+    call (no reasoning, as clients send it) reads the whole reply from the prefix cache."""
+    client = oai(budgeted)
+    common: dict[str, Any] = {"model": "m", "tools": WEATHER_TOOLS, "reasoning_effort": "low"}
+    first = client.chat.completions.create(**common, messages=ask("lemur"), extra_body=GREEDY)
+    message = first.choices[0].message
+    assert message.tool_calls and first.usage is not None
+    echo = {
+        "role": "assistant",
+        "content": message.content,
+        "tool_calls": [call.model_dump() for call in message.tool_calls],
+    }
+    result = {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "Sunny"}
+    second = client.chat.completions.create(
+        **common, messages=[*ask("lemur"), echo, result], max_tokens=1, extra_body=GREEDY
+    )
+    assert second.usage is not None and second.usage.prompt_tokens_details is not None
+    cached = second.usage.prompt_tokens_details.cached_tokens or 0
+    prompt, completion = first.usage.prompt_tokens, first.usage.completion_tokens
+    # Everything but the token that ended the reply.
+    assert cached >= prompt + completion - 1, (prompt, completion, cached)
