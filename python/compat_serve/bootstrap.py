@@ -92,6 +92,9 @@ class ServeOptions:
     # users' path on any machine: weights as stored, stock mlx-lm modules), float16,
     # bfloat16 or float32.
     dtype: str = "auto"
+    # --memory-budget in bytes (several models): `--dtype auto` keeps weights as stored
+    # when float32 would not fit it (models/auto_dtype.py). None: half the machine's memory.
+    memory_budget_bytes: int | None = None
 
 
 def _engine_config(options: ServeOptions) -> EngineConfig:
@@ -217,7 +220,9 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
     template = read_chat_template_file(options.chat_template) if options.chat_template else None
     context_length = context_length_option(options.context_length)
     if loaded is None:
-        loaded = load_model(options.model, dtype=options.dtype)
+        loaded = load_model(
+            options.model, dtype=options.dtype, memory_budget=options.memory_budget_bytes
+        )
     if template is not None and options.chat_template is not None:
         loaded = replace_chat_template(loaded, template, options.chat_template)
     if isinstance(context_length, int):
@@ -228,10 +233,13 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         inline_system=options.inline_system,
         reply_history=options.reply_history,
     )
-    if builder.uses_default_template:
-        log.warning("the model has no chat template; using a ChatML fallback")
+    if not builder.has_template:
+        log.warning(
+            "the model has no chat template: chat requests are answered 400 (pass "
+            "--chat-template FILE, or use /v1/completions or Ollama's raw generate)"
+        )
     output_parsing = _output_parsing(options, loaded)
-    if not builder.traits.renders_tools:
+    if builder.has_template and not builder.traits.renders_tools:
         if options.tool_parser == "auto":
             builder.injects_tools = True
             output_parsing.tool_format = ENVELOPE_FORMAT

@@ -195,15 +195,18 @@ def test_turn_two_reads_turn_one_from_the_cache(family: Family) -> None:
     tokens, second = run(cached, turn2, max_tokens=8)
     prefix = cached.prefix
     assert prefix is not None
-    if prefix.hybrid:  # state snapshots at block boundaries of turn 1's prompt
-        assert second.cached_tokens == len(turn1) // BLOCK * BLOCK
-    else:  # blocks and the finished request's tail: turn 1 and its reply
-        assert second.cached_tokens >= len(turn1) + len(reply) - 1
+    # Blocks, then the finished request's tail (attention) or the state point at the end
+    # of its reply (hybrid): turn 1 and its reply, but the reply's last token (never fed).
+    assert second.cached_tokens >= len(turn1) + len(reply) - 1
     assert_same_or_near_tie(loaded, turn2, run(family.uncached, turn2, max_tokens=8)[0], tokens)
 
     # Next-token logits from the cached blocks (and snapshot) equal a full forward.
     model: Any = loaded.model
     n = second.cached_tokens // BLOCK
+    if prefix.hybrid:  # the last block with a snapshot (points: test_state_points.py)
+        hashes = prefix.cache.block_hashes(list(turn2[: n * BLOCK]), None)
+        n = max((i + 1 for i, h in enumerate(hashes) if prefix.store.has_snapshot(h)), default=0)
+        assert n > 0
     admission = prefix.cache.admit("probe", list(turn2[: n * BLOCK + 1]), None)
     try:
         assert admission.cached_tokens == n * BLOCK

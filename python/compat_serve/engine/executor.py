@@ -376,14 +376,18 @@ class StepExecutor:
         request_id, vision = seq.request_id, seq.request.vision
         prefix = self.prefix
         if is_last and prefix is not None and prefix.hybrid:
-            # End the prompt's last full block on its own forward pass, so the state at
-            # that boundary can be snapshotted for the next turn.
-            boundary = (start + len(tokens)) // prefix.block_size * prefix.block_size
-            if start < boundary < start + len(tokens):
-                head, tokens = tokens[: boundary - start], tokens[boundary - start :]
+            # End the prompt's last full block on its own forward pass, and (text only)
+            # the prompt minus its last token, so the state at each can be snapshotted:
+            # for the next turn, and for an exact repeat (prefix/points.py).
+            end = start + len(tokens)
+            cuts = {end // prefix.block_size * prefix.block_size}
+            if vision is None:
+                cuts.add(end - 1)
+            for cut in sorted(c for c in cuts if start < c < end):
+                head, tokens = tokens[: cut - start], tokens[cut - start :]
                 self.applier.prefill(request_id, start, head, vision)
                 self._cache_computed(seq, start, head)
-                start = boundary
+                start = cut
         if not is_last:
             self.applier.prefill(request_id, start, tokens, vision)
             self._cache_computed(seq, start, tokens)

@@ -45,6 +45,8 @@ class Sequence:
     # A partial block of a finished request this one continues: (K/V pieces, tokens used).
     cache_tail: tuple[Any, int] | None = None
     cached_tokens: int = 0
+    # Hybrid models: the state layers' snapshot of a state point it took (points.py).
+    cache_state: list[Any] | None = None
     cache_appended: int = 0
     cache_written: int = 0
     # Where the cached prompt tokens came from: "prefix" (RAM) or "disk" (some from disk).

@@ -254,11 +254,13 @@ EMPTY_TOKENIZATION = (
 
 
 async def completion_ids(state: ServerState, prompt: str | list[int]) -> tuple[int, ...]:
-    """A completion prompt's token ids; 400 for an empty prompt or an id out of range."""
+    """A completion prompt's token ids; 400 for an empty prompt or an id out of range.
+    Text gets BOS/EOS as the model's metadata asks (no template writes them here); token
+    ids are taken as given."""
     if isinstance(prompt, str):
         if not prompt:
             raise ApiError(400, "prompt: must not be empty", param="prompt")
-        ids = tuple(await asyncio.to_thread(state.prompt_builder.encode, prompt))
+        ids = tuple(await asyncio.to_thread(state.prompt_builder.encode_text, prompt))
         if not ids:  # every character one the vocabulary cannot write (e.g. "\x13")
             raise ApiError(400, EMPTY_TOKENIZATION, param="prompt")
         return ids
