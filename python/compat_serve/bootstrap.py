@@ -24,6 +24,11 @@ from compat_serve.parsers.registry import (
     resolve_reasoning,
     resolve_tool_format,
 )
+from compat_serve.server.reasoning_budgets import (
+    DEFAULT_LEVELS,
+    ReasoningBudgets,
+    parse_levels,
+)
 from compat_serve.server.sampling_defaults import (
     check_generation_config_choice,
     check_sampling_flags,
@@ -72,6 +77,8 @@ class ServeOptions:
     strict_model_names: bool = False
     max_output_tokens: int | None = None
     max_tool_rounds: int | None = None
+    reasoning_budget: int | None = None
+    reasoning_budgets: str | None = None
     max_request_bytes: int = 32 * 1024 * 1024
     default_temperature: float | None = None
     default_top_p: float | None = None
@@ -171,6 +178,14 @@ def _disk_size(options: ServeOptions) -> int | None:
     return parse_memory_size(options.cache_disk_size, total=shutil.disk_usage(path).free)
 
 
+def reasoning_budgets(options: ServeOptions) -> ReasoningBudgets:
+    """--reasoning-budgets (over the default levels) and --reasoning-budget."""
+    levels = dict(DEFAULT_LEVELS)
+    if options.reasoning_budgets:
+        levels.update(parse_levels(options.reasoning_budgets))
+    return ReasoningBudgets(levels, options.reasoning_budget)
+
+
 def check_serve_options(options: ServeOptions) -> EngineConfig:
     """The checks that need no model, so a typo fails before a multi-second load; the
     engine configuration they yield."""
@@ -180,6 +195,9 @@ def check_serve_options(options: ServeOptions) -> EngineConfig:
         raise ValueError("--max-output-tokens must be at least 1")
     if options.max_tool_rounds is not None and options.max_tool_rounds < 1:
         raise ValueError("--max-tool-rounds must be at least 1")
+    if options.reasoning_budget is not None and options.reasoning_budget < 0:
+        raise ValueError("--reasoning-budget cannot be negative")
+    reasoning_budgets(options)
     if options.max_request_bytes < 1024:
         raise ValueError("--max-request-bytes must be at least 1024")
     check_sampling_flags(options.default_temperature, options.default_top_p, options.default_top_k)
@@ -282,6 +300,7 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         max_request_bytes=options.max_request_bytes,
         max_output_tokens=options.max_output_tokens,
         max_tool_rounds=options.max_tool_rounds,
+        reasoning_budgets=reasoning_budgets(options),
         sampling_defaults=sampling_defaults,
         output_parsing=output_parsing,
         cache_salt_per_key=options.cache_salt_per_key,

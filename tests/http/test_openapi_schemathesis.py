@@ -59,8 +59,13 @@ STATED_RULES: dict[str, tuple[str, ...]] = {
         r"(structured_outputs\.json|guided_json): (not valid JSON \(.*\)|must be a JSON schema "
         r"object|a boolean schema is not supported; give a JSON schema object)",
         r"This model's maximum context length is .*",
+        r"reasoning_effort: unknown effort level .*",
     ),
     "/v1/completions": (
+        _VOCABULARY,
+        rf"{_CHAT_GRAMMAR}: does not compile: .*",
+        r"(structured_outputs\.json|guided_json): (not valid JSON \(.*\)|must be a JSON schema "
+        r"object|a boolean schema is not supported; give a JSON schema object)",
         r"This model's maximum context length is .*",
         r"prompt: the text tokenizes to no tokens \(this model's vocabulary has none for its "
         r"characters\)",

@@ -253,10 +253,11 @@ class StepExecutor:
             return
         if spec.active:
             spec.stats.costs.observe(len(seqs), 1, time.perf_counter() - started)
-        for seq, token, grammar_error in zip(seqs, values, grammar_errors, strict=True):
+        for seq, value, grammar_error in zip(seqs, values, grammar_errors, strict=True):
             if grammar_error is not None:
                 self.fail(seq, GrammarError(grammar_error))
                 continue
+            token = seq.next_token(value)
             sampled.append((seq.request_id, token))
             self.accept_token(seq, token)
 
@@ -364,6 +365,7 @@ class StepExecutor:
         seq.phase = Phase.DECODE
         self._status.update(seq.request_id, phase=Phase.DECODE.value)
         if token is not None:
+            token = seq.next_token(token)
             sampled.append((seq.request_id, token))
             self.accept_token(seq, token)
 
@@ -451,7 +453,10 @@ class StepExecutor:
             except GrammarError as exc:
                 self.fail(seq, exc)
                 return
-        match = seq.stops.feed(seq.detokenizer.add(token))
+        text = seq.detokenizer.add(token)
+        if seq.budget is not None:
+            seq.budget.observe(token, text)
+        match = seq.stops.feed(text)
         # One event per token, even when its text is still held back (partial character,
         # possible stop-string prefix): consumers see every id the model produced.
         seq.stream.push(
