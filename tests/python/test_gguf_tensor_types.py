@@ -157,3 +157,22 @@ def test_a_truncated_file_names_the_tensor(tmp_path: Path) -> None:
         assert "\n" not in message
         assert message.startswith(f"cannot read GGUF {path}: tensor {NAME}.weight is truncated")
         assert "download the file again" in message
+
+
+def test_gemma3_270m_q4_k_m_as_published_equals_gguf_py() -> None:
+    """The file users have (#43): 81 Q5_0 tensors beside Q4_K/Q6_K/Q8_0/F32. Every tensor
+    read dense equals gguf-py's dequantization bit for bit."""
+    from tests.gemma_gguf import original_gemma_gguf
+
+    path = str(original_gemma_gguf())
+    weights, meta = read_gguf(path, keep_quantized=False)
+    assert meta.architecture == "gemma3"
+    reader = gguf.GGUFReader(path)
+    types = {t.tensor_type.name for t in reader.tensors}
+    assert {"Q5_0", "Q4_K", "Q6_K", "Q8_0"} <= types
+    for tensor in reader.tensors:
+        expected = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        got = np.array(weights.pop(tensor.name).astype(mx.float32))
+        assert got.shape == tuple(reversed([int(d) for d in tensor.shape])), tensor.name
+        assert np.array_equal(got.reshape(expected.shape).view(np.uint32), expected.view(np.uint32))
+    assert not weights
