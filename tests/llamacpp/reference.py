@@ -109,8 +109,10 @@ class LlamaCpp:
         ids: list[int] = self.post("/tokenize", body)["tokens"]
         return ids
 
-    def apply_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        prompt: str = self.post("/apply-template", {"messages": list(messages)})["prompt"]
+    def apply_template(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> str:
+        """llama.cpp's rendering of the file's chat template (`kwargs`: template variables)."""
+        body = {"messages": list(messages), "chat_template_kwargs": kwargs}
+        prompt: str = self.post("/apply-template", body)["prompt"]
         return prompt
 
     def greedy(self, prompt_ids: Sequence[int], n: int, *, n_probs: int = 10) -> Greedy:

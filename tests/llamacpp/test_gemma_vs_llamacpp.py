@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import pytest
 
 from tests.greedy_ties import assert_greedy_equal_up_to_tie
 from tests.llamacpp.corpus import LONG_TEXT, MULTILINGUAL, PROMPTS
@@ -27,6 +28,15 @@ if TYPE_CHECKING:
 # a missing window) picks a token whole logits down.
 LLAMACPP_TIE = 0.25
 GREEDY_TOKENS = 12
+
+
+def users_path_departs(request: pytest.FixtureRequest) -> None:
+    """Known defect (notes/2026-11-28-llamacpp-lane.md): on `--dtype quantized` the greedy
+    tokens leave llama.cpp's at decided positions (margins 0.66 and 1.5); strict, so the fix
+    shows as an XPASS to remove this."""
+    if request.node.callspec.params.get("gemma_model") == "quantized":
+        reason = "#43: the users' path departs from llama.cpp beyond a tie on Gemma 3"
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
 
 
 def completion(server: RunningServer, prompt_ids: Sequence[int], n: int) -> dict[str, Any]:
@@ -66,8 +76,9 @@ def test_prompt_token_counts_equal_llamacpp(
 
 
 def test_greedy_continuations_equal_llamacpp(
-    llamacpp: LlamaCpp, gemma_server: RunningServer
+    llamacpp: LlamaCpp, gemma_server: RunningServer, request: pytest.FixtureRequest
 ) -> None:
+    users_path_departs(request)
     for text in PROMPTS:
         ids = llamacpp.tokenize(text)
         reference = llamacpp.greedy(ids, GREEDY_TOKENS)
@@ -84,8 +95,9 @@ def test_gemma3_sliding_layers_keep_a_512_token_window(gemma_model: LoadedModel)
 
 
 def test_past_the_sliding_window_alone_batched_and_cached(
-    llamacpp: LlamaCpp, gemma_server: RunningServer
+    llamacpp: LlamaCpp, gemma_server: RunningServer, request: pytest.FixtureRequest
 ) -> None:
+    users_path_departs(request)
     ids = llamacpp.tokenize(LONG_TEXT)
     assert 600 < len(ids) < 1000, len(ids)  # past the 512-token window, under ~1k
     reference = llamacpp.greedy(ids, GREEDY_TOKENS)
