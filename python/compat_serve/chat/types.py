@@ -17,6 +17,21 @@ from compat_serve.engine.types import Grammar, SamplingParams
 Message = dict[str, Any]
 
 
+@dataclass(frozen=True)
+class ThinkingAsk:
+    """How much a request lets the model think (server/reasoning_budgets.py resolves it).
+
+    `budget`: exact reasoning tokens (Anthropic `budget_tokens`; 0: no reasoning);
+    `effort`: a level (`reasoning_effort`, `reasoning.effort`, Ollama `think`) mapped by
+    `--reasoning-budgets`; neither: the server's `--reasoning-budget`. `field` names the
+    request field, for errors.
+    """
+
+    budget: int | None = None
+    effort: str | None = None
+    field: str = "reasoning_effort"
+
+
 @dataclass
 class ChatRequest:
     messages: list[Message]
@@ -37,3 +52,5 @@ class ChatRequest:
     grammar: Grammar | None = None
     # Images, in order; each holds its place in message text with `chat.images.marker(i)`.
     images: list[ImageRef] = field(default_factory=list)
+    # The thinking budget the client asked for (None: it asked for none).
+    thinking: ThinkingAsk | None = None

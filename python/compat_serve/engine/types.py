@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from compat_serve.engine.reasoning_budget import ReasoningBudget
     from compat_serve.engine.vision import VisionInput
 
 
@@ -97,6 +98,9 @@ class EngineRequest:
     # The LoRA adapter its rows run with: a name in the engine's `AdapterBank`
     # (`Engine.add_adapter`); None: the base model.
     adapter: str | None = None
+    # Thinking budget: at this many reasoning tokens the engine forces the format's close
+    # (engine/reasoning_budget.py); None: the model reasons until it stops.
+    reasoning_budget: ReasoningBudget | None = None
 
 
 # Most alternatives a request may ask for at each token (OpenAI's and vLLM's limit).

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from compat_serve.chat.images import ImageError, ImageRef, anthropic_image, join_parts, marker
-from compat_serve.chat.types import ChatRequest, Message
+from compat_serve.chat.types import ChatRequest, Message, ThinkingAsk
 from compat_serve.engine.types import Grammar, SamplingParams
 from compat_serve.server.anthropic.encoder import (
     STOP_REASONS,
@@ -91,9 +91,9 @@ def to_chat_request(
     grammar = _output_grammar(body)
     images: list[ImageRef] | None = [] if vision else None
     messages = _system_messages(body.system) + chat_messages(body.messages, images)
+    # Only an empty final assistant message may be empty, as Anthropic allows; when it was
+    # the only content, the model answers an empty conversation (the template's own start).
     prefill = bool(messages) and _prefill(messages)
-    if not messages:
-        raise ApiError(400, "messages: all messages are empty", param="messages")
     if prefill and grammar is not None:
         raise ApiError(
             400,
@@ -112,6 +112,7 @@ def to_chat_request(
         tool_choice=tool_choice,
         grammar=grammar,
         images=images or [],
+        thinking=_thinking_ask(body.thinking),
     )
 
 
@@ -310,6 +311,18 @@ def _thinking_kwargs(thinking: ThinkingConfig | None, max_tokens: int | None) ->
                 param="max_tokens",
             )
     return {"enable_thinking": thinking.type != "disabled"}
+
+
+def _thinking_ask(thinking: ThinkingConfig | None) -> ThinkingAsk | None:
+    """`enabled`: exactly `budget_tokens`; `disabled`: none; `adaptive`: the server's
+    `--reasoning-budget` (the model decides how long to think, up to it)."""
+    if thinking is None:
+        return None
+    if thinking.type == "enabled":
+        return ThinkingAsk(budget=thinking.budget_tokens, field="thinking.budget_tokens")
+    if thinking.type == "disabled":
+        return ThinkingAsk(budget=0, field="thinking")
+    return ThinkingAsk(field="thinking")
 
 
 def _tools(tools: list[ToolDef] | None, choice: ToolChoice | None) -> list[dict[str, Any]] | None:
