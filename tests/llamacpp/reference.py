@@ -17,19 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Points the lane at another copy of the file (tests/gemma_gguf.py's `loadable_gemma_gguf()`,
-# Q5_0 as Q8_0, for a loader that does not read Q5_0). Unset: the real file.
+# Points the lane at another copy of the file (e.g. the real one, `original_gemma_gguf()`).
 GEMMA_ENV = "COMPAT_SERVE_TEST_GEMMA_GGUF"
 
 
 def gemma_gguf() -> Path:
-    """The real file, assembled once into .test-cache/ by tests/gemma_gguf.py (the package's
-    `assemble` checks its sha256)."""
+    """The file both sides load, assembled once into .test-cache/ by tests/gemma_gguf.py (the
+    package's `assemble` checks the sha256). Until the Q5_0 reader (#43 part A) is merged,
+    its `loadable_gemma_gguf()`: Q5_0 tensors as Q8_0, everything else byte-equal; then
+    `original_gemma_gguf()`."""
     if override := os.environ.get(GEMMA_ENV):
         return Path(override)
-    from tests.gemma_gguf import original_gemma_gguf
+    from tests.gemma_gguf import loadable_gemma_gguf
 
-    return original_gemma_gguf()
+    return loadable_gemma_gguf()
 
 
 def token_text(raw: Sequence[int]) -> str:
