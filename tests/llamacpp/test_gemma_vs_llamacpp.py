@@ -72,7 +72,7 @@ def test_prompt_token_counts_equal_llamacpp(
         response = httpx.post(f"{gemma_server.base_url}/v1/completions", json=body, timeout=600)
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["prompt_tokens"] == len(expected), repr(text)
-        assert gemma_model.tokenizer.encode(text) == expected, repr(text)
+        assert gemma_model.tokenizer.encode(text, add_special_tokens=True) == expected, repr(text)
 
 
 def test_greedy_continuations_equal_llamacpp(
