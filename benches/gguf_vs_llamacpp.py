@@ -4,11 +4,10 @@ loads (default: dequantized on the CPU; `quantized`: the users' path).
 Each side runs in its own subprocess (so RSS is that side's alone): llama.cpp through
 `xllamacpp` (2 threads, greedy, n_probs 10), compat-serve's engine on each load. Reported:
 load time (wall, from nothing to a ready model), peak RSS of the process, the top-1
-agreement rate over N greedy tokens x 10 prompts (tokens equal up to the first difference,
-which is counted as a departure; positions after a departure are compared as llama.cpp's
-and compat-serve's own continuations, so the rate is over the tokens before departure),
-whether every departure is a near tie of llama.cpp (tests/llamacpp's LLAMACPP_TIE), and
-the mean |Δ logprob| of llama.cpp's top token at the positions both sides share.
+agreement rate teacher-forced on llama.cpp's greedy continuation (N tokens x 10 prompts, every
+position counts), the mean |Δ logprob| of llama.cpp's top token there, and compat-serve's own
+greedy run's departures from llama.cpp with llama.cpp's top-two margin at each (a near tie
+when under tests/llamacpp's LLAMACPP_TIE).
 
 Goals (issue #43): agreement up to ties on every prompt on the default load; RSS on
 `--dtype quantized` at most llama.cpp's x 1.3.
