@@ -187,6 +187,7 @@ bench-python: build
 	$(PY) benches/load_speed.py
 	$(PY) benches/embeddings.py
 	$(PY) benches/lora.py
+	$(PY) benches/gguf_vs_llamacpp.py
 
 # The GPU kit (#35): wheels a lent NVIDIA device lacks, our abi3 wheel and the embedded
 # GGUF, packed in parts that fit the device tool's calls (.gpu-kit/, ignored); the calls

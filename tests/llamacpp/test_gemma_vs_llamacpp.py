@@ -1,0 +1,116 @@
+"""The real Gemma 3 270M Q4_K_M file, served by compat-serve on both `--dtype` loads, against
+llama.cpp on the same file: prompt token counts, greedy continuations (tie-aware) and a
+prompt past Gemma 3's 512-token sliding window (alone, batched, repeated from the prefix
+cache)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from tests.greedy_ties import assert_greedy_equal_up_to_tie
+from tests.llamacpp.corpus import LONG_TEXT, MULTILINGUAL, PROMPTS
+from tests.llamacpp.reference import Greedy, LlamaCpp
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
+    from tests.conftest import RunningServer
+
+# llama.cpp's CPU matmuls round every activation row to 8 bits (q8_0 / q8_K blocks, a step
+# of max/127) before the quantized dot products; compat-serve multiplies float32 (or
+# float16 scales on the users' path) activations. One 8-bit rounding of each layer's
+# inputs moves a logit by a few hundredths on this model (benches/gguf_vs_llamacpp.py
+# reports the mean |Δ logprob| of llama.cpp's top token); a real departure (a wrong layer,
+# a missing window) picks a token whole logits down.
+LLAMACPP_TIE = 0.25
+GREEDY_TOKENS = 12
+
+
+def users_path_departs(request: pytest.FixtureRequest) -> None:
+    """Known defect (notes/2026-11-28-llamacpp-lane.md): on `--dtype quantized` the greedy
+    tokens leave llama.cpp's at decided positions (margins 0.66 and 1.5); strict, so the fix
+    shows as an XPASS to remove this."""
+    if request.node.callspec.params.get("gemma_model") == "quantized":
+        reason = "#43: the users' path departs from llama.cpp beyond a tie on Gemma 3"
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+
+
+def completion(server: RunningServer, prompt_ids: Sequence[int], n: int) -> dict[str, Any]:
+    body = {
+        "model": "gemma",
+        "prompt": list(prompt_ids),
+        "max_tokens": n,
+        "temperature": 0.0,
+        "logprobs": 5,
+        "ignore_eos": True,
+    }
+    response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=600)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def assert_like_llamacpp(reference: Greedy, body: dict[str, Any], what: str) -> None:
+    tokens = body["choices"][0]["logprobs"]["tokens"]
+    assert_greedy_equal_up_to_tie(
+        reference.texts, tokens, lambda i: reference.top[i], tolerance=LLAMACPP_TIE, what=what
+    )
+
+
+def test_prompt_token_counts_equal_llamacpp(
+    llamacpp: LlamaCpp, gemma_model: LoadedModel, gemma_server: RunningServer
+) -> None:
+    """Text prompts (with the BOS the file's `add_bos_token` asks for) count the tokens
+    llama.cpp's tokenizer makes of them, and are the same ids."""
+    for text in MULTILINGUAL:
+        expected = llamacpp.tokenize(text)
+        body = {"model": "gemma", "prompt": text, "max_tokens": 1, "temperature": 0.0}
+        response = httpx.post(f"{gemma_server.base_url}/v1/completions", json=body, timeout=600)
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["prompt_tokens"] == len(expected), repr(text)
+        assert gemma_model.tokenizer.encode(text, add_special_tokens=True) == expected, repr(text)
+
+
+def test_greedy_continuations_equal_llamacpp(
+    llamacpp: LlamaCpp, gemma_server: RunningServer, request: pytest.FixtureRequest
+) -> None:
+    users_path_departs(request)
+    for text in PROMPTS:
+        ids = llamacpp.tokenize(text)
+        reference = llamacpp.greedy(ids, GREEDY_TOKENS)
+        assert_like_llamacpp(reference, completion(gemma_server, ids, GREEDY_TOKENS), repr(text))
+
+
+def test_gemma3_sliding_layers_keep_a_512_token_window(gemma_model: LoadedModel) -> None:
+    from mlx_lm.models.cache import RotatingKVCache
+
+    caches = gemma_model.model.make_cache()
+    sliding = [c for c in caches if isinstance(c, RotatingKVCache)]
+    assert len(sliding) == 15 and len(caches) == 18  # five local : one global, 18 layers
+    assert {c.max_size for c in sliding} == {512}
+
+
+def test_past_the_sliding_window_alone_batched_and_cached(
+    llamacpp: LlamaCpp, gemma_server: RunningServer, request: pytest.FixtureRequest
+) -> None:
+    users_path_departs(request)
+    ids = llamacpp.tokenize(LONG_TEXT)
+    assert 600 < len(ids) < 1000, len(ids)  # past the 512-token window, under ~1k
+    reference = llamacpp.greedy(ids, GREEDY_TOKENS)
+    assert_like_llamacpp(reference, completion(gemma_server, ids, GREEDY_TOKENS), "alone")
+
+    others = [llamacpp.tokenize(text) for text in PROMPTS[:3]]
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(completion, gemma_server, p, GREEDY_TOKENS) for p in [ids, *others]]
+        batched = futures[0].result()
+        for f in futures[1:]:
+            f.result()
+    assert_like_llamacpp(reference, batched, "batched")
+
+    again = completion(gemma_server, ids, GREEDY_TOKENS)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 512
+    assert_like_llamacpp(reference, again, "from the prefix cache")
