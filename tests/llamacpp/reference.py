@@ -22,15 +22,13 @@ GEMMA_ENV = "COMPAT_SERVE_TEST_GEMMA_GGUF"
 
 
 def gemma_gguf() -> Path:
-    """The file both sides load, assembled once into .test-cache/ by tests/gemma_gguf.py (the
-    package's `assemble` checks the sha256). Until the Q5_0 reader (#43 part A) is merged,
-    its `loadable_gemma_gguf()`: Q5_0 tensors as Q8_0, everything else byte-equal; then
-    `original_gemma_gguf()`."""
+    """The file both sides load, as published, assembled once into .test-cache/ by
+    tests/gemma_gguf.py (the package's `assemble` checks the sha256)."""
     if override := os.environ.get(GEMMA_ENV):
         return Path(override)
-    from tests.gemma_gguf import loadable_gemma_gguf
+    from tests.gemma_gguf import original_gemma_gguf
 
-    return loadable_gemma_gguf()
+    return original_gemma_gguf()
 
 
 def token_text(raw: Sequence[int]) -> str:

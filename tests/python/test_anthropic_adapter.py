@@ -387,10 +387,14 @@ def test_empty_final_assistant_is_no_prefill() -> None:
     assert request.messages == [{"role": "user", "content": "hi"}]
 
 
-def test_empty_messages_are_rejected() -> None:
+def test_no_messages_are_rejected_and_empty_ones_are_an_empty_conversation() -> None:
     assert rejected([]).param == "messages"
-    assert rejected([{"role": "system", "content": []}]).param == "messages"
-    assert rejected([assistant([])]).param == "messages"
+    # Anthropic allows an empty final assistant message (an empty prefill is no prefill);
+    # with nothing else the conversation is empty and the model answers from the template's
+    # own start, as it does for an empty inline system message alone.
+    for messages in ([{"role": "system", "content": []}], [assistant([])], [assistant("")]):
+        request = chat(messages)
+        assert request.messages == [] and not request.continue_final_message
 
 
 # ---------------------------------------------------------------- sampling and thinking

@@ -20,7 +20,7 @@ import pytest
 
 from compat_serve.models.auto_dtype import choose_auto_dtype
 from compat_serve.models.resident_size import estimate_resident_bytes
-from tests.gemma_gguf import loadable_gemma_gguf
+from tests.gemma_gguf import original_gemma_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 MARGIN = 0.10  # the bound; measured 1-8% here (the remainder: allocator slack)
@@ -39,7 +39,7 @@ def _probe(model: str, dtype: str, budget: int | None = None) -> dict[str, objec
 @pytest.mark.parametrize("dtype", ["auto", "quantized"])
 @pytest.mark.parametrize("model", ["embedded", "gemma"])
 def test_reported_size_is_the_measured_resident_size(model: str, dtype: str) -> None:
-    path = str(loadable_gemma_gguf()) if model == "gemma" else "embedded"
+    path = str(original_gemma_gguf()) if model == "gemma" else "embedded"
     measured = _probe(path, dtype)
     growth = int(measured["growth"])  # type: ignore[call-overload]
     reported = int(measured["resident_bytes"])  # type: ignore[call-overload]

@@ -17,7 +17,7 @@ import pytest
 from compat_serve.chat.prompt import PromptBuilder
 from compat_serve.models.gguf_metadata import GGUFMetadata
 from compat_serve.models.gguf_tokenizer import build_gguf_tokenizer
-from tests.gemma_gguf import loadable_gemma_gguf
+from tests.gemma_gguf import original_gemma_gguf
 from tests.shared_data import templates_dir
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ Tokenize = Callable[[str, bool], list[int]]
 
 @pytest.fixture(scope="module")
 def gemma_path() -> Path:
-    return loadable_gemma_gguf()
+    return original_gemma_gguf()
 
 
 def _llama_cpp(path: Path) -> Iterator[Tokenize]:
