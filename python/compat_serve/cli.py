@@ -207,6 +207,14 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "(default 20%%); least recently used blocks are evicted",
     )
     p.add_argument(
+        "--cache-pin-fraction",
+        type=_pin_fraction,
+        default=0.5,
+        help="the share of the prefix cache that cache_control breakpoints may pin "
+        "(default 0.5): pinned blocks are evicted only after unpinned ones, and past "
+        "this share the pin that expires first goes",
+    )
+    p.add_argument(
         "--cache-dir",
         default=None,
         help="keep prefix-cache blocks on disk too, in this directory (off by default): "
@@ -465,6 +473,7 @@ def _serve(ns: argparse.Namespace) -> int:
             prefix_cache=ns.prefix_cache,
             block_size=ns.block_size,
             cache_memory=ns.cache_memory,
+            cache_pin_fraction=ns.cache_pin_fraction,
             cache_hash=ns.cache_hash,
             cache_dir=ns.cache_dir,
             cache_disk_size=ns.cache_disk_size,
@@ -586,3 +595,13 @@ compat-serve {__version__} serving {model_name!r} at {base}
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _pin_fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, not {text!r}")
+    return value

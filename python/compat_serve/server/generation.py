@@ -177,6 +177,7 @@ def submit(
     vision: VisionInput | None = None,
     client: str | None = None,
     adapter: str | None = None,
+    cache_pins: tuple[tuple[int, int], ...] = (),
 ) -> RequestStream:
     check_admitting(state)
     cap = state.max_output_tokens
@@ -199,6 +200,7 @@ def submit(
                 vision=vision,
                 client=client,
                 adapter=adapter,
+                cache_pins=cache_pins,
             )
         )
     except PromptTooLong as exc:
@@ -285,6 +287,7 @@ async def admit_chat(
         prompt.vision,
         client_label(request),
         request_adapter(request),
+        prompt.pins,
     )
     stream.keeps_reply = not prompt.vision
     return Admitted(state, request_id, prompt, stream, parsing.parser)
