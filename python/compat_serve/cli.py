@@ -20,6 +20,16 @@ INLINE_SYSTEM_CHOICES = ("auto", "preserve", "fold")
 DTYPE_CHOICES = ("auto", "quantized", "float16", "bfloat16", "float32")
 
 
+def _pin_fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, not {text!r}")
+    return value
+
+
 def build_serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="compat-serve",
@@ -595,13 +605,3 @@ compat-serve {__version__} serving {model_name!r} at {base}
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def _pin_fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, not {text!r}")
-    return value

@@ -3,6 +3,9 @@ newly cached tokens into Anthropic's 5-minute and 1-hour classes (#44)."""
 
 from __future__ import annotations
 
+import pytest
+
+from compat_serve.cli import build_serve_parser
 from compat_serve.engine.prefix.pins import creation_split
 from compat_serve.server.anthropic.adapter import to_chat_request
 from compat_serve.server.anthropic.protocol import MessagesRequest
@@ -60,3 +63,13 @@ def test_creation_splits_at_the_last_one_hour_breakpoint() -> None:
     assert creation_split([(20, HOUR)], 32, 64) == (64, 0)  # read already, not created
     assert creation_split([(500, HOUR)], 32, 64) == (0, 64)
     assert creation_split([], 0, 0) == (0, 0)
+
+
+def test_cache_pin_fraction_must_be_a_share(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_serve_parser()
+    assert parser.parse_args(["--cache-pin-fraction", "0.25"]).cache_pin_fraction == 0.25
+    assert parser.parse_args([]).cache_pin_fraction == 0.5
+    for bad in ("1.5", "-0.1", "half"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--cache-pin-fraction", bad])
+        assert "must be a number from 0 to 1" in capsys.readouterr().err
