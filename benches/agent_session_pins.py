@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -49,8 +50,18 @@ def tools(session: int) -> list[dict[str, Any]]:
     ]
 
 
+def burst(url: str, n: int) -> None:
+    """Unrelated one-off prompts (other clients, subagents): ~3k new tokens each."""
+    with httpx.Client(timeout=600) as client:
+        for i in range(n):
+            text = " ".join(f"doc {i}.{j} says nothing new" for j in range(400))
+            body = {"model": "m", "max_tokens": 1,
+                    "messages": [{"role": "user", "content": text}]}  # fmt: skip
+            client.post(f"{url}/v1/messages", json=body).raise_for_status()
+
+
 def session_run(
-    url: str, session: int, turns: int, pinned: bool, words: int
+    url: str, session: int, *, turns: int, pinned: bool, words: int, between: threading.Barrier
 ) -> list[dict[str, int]]:
     control = {"type": "ephemeral", "ttl": "1h"}
     system: list[dict[str, Any]] = [{"type": "text", "text": system_prompt(session, words)}]
@@ -67,10 +78,12 @@ def session_run(
             body = {"model": "m", "max_tokens": 1, "system": system, "tools": tool_defs,
                     "messages": messages}  # fmt: skip
             response = client.post(f"{url}/v1/messages", json=body)
-            response.raise_for_status()
+            if response.status_code != 200:
+                raise RuntimeError(response.text)
             usage = response.json()["usage"]
             out.append({"turn": turn, **{k: v for k, v in usage.items() if isinstance(v, int)}})
-            output = " ".join(f"line {session}.{turn}.{j} ok" for j in range(60))
+            output = " ".join(f"line {session}.{turn}.{j} ok" for j in range(100))
+            between.wait()  # every session idles while other traffic runs
             messages = [
                 *messages,
                 {"role": "assistant", "content": f"Running step {turn}."},
@@ -84,8 +97,12 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=12)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--system-words", type=int, default=900, help="~2k tokens")
-    parser.add_argument("--cache-blocks", type=int, default=2400)
+    parser.add_argument("--cache-blocks", type=int, default=2200)
     parser.add_argument("--pin-fraction", type=float, default=0.8)
+    parser.add_argument("--burst", type=int, default=12, help="one-off prompts between turns")
+    parser.add_argument(
+        "--max-seqs", type=int, default=2, help="requests running at once; the rest queue"
+    )
     args = parser.parse_args()
 
     from tests.conftest import start_server
@@ -104,15 +121,21 @@ def main() -> None:
             block_size=BLOCK,
             cache_memory=str(per_token * BLOCK * args.cache_blocks),
             cache_pin_fraction=args.pin_fraction,
+            max_num_seqs=args.max_seqs,
+            context_length=8192,
         )
         began = time.monotonic()
         try:
+            between = threading.Barrier(
+                args.sessions, action=partial(burst, server.base_url, args.burst)
+            )
             run = partial(
                 session_run,
                 server.base_url,
                 turns=args.turns,
                 pinned=pinned,
                 words=args.system_words,
+                between=between,
             )
             with ThreadPoolExecutor(args.sessions) as pool:
                 runs = list(pool.map(run, range(args.sessions)))
@@ -127,7 +150,8 @@ def main() -> None:
         label = "with pins   " if pinned else "without pins"
         print(
             f"{label}: turns 2+ read the ~2k-token prefix on {system_hits}/{len(later)} turns; "
-            f"{read}/{prompt} prompt tokens read from cache; {len(pins)} live pins; "
+            f"{read}/{prompt} prompt tokens read from cache; {len(pins)} live pins "
+            f"({sum(p['tokens'] for p in pins)} tokens); "
             f"{time.monotonic() - began:.1f}s (noisy: shared CPU)"
         )
 
