@@ -10,7 +10,7 @@ PORT ?= 8000
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup system-libs build serve test test-rust test-python test-cpu-fallback test-users-path lint fmt bench bench-rust bench-python gpu-kit gpu-kit-check clean \
+.PHONY: setup system-libs build serve test test-rust test-python test-cpu-fallback test-users-path test-numeric-variants lint fmt bench bench-rust bench-python gpu-kit gpu-kit-check clean \
 	wheel check-installed docs cli-docs second-python
 
 # npm clients the end-to-end tests run (offline, in a network namespace), installed into a
@@ -97,7 +97,8 @@ cli-docs: setup
 serve: build
 	$(VENV)/bin/compat-serve --host $(HOST) --port $(PORT) $(ARGS)
 
-test: build lint docs check-installed test-rust test-python test-cpu-fallback test-users-path
+test: build lint docs check-installed test-rust test-python test-cpu-fallback test-users-path \
+	test-numeric-variants
 
 test-rust:
 	cargo test --workspace --quiet
@@ -128,6 +129,16 @@ test-cpu-fallback: build
 test-users-path: build
 	COMPAT_SERVE_TEST_DTYPE=quantized $(VENV)/bin/pytest -q -m users_path \
 	  $$($(PY) tests/users_path_lane.py) $(PYTEST_ARGS)
+
+# The tests that compare two float paths, once per variant of float noise this CPU can show
+# (OpenBLAS core types, the Rust kernels off, their outputs nudged by one ulp): what another
+# machine's summation order would do to them. Lists in tests/numeric_variants.py.
+test-numeric-variants: build
+	@set -e; for variant in $$($(PY) tests/numeric_variants.py variants); do \
+	  echo "== $$variant"; \
+	  env $$variant $(VENV)/bin/pytest -q -n 0 \
+	    $$($(PY) tests/numeric_variants.py tests) $(PYTEST_ARGS); \
+	done
 
 lint: build
 	cargo fmt --all --check

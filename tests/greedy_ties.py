@@ -132,6 +132,31 @@ def assert_greedy_equal_up_to_tie(
     return tie
 
 
+def assert_argmax_equal_up_to_tie(
+    reference: Any, candidate: Any, *, tolerance: float = F32_TIE, what: str = ""
+) -> list[NearTie]:
+    """The greedy token of each row of two logits arrays (`[..., vocab]`, MLX or numpy) is
+    the same, or the two paths part on a near tie of the reference's row. Returns the ties
+    accepted. For `argmax(a) == argmax(b)` between two float paths, which fails on any
+    machine whose float noise lands on a row's near tie."""
+    ref = np.asarray(reference, dtype=np.float32)
+    cand = np.asarray(candidate, dtype=np.float32)
+    assert ref.shape == cand.shape, (ref.shape, cand.shape)
+    ref, cand = ref.reshape(-1, ref.shape[-1]), cand.reshape(-1, cand.shape[-1])
+    ties = []
+    for row in range(ref.shape[0]):
+        tie = assert_greedy_equal_up_to_tie(
+            [int(ref[row].argmax())],
+            [int(cand[row].argmax())],
+            lambda _, row=row: ref[row],
+            tolerance=tolerance,
+            what=f"{what} row {row}".strip(),
+        )
+        if tie is not None:
+            ties.append(tie)
+    return ties
+
+
 def next_logits(
     loaded: LoadedModel,
     ids: Sequence[int],

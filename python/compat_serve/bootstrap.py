@@ -24,6 +24,11 @@ from compat_serve.parsers.registry import (
     resolve_reasoning,
     resolve_tool_format,
 )
+from compat_serve.server.reasoning_budgets import (
+    DEFAULT_LEVELS,
+    ReasoningBudgets,
+    parse_levels,
+)
 from compat_serve.server.sampling_defaults import (
     check_generation_config_choice,
     check_sampling_flags,
@@ -73,6 +78,8 @@ class ServeOptions:
     strict_model_names: bool = False
     max_output_tokens: int | None = None
     max_tool_rounds: int | None = None
+    reasoning_budget: int | None = None
+    reasoning_budgets: str | None = None
     max_request_bytes: int = 32 * 1024 * 1024
     default_temperature: float | None = None
     default_top_p: float | None = None
@@ -86,6 +93,9 @@ class ServeOptions:
     # users' path on any machine: weights as stored, stock mlx-lm modules), float16,
     # bfloat16 or float32.
     dtype: str = "auto"
+    # --memory-budget in bytes (several models): `--dtype auto` keeps weights as stored
+    # when float32 would not fit it (models/auto_dtype.py). None: half the machine's memory.
+    memory_budget_bytes: int | None = None
 
 
 def _engine_config(options: ServeOptions) -> EngineConfig:
@@ -170,6 +180,14 @@ def _disk_size(options: ServeOptions) -> int | None:
     return parse_memory_size(options.cache_disk_size, total=shutil.disk_usage(path).free)
 
 
+def reasoning_budgets(options: ServeOptions) -> ReasoningBudgets:
+    """--reasoning-budgets (over the default levels) and --reasoning-budget."""
+    levels = dict(DEFAULT_LEVELS)
+    if options.reasoning_budgets:
+        levels.update(parse_levels(options.reasoning_budgets))
+    return ReasoningBudgets(levels, options.reasoning_budget)
+
+
 def check_serve_options(options: ServeOptions) -> EngineConfig:
     """The checks that need no model, so a typo fails before a multi-second load; the
     engine configuration they yield."""
@@ -179,6 +197,9 @@ def check_serve_options(options: ServeOptions) -> EngineConfig:
         raise ValueError("--max-output-tokens must be at least 1")
     if options.max_tool_rounds is not None and options.max_tool_rounds < 1:
         raise ValueError("--max-tool-rounds must be at least 1")
+    if options.reasoning_budget is not None and options.reasoning_budget < 0:
+        raise ValueError("--reasoning-budget cannot be negative")
+    reasoning_budgets(options)
     if options.max_request_bytes < 1024:
         raise ValueError("--max-request-bytes must be at least 1024")
     check_sampling_flags(options.default_temperature, options.default_top_p, options.default_top_k)
@@ -201,7 +222,9 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
     template = read_chat_template_file(options.chat_template) if options.chat_template else None
     context_length = context_length_option(options.context_length)
     if loaded is None:
-        loaded = load_model(options.model, dtype=options.dtype)
+        loaded = load_model(
+            options.model, dtype=options.dtype, memory_budget=options.memory_budget_bytes
+        )
     if template is not None and options.chat_template is not None:
         loaded = replace_chat_template(loaded, template, options.chat_template)
     if isinstance(context_length, int):
@@ -212,10 +235,13 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         inline_system=options.inline_system,
         reply_history=options.reply_history,
     )
-    if builder.uses_default_template:
-        log.warning("the model has no chat template; using a ChatML fallback")
+    if not builder.has_template:
+        log.warning(
+            "the model has no chat template: chat requests are answered 400 (pass "
+            "--chat-template FILE, or use /v1/completions or Ollama's raw generate)"
+        )
     output_parsing = _output_parsing(options, loaded)
-    if not builder.traits.renders_tools:
+    if builder.has_template and not builder.traits.renders_tools:
         if options.tool_parser == "auto":
             builder.injects_tools = True
             output_parsing.tool_format = ENVELOPE_FORMAT
@@ -276,6 +302,7 @@ def build_state(options: ServeOptions, loaded: LoadedModel | None = None) -> Ser
         max_request_bytes=options.max_request_bytes,
         max_output_tokens=options.max_output_tokens,
         max_tool_rounds=options.max_tool_rounds,
+        reasoning_budgets=reasoning_budgets(options),
         sampling_defaults=sampling_defaults,
         output_parsing=output_parsing,
         cache_salt_per_key=options.cache_salt_per_key,

@@ -290,6 +290,21 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "model that repeats its call never gives one, and Codex has no turn limit",
     )
     p.add_argument(
+        "--reasoning-budget",
+        type=int,
+        metavar="N",
+        help="reasoning tokens of a request that sets no budget or effort: at N the server "
+        "closes the model's thinking itself and it answers (default: no limit; 0: no "
+        "reasoning). A reasoning model on a Mac can otherwise think for minutes",
+    )
+    p.add_argument(
+        "--reasoning-budgets",
+        metavar="LEVEL=N,...",
+        help="reasoning tokens of each effort level (OpenAI reasoning_effort, Responses "
+        "reasoning.effort, Ollama think), over the defaults "
+        "low=1024,medium=4096,high=16384,xhigh=32768; none and minimal mean no reasoning",
+    )
+    p.add_argument(
         "--default-temperature",
         type=float,
         help="temperature for requests that set none, used when the model's "
@@ -495,6 +510,8 @@ def _serve(ns: argparse.Namespace) -> int:
             strict_model_names=ns.strict_model_names,
             max_output_tokens=ns.max_output_tokens,
             max_tool_rounds=ns.max_tool_rounds,
+            reasoning_budget=ns.reasoning_budget,
+            reasoning_budgets=ns.reasoning_budgets,
             max_request_bytes=ns.max_request_bytes,
             default_temperature=ns.default_temperature,
             default_top_p=ns.default_top_p,

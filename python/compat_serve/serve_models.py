@@ -18,18 +18,23 @@ alone against the budget (it keeps no KV and no prefix cache).
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import dataclasses
-import gc
 import logging
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compat_serve.bootstrap import ServeOptions, build_state, check_serve_options
 from compat_serve.engine.host import EngineHost
-from compat_serve.engine.memory import device_memory, headroom_bytes, parse_memory_size, plan_memory
+from compat_serve.engine.memory import (
+    collect_memory,
+    device_memory,
+    headroom_bytes,
+    parse_memory_size,
+    plan_memory,
+)
+from compat_serve.models.auto_dtype import choose_auto_dtype
 from compat_serve.models.load_steps import LoadSteps, host, note_evaluation
+from compat_serve.models.resident_size import estimate_resident_bytes
 from compat_serve.models.weight_estimate import estimate_weight_bytes
 from compat_serve.registry.adapters import parse_lora_flag
 from compat_serve.registry.config_file import load_models_file
@@ -87,19 +92,23 @@ def memory_budget(text: str | None) -> int:
 def estimate_bytes(base: ServeOptions, entry: ModelEntry) -> int:
     """What a model will hold, before it is loaded: its weights as the loader will make
     them (read from its files' headers under the weight plan of its dtype, e.g. float32
-    on the CPU: models/weight_estimate.py), and its KV and prefix-cache budgets as the
-    engine will plan them. The one estimate admission, eviction and the never-fits
-    refusal all use; after a load the hub checks it against what the engine measured."""
+    on the CPU, or as stored where float32 would not fit: models/auto_dtype.py), its
+    tokenizer (models/resident_size.py), and the KV and prefix-cache memory the command
+    line sets aside (--kv-memory / --cache-memory as sizes; the default shares are limits
+    the engine fills, not memory a loaded model holds). The one estimate admission,
+    eviction and the never-fits refusal all use; after a load the hub checks it against
+    what the engine measured."""
     options = entry_options(base, entry)
-    weights = estimate_weight_bytes(entry.path, options.dtype or "auto")
     if path_kind(entry.path) != "chat":
-        return weights  # no KV, no prefix cache
+        return estimate_weight_bytes(entry.path, options.dtype or "auto")  # no KV, no cache
+    dtype = choose_auto_dtype(entry.path, options.dtype, base.memory_budget_bytes).dtype
+    weights = estimate_resident_bytes(entry.path, dtype or "auto")
     kv = None if options.kv_memory == "30%" else parse_memory_size(options.kv_memory)
     cache = None if options.cache_memory == "20%" else parse_memory_size(options.cache_memory)
     if not options.prefix_cache:
         cache = 0
     plan = plan_memory(weights, kv, cache, _KV_SHARE, _CACHE_SHARE)
-    return plan.weights + plan.kv + plan.cache
+    return plan.weights + plan.reserved
 
 
 def load_state_steps(options: ServeOptions) -> LoadSteps[ServerState]:
@@ -108,7 +117,9 @@ def load_state_steps(options: ServeOptions) -> LoadSteps[ServerState]:
     it has one) in one host slice."""
     from compat_serve.models.loader import load_model_steps
 
-    loaded = yield from load_model_steps(options.model, dtype=options.dtype)
+    loaded = yield from load_model_steps(
+        options.model, dtype=options.dtype, memory_budget=options.memory_budget_bytes
+    )
     yield host("engine start-up")
     state = build_state(options, loaded)
     note_evaluation("engine start-up", 0)
@@ -150,30 +161,6 @@ async def load_with_adapters(
 def release_state(state: ServedState) -> None:
     """Stop a model's engine (its disk tier is flushed and kept for the next load)."""
     state.engine.shutdown()
-
-
-def collect_memory() -> None:
-    """Return freed arrays' memory: Python's references first, then MLX's buffer cache,
-    then what the C allocator keeps of it (glibc holds freed heap pages until trimmed; on
-    other C libraries there is nothing to call and the step is skipped)."""
-    import mlx.core as mx
-
-    gc.collect()
-    mx.clear_cache()
-    _trim_c_heap()
-
-
-def _trim_c_heap() -> None:
-    # glibc only (Linux). macOS's allocator hands freed pages back by itself (madvise), and
-    # musl has no malloc_trim: elsewhere the step is skipped (docs/platforms.md).
-    if sys.platform != "linux":
-        return
-    try:
-        libc = ctypes.CDLL(None)
-        trim = libc.malloc_trim
-    except (AttributeError, OSError):  # not glibc (macOS, musl): nothing to trim
-        return
-    trim(ctypes.c_size_t(0))
 
 
 def with_lora_flags(entries: list[ModelEntry], loras: tuple[str, ...]) -> list[ModelEntry]:
@@ -221,6 +208,7 @@ def build_hub(
         except (ValueError, RuntimeError) as exc:
             raise ValueError(f"{entry.origin}: model {entry.id!r}: {exc}") from exc
     budget = memory_budget(flags.memory_budget) if entries else None
+    base = dataclasses.replace(base, memory_budget_bytes=budget)
     if single_state is None and (base.model is not None or not entries):
         single_state = served_state(base)
     if single_state is not None:

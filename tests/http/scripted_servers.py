@@ -23,7 +23,7 @@ def template(name: str) -> str:
 def scripted_server(
     embedded: LoadedModel,
     template_file: str,
-    replies: Sequence[tuple[str, str]],
+    replies: Sequence[tuple[str, str | Sequence[int]]],
     *,
     step_delay_s: float = 0.0,
     **options: Any,

@@ -83,12 +83,6 @@ BAD_BODIES: list[tuple[str, dict[str, Any], str]] = [
         "input",
     ),
     (
-        "nothing but an empty prefill and empty system text",
-        {**OK, "system": "", "messages": [{"role": "system", "content": ""},
-                                          {"role": "assistant", "content": ""}]},
-        "all messages are empty",
-    ),
-    (
         "prefill ending in whitespace",
         {**OK, "messages": [*HI, {"role": "assistant", "content": "Sure "}]},
         "trailing whitespace",
@@ -103,18 +97,37 @@ def test_bad_bodies_are_400(
     assert_anthropic_error(post(server, body), 400, "invalid_request_error", needle)
 
 
-def test_an_empty_prefill_alone_is_the_stated_rule_on_both_routes(server: RunningServer) -> None:
-    # Schema-valid (JSON Schema cannot say "not only an empty final assistant message"),
-    # so the document states the rule in words and both routes answer it the same way.
+def test_an_empty_prefill_alone_is_accepted_on_both_routes(server: RunningServer) -> None:
+    # Anthropic allows an empty final assistant message ("all messages must have non-empty
+    # content except for the optional final assistant message"); an empty prefill is no
+    # prefill, so alone (or beside empty system text) the conversation is empty and the
+    # model answers from the template's own start, on both routes alike.
     document = httpx.get(f"{server.base_url}/openapi.json", timeout=30).json()
     for name in ("MessagesRequest", "CountTokensRequest"):
         messages = document["components"]["schemas"][name]["properties"]["messages"]
-        assert messages["description"].startswith("At least one message must have content")
-    body = {**OK, "messages": [{"role": "assistant", "content": ""}]}
-    for path in ("/v1/messages", "/v1/messages/count_tokens"):
-        response = post(server, body, path=path)
-        message = assert_anthropic_error(response, 400, "invalid_request_error")
-        assert message == "messages: all messages are empty", message
+        assert "It may be empty, as Anthropic allows" in messages["description"]
+    bodies = (
+        {**OK, "messages": [{"role": "assistant", "content": ""}]},
+        {**OK, "system": "", "messages": [{"role": "system", "content": ""},
+                                          {"role": "assistant", "content": []}]},
+    )  # fmt: skip
+    counts = set()
+    for body in bodies:
+        counted = post(server, body, path="/v1/messages/count_tokens")
+        assert counted.status_code == 200, counted.text
+        counts.add(counted.json()["input_tokens"])
+        answered = post(server, body)
+        assert answered.status_code == 200, answered.text
+        usage = answered.json()["usage"]
+        prompt = (
+            usage["input_tokens"]
+            + usage["cache_read_input_tokens"]
+            + usage["cache_creation_input_tokens"]
+        )
+        assert prompt == counted.json()["input_tokens"]
+    # Both bodies are the same empty conversation: the same prompt, one of a few tokens
+    # (the template's generation prompt), never an empty one.
+    assert len(counts) == 1 and 0 < counts.pop() < 16
 
 
 def test_bad_json(server: RunningServer) -> None:

@@ -158,6 +158,44 @@ def test_openai_json_object_ends_when_the_object_does(server: RunningServer) -> 
         assert completion.usage.completion_tokens < 100, content
 
 
+def test_text_completions_follow_the_output_format(server: RunningServer) -> None:
+    """/v1/completions takes the chat fields: the whole completion matches, streamed too."""
+    schema = {
+        "type": "object",
+        "properties": {"capital": {"type": "string", "maxLength": 12}},
+        "required": ["capital"],
+        "additionalProperties": False,
+    }
+    base = {"model": "m", "prompt": "The capital of France as JSON:", "max_tokens": 40}
+    formats: list[dict[str, Any]] = [
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}},
+        {"structured_outputs": {"json": schema}},
+        {"guided_json": schema},
+    ]
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
+    for fmt in formats:
+        whole = client.completions.create(**base, extra_body=fmt)  # type: ignore[arg-type]
+        assert whole.choices[0].finish_reason == "stop", whole.choices[0].text
+        jsonschema.validate(json.loads(whole.choices[0].text), schema)
+    streamed = client.completions.create(**base, stream=True, extra_body=formats[0])  # type: ignore[call-overload]
+    text = "".join(chunk.choices[0].text for chunk in streamed if chunk.choices)
+    jsonschema.validate(json.loads(text), schema)
+    choice = client.completions.create(
+        model="m",
+        prompt="Is Paris in France? Answer:",
+        max_tokens=8,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
+    assert choice.choices[0].text in ("yes", "no")
+    obj = client.completions.create(
+        model="m",
+        prompt="A JSON object:",
+        max_tokens=60,
+        extra_body={"response_format": {"type": "json_object"}},
+    )
+    assert isinstance(json.loads(obj.choices[0].text), dict)
+
+
 def test_anthropic_forced_calls_are_one_valid_tool_use(server: RunningServer) -> None:
     async def one(client: anthropic.AsyncAnthropic, seed: int) -> anthropic.types.Message:
         return await client.messages.create(
@@ -299,6 +337,23 @@ def test_anthropic_output_format_validates(server: RunningServer) -> None:
         ),
         ("/v1/chat/completions", {"guided_regex": "(unclosed"}, "guided_regex"),
         (
+            "/v1/completions",
+            {
+                "prompt": "Paris is",
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"schema": {"type": "integer", "minimum": 5, "maximum": 1}},
+                },
+            },
+            "response_format.json_schema.schema",
+        ),
+        ("/v1/completions", {"prompt": "Paris is", "guided_regex": "(unclosed"}, "guided_regex"),
+        (
+            "/v1/completions",
+            {"prompt": "Paris is", "structured_outputs": {"json": "{not json"}},
+            "structured_outputs.json",
+        ),
+        (
             "/v1/messages",
             {
                 "output_config": {
@@ -320,7 +375,7 @@ def test_unsatisfiable_constraints_are_400_naming_the_field(
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert param in error["message"], error
-    if path == "/v1/chat/completions":
+    if path.startswith("/v1/c"):  # chat and text completions: OpenAI's error shape
         assert error["param"] == param
     else:
         assert error["type"] == "invalid_request_error"

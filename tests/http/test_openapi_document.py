@@ -216,7 +216,8 @@ def test_a_vanishing_temperature_is_greedy_not_a_500(server: RunningServer) -> N
         "temperature": 1e-135,
         "max_tokens": 8,
     }
-    response = httpx.post(f"{server.base_url}{_CHAT}", json=body)
+    # A grammar compile plus 8 tokens: httpx's 5 s default is too short on a busy 2-core CI.
+    response = httpx.post(f"{server.base_url}{_CHAT}", json=body, timeout=60)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] in ("jQg", "abc")
 

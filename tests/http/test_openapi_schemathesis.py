@@ -59,8 +59,13 @@ STATED_RULES: dict[str, tuple[str, ...]] = {
         r"(structured_outputs\.json|guided_json): (not valid JSON \(.*\)|must be a JSON schema "
         r"object|a boolean schema is not supported; give a JSON schema object)",
         r"This model's maximum context length is .*",
+        r"reasoning_effort: unknown effort level .*",
     ),
     "/v1/completions": (
+        _VOCABULARY,
+        rf"{_CHAT_GRAMMAR}: does not compile: .*",
+        r"(structured_outputs\.json|guided_json): (not valid JSON \(.*\)|must be a JSON schema "
+        r"object|a boolean schema is not supported; give a JSON schema object)",
         r"This model's maximum context length is .*",
         r"prompt: the text tokenizes to no tokens \(this model's vocabulary has none for its "
         r"characters\)",
@@ -68,7 +73,6 @@ STATED_RULES: dict[str, tuple[str, ...]] = {
     "/v1/messages": (
         *_TEMPLATE,
         _VOCABULARY,
-        r"messages: all messages are empty",
         r"messages: the final assistant message cannot contain tool_use blocks",
         r"messages: final assistant content cannot end with trailing whitespace",
         r"(output_config\.format|output_format)(\.schema)?: structured outputs cannot continue a "
@@ -111,9 +115,17 @@ def fuzzed_server(
     running.stop()
 
 
+# `max_response_time` (ST112), on with every check, defaults to 10 s. The slowest answer
+# seen on a 2-core CI machine (a long random prompt prefilled while the other test worker
+# ran) took 15 s; the limit is twice that, and half the client's own 60 s timeout.
+RESPONSE_TIME_LIMIT_S = 30.0
+
+
 @pytest.fixture(scope="module")
 def api_schema(fuzzed_server: RunningServer) -> Any:
-    return schemathesis.openapi.from_url(f"{fuzzed_server.base_url}/openapi.json")
+    loaded = schemathesis.openapi.from_url(f"{fuzzed_server.base_url}/openapi.json")
+    loaded.config.checks.update(max_response_time=RESPONSE_TIME_LIMIT_S)
+    return loaded
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")
@@ -159,7 +171,7 @@ def _fuzz(fuzz_seed: int, *, coverage: bool, examples: int = EXAMPLES) -> Any:
     )
     def fuzzed(case: Any) -> None:
         # Generous: a long random prompt on a busy 2-core machine can take more than 10 s.
-        response = case.call(timeout=60)
+        response = case.call(timeout=2 * RESPONSE_TIME_LIMIT_S)
         stated = _refused_for_a_stated_rule(case, response)
         excluded = [positive_data_acceptance] if stated else []
         case.validate_response(response, checks=ALL_CHECKS, excluded_checks=excluded)

@@ -23,6 +23,7 @@ from compat_serve.models.cpu_linear import (
     install_skinny_linears,
     kernel_available,
 )
+from tests.greedy_ties import assert_argmax_equal_up_to_tie
 from tests.tiny_models import tiny_llama
 
 if TYPE_CHECKING:
@@ -54,7 +55,8 @@ def test_logits_match_stock_mlx(tied: bool, prompt: list[int]) -> None:
     assert type(model.model.layers[0].mlp).__qualname__ == "SkinnySwiGLU[MLP]"
     after = logits(model, prompt)
     assert mx.abs(after - before).max().item() < 1e-4
-    assert mx.array_equal(mx.argmax(after, axis=-1), mx.argmax(before, axis=-1)).item()
+    # Bound: two float orders; greedy tokens may part only on a near tie (F32_TIE).
+    assert_argmax_equal_up_to_tie(before, after)
 
 
 def test_products_are_routed_by_row_count(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -83,6 +83,7 @@ def test_quantized_keeps_the_weights_and_stock_modules(quantized_dir: Path) -> N
     assert weights_status(loaded) == {
         "dtype": "quantized-4bit",
         "requested": "quantized",
+        "auto_kept_as_stored": None,
         "modules": "stock mlx-lm",
         "fast_paths": {},
     }

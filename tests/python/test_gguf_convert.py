@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear
 
+from tests.greedy_ties import assert_argmax_equal_up_to_tie
 from tests.python.conftest import CHATML_FRANCE, greedy
 
 if TYPE_CHECKING:
@@ -81,7 +82,9 @@ def test_mlx_lm_loads_quantized_dir(
     x = mx.array([ids])
     direct: Any = embedded_model.model
     ref, got = direct(x), model(x)
-    assert mx.array_equal(mx.argmax(ref, axis=-1), mx.argmax(got, axis=-1))
+    # Bound: the same Q4/Q8 values in two float orders (dense f32 vs MLX's quantized
+    # kernel): a greedy token may differ only on a near tie (F32_TIE, tests/greedy_ties.py).
+    assert_argmax_equal_up_to_tie(ref, got)
     assert float(mx.abs(ref - got).max()) < 0.1
 
 

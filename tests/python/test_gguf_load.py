@@ -21,6 +21,7 @@ from compat_serve.models.gguf import (
     unpermute_rows,
 )
 from compat_serve.models.weights import compute_backend, model_arrays
+from tests.greedy_ties import assert_argmax_equal_up_to_tie
 from tests.python.conftest import CHATML_FRANCE, greedy
 
 if TYPE_CHECKING:
@@ -187,5 +188,7 @@ def test_quantized_dtype_keeps_gguf_quantization(
     x = mx.array([embedded_model.tokenizer.encode("The capital of France")])
     dense: Any = embedded_model.model
     ref, got = dense(x), model(x)
-    assert mx.array_equal(mx.argmax(ref, axis=-1), mx.argmax(got, axis=-1))
+    # Bound: the same Q4/Q8 values in two float orders (dense f32 vs MLX's quantized
+    # kernel): a greedy token may differ only on a near tie (F32_TIE, tests/greedy_ties.py).
+    assert_argmax_equal_up_to_tie(ref, got)
     assert float(mx.abs(ref - got).max()) < 0.1

@@ -13,6 +13,7 @@ from tests.chat_prompts import chat_ids
 from tests.greedy_ties import (
     F32_TIE,
     alone_scores,
+    assert_argmax_equal_up_to_tie,
     assert_chat_same_or_near_tie,
     assert_greedy_equal_up_to_tie,
     assert_same_as_engine_or_near_tie,
@@ -166,3 +167,15 @@ def test_chat_completions_compare_by_their_top_logprobs() -> None:
     assert tie is not None and tie.position == 1
     with pytest.raises(AssertionError, match="not a near tie"):
         assert_chat_same_or_near_tie(reference, chat_body([" Lyon", " is"], [decided, tied]))
+
+
+def test_argmax_rows_part_only_on_a_near_tie() -> None:
+    """`assert_argmax_equal_up_to_tie`: a row whose greedy token moved off a decided margin
+    fails; a row that parted on a near tie of the reference passes and is reported."""
+    reference = np.array([[0.0, 5.0, 1.0], [2.0, 2.0005, -1.0]], dtype=np.float32)
+    same_up_to_tie = np.array([[0.0, 5.0, 1.0], [2.0005, 2.0, -1.0]], dtype=np.float32)
+    ties = assert_argmax_equal_up_to_tie(reference, same_up_to_tie, tolerance=F32_TIE)
+    assert [t.position for t in ties] == [0] and ties[0].candidate_token == 0
+    wrong_row = np.array([[0.0, 1.0, 5.0], [2.0, 2.0005, -1.0]], dtype=np.float32)
+    with pytest.raises(AssertionError, match="not a near tie"):
+        assert_argmax_equal_up_to_tie(reference, wrong_row, tolerance=F32_TIE)

@@ -213,8 +213,9 @@ def test_the_engine_serves_and_repeats_from_quantized_windows(
     first = run(eight_bit, ids)
     assert len(first[0]) == 8 and first[1].cached_tokens == 0
     assert spy.windows and set(spy.windows) == {("BatchQuantRotatingKV", mx.uint32)}
-    # The prefix cache snapshotted the quantized window at the last block boundary; the
-    # repeat restores it and computes only the last token, with the same output.
+    # The prefix cache snapshotted the quantized window at the last block boundary (and
+    # before the last token); the repeat restores it and computes only the last token,
+    # with the same output.
     prefix = eight_bit.prefix
     assert prefix is not None and prefix.hybrid
     snapshots = list(prefix.store._snapshots.values())
@@ -227,7 +228,7 @@ def test_the_engine_serves_and_repeats_from_quantized_windows(
     assert_same_as_engine_or_near_tie(
         eight_bit, request(ids, 8), first[0], again[0], tolerance=Q8_KV_TIE
     )
-    assert again[1].cached_tokens == (len(ids) - 1) // BLOCK * BLOCK
+    assert again[1].cached_tokens == len(ids) - 1  # the state point before the last token
     assert prefix.faults == 0
 
 
@@ -281,7 +282,7 @@ def test_a_restart_reads_the_quantized_window_from_disk(gemma: LoadedModel, tmp_
     restarted = started(gemma, kv_format=Q8, cache_dir=str(tmp_path))
     try:
         tokens, usage = run(restarted, ids, max_tokens=4)
-        assert usage.cached_tokens == (len(ids) - 1) // BLOCK * BLOCK
+        assert usage.cached_tokens == len(ids) - 1  # blocks and the state point, from disk
         assert restarted.prefix is not None and restarted.prefix.faults == 0
         assert restarted.prefix.metrics()["disk_hit_tokens"] == usage.cached_tokens
         # Read from disk vs computed: a near tie of 8-bit KV at most.

@@ -200,7 +200,7 @@ def test_a_cache_fault_falls_back_to_recompute(
     check_usage(usage)
 
 
-def test_a_hybrid_model_hits_at_a_state_snapshot(embedded_model: LoadedModel) -> None:
+def test_a_hybrid_model_hits_at_a_state_point(embedded_model: LoadedModel) -> None:
     tiny = tiny_model("lfm2", embedded_model)
     cached, uncached = started(tiny), started(tiny, prefix_cache=False)
     try:
@@ -219,8 +219,9 @@ def test_a_hybrid_model_hits_at_a_state_snapshot(embedded_model: LoadedModel) ->
             )
         )
         tokens, second = run(cached, turn2, max_tokens=12)
-        # Not a silent full recompute: served up to the last snapshot of turn 1's prompt.
-        assert second.cached_tokens == len(turn1) // BLOCK * BLOCK
+        # Not a silent full recompute: served up to the state point at the end of turn
+        # 1's reply (its last token never fed).
+        assert second.cached_tokens == len(turn1) + len(reply) - 1
         assert_same_or_near_tie(tiny, turn2, run(uncached, turn2, max_tokens=12)[0], tokens)
         check_usage(second)
     finally:

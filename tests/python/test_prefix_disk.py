@@ -299,12 +299,13 @@ def test_a_hybrid_model_resumes_from_a_snapshot_on_disk_after_a_restart(
     finally:
         first.shutdown()
     assert list(tmp_path.glob("*/snapshots_s*.kv"))  # the prompt's last full block
+    assert len(list(tmp_path.glob("*/*_p*.kv"))) == 2  # points: before its last token, reply end
     second = disk_engine(hybrid, tmp_path)
     uncached = started(hybrid, prefix_cache=False)
     try:
         again, usage = run(second, prompt)
-        # Blocks and the state snapshot at the prompt's last full block, from disk.
-        assert usage.cached_tokens == len(prompt) // 16 * 16
+        # Blocks and the state point before the prompt's last token, from disk.
+        assert usage.cached_tokens == len(prompt) - 1
         assert second.prefix is not None
         assert second.prefix.metrics()["disk_hit_tokens"] == usage.cached_tokens
         assert second.prefix.faults == 0

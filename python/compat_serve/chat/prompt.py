@@ -13,7 +13,7 @@ from compat_serve.chat.breakpoints import breakpoint_offsets
 from compat_serve.chat.call_shapes import RESHAPES
 from compat_serve.chat.images import replace_markers
 from compat_serve.chat.normalize import normalize_messages
-from compat_serve.chat.probe import probe_template
+from compat_serve.chat.probe import TemplateTraits, probe_template
 from compat_serve.chat.reply_history import (
     REPLY_HISTORY_MODES,
     GeneratedReply,
@@ -36,6 +36,8 @@ class Encoder(Protocol):
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]: ...
 
+    def with_special_tokens(self, ids: Sequence[int]) -> list[int]: ...
+
 
 class PromptError(ValueError):
     """The conversation cannot be turned into a prompt (the client's mistake)."""
@@ -57,12 +59,24 @@ class Prompt:
     pins: tuple[tuple[int, int], ...] = ()
 
 
-# A ChatML fallback for models that ship no chat template.
-DEFAULT_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+class NoChatTemplateError(PromptError):
+    """The model ships no chat template (a base model) and none was given."""
+
+
+# No fallback template: any guess writes role markers the model never saw, and often tokens
+# its vocabulary lacks (a ChatML guess on Gemma answered "<|im_assistant>assistant").
+NO_CHAT_TEMPLATE = (
+    "this model has no chat template, so a conversation cannot be turned into its prompt: "
+    "start the server with --chat-template FILE (a Jinja chat template for this model), or "
+    "send the text as the model should read it to the completions APIs "
+    "(/v1/completions, or Ollama's /api/generate with raw: true)"
+)
+
+# What the probe would conclude for a template that renders nothing.
+_NO_TEMPLATE_TRAITS = TemplateTraits(
+    inline_system="fold",
+    inline_system_reason="no chat template",
+    requires_alternation=False,
 )
 
 
@@ -91,13 +105,17 @@ class PromptBuilder:
                 f"not {reply_history!r}"
             )
         self.reply_history_mode = reply_history
-        self.template_source = template_source or DEFAULT_CHAT_TEMPLATE
-        self.uses_default_template = template_source is None
-        self._template = ChatTemplate(self.template_source)
+        self.template_source = template_source
+        # None: every chat request is refused with NO_CHAT_TEMPLATE (completions still work).
+        self._template = ChatTemplate(template_source) if template_source else None
         self._tokenizer = tokenizer
-        probed = probe_template(
-            lambda messages, gen: self.render(messages, add_generation_prompt=gen),
-            lambda messages, tools: self.render(messages, tools=tools),
+        probed = (
+            probe_template(
+                lambda messages, gen: self.render(messages, add_generation_prompt=gen),
+                lambda messages, tools: self.render(messages, tools=tools),
+            )
+            if self._template is not None
+            else _NO_TEMPLATE_TRAITS
         )
         if inline_system != "auto":
             probed = dataclasses.replace(
@@ -110,6 +128,10 @@ class PromptBuilder:
         # Recent replies with the prompts they answered: spliced in when echoed (the only
         # place where generated ids stand in for the tokenizer's; see `build`).
         self.generated = ReplyHistory()
+
+    @property
+    def has_template(self) -> bool:
+        return self._template is not None
 
     def normalize(self, messages: Sequence[Message]) -> list[Message]:
         return normalize_messages(
@@ -127,6 +149,8 @@ class PromptBuilder:
         continue_final_message: bool = False,
         **kwargs: Any,
     ) -> str:
+        if self._template is None:
+            raise NoChatTemplateError(NO_CHAT_TEMPLATE)
         try:
             text: str = self._template.render(
                 list(messages),
@@ -147,6 +171,13 @@ class PromptBuilder:
         # tokenized as a whole: the same text gives the same ids whatever was generated
         # before (generated ids come in only through an echoed reply's splice).
         return self._tokenizer.encode(text, add_special_tokens=False)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Text no template wraps (completions, Ollama's raw generate): the ids of `text`
+        with BOS/EOS as the model's metadata asks; [] when the text itself gives no token
+        (a vocabulary without its characters), so callers can refuse it."""
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        return self._tokenizer.with_special_tokens(ids) if ids else []
 
     def remember_generated(
         self,

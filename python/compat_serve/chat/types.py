@@ -17,6 +17,21 @@ from compat_serve.engine.types import Grammar, SamplingParams
 Message = dict[str, Any]
 
 
+@dataclass(frozen=True)
+class ThinkingAsk:
+    """How much a request lets the model think (server/reasoning_budgets.py resolves it).
+
+    `budget`: exact reasoning tokens (Anthropic `budget_tokens`; 0: no reasoning);
+    `effort`: a level (`reasoning_effort`, `reasoning.effort`, Ollama `think`) mapped by
+    `--reasoning-budgets`; neither: the server's `--reasoning-budget`. `field` names the
+    request field, for errors.
+    """
+
+    budget: int | None = None
+    effort: str | None = None
+    field: str = "reasoning_effort"
+
+
 @dataclass
 class ChatRequest:
     messages: list[Message]
@@ -40,3 +55,5 @@ class ChatRequest:
     # Prompt-cache breakpoints: `(leading messages, ttl_seconds)` each; the prompt builder
     # finds the token offset where those messages end (chat/breakpoints.py).
     cache_breakpoints: list[tuple[int, int]] = field(default_factory=list)
+    # The thinking budget the client asked for (None: it asked for none).
+    thinking: ThinkingAsk | None = None

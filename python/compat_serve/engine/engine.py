@@ -46,6 +46,7 @@ from compat_serve.engine.prefix.cache import PrefixCaching
 from compat_serve.engine.prefix.disk import DiskStore, open_disk_tier
 from compat_serve.engine.prefix.pins import pin_table
 from compat_serve.engine.prefix.store import is_attention_cache
+from compat_serve.engine.reasoning_budget import BudgetCounter
 from compat_serve.engine.runner import ModelRunner
 from compat_serve.engine.sequence import Sequence
 from compat_serve.engine.status import RequestStatus, StatusBoard
@@ -366,6 +367,9 @@ class Engine:
             stop_ids=frozenset(request.sampling.stop_token_ids)
             | (self._eos_ids if request.sampling.stop_at_eos else frozenset()),
             constraint=constraint,
+            budget=BudgetCounter(request.reasoning_budget)
+            if request.reasoning_budget is not None
+            else None,
         )
         self.status.put(
             RequestStatus(

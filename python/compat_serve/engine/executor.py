@@ -254,10 +254,11 @@ class StepExecutor:
             return
         if spec.active:
             spec.stats.costs.observe(len(seqs), 1, time.perf_counter() - started)
-        for seq, token, grammar_error in zip(seqs, values, grammar_errors, strict=True):
+        for seq, value, grammar_error in zip(seqs, values, grammar_errors, strict=True):
             if grammar_error is not None:
                 self.fail(seq, GrammarError(grammar_error))
                 continue
+            token = seq.next_token(value)
             sampled.append((seq.request_id, token))
             self.accept_token(seq, token)
 
@@ -365,6 +366,7 @@ class StepExecutor:
         seq.phase = Phase.DECODE
         self._status.update(seq.request_id, phase=Phase.DECODE.value)
         if token is not None:
+            token = seq.next_token(token)
             sampled.append((seq.request_id, token))
             self.accept_token(seq, token)
 
@@ -375,14 +377,18 @@ class StepExecutor:
         request_id, vision = seq.request_id, seq.request.vision
         prefix = self.prefix
         if is_last and prefix is not None and prefix.hybrid:
-            # End the prompt's last full block on its own forward pass, so the state at
-            # that boundary can be snapshotted for the next turn.
-            boundary = (start + len(tokens)) // prefix.block_size * prefix.block_size
-            if start < boundary < start + len(tokens):
-                head, tokens = tokens[: boundary - start], tokens[boundary - start :]
+            # End the prompt's last full block on its own forward pass, and (text only)
+            # the prompt minus its last token, so the state at each can be snapshotted:
+            # for the next turn, and for an exact repeat (prefix/points.py).
+            end = start + len(tokens)
+            cuts = {end // prefix.block_size * prefix.block_size}
+            if vision is None:
+                cuts.add(end - 1)
+            for cut in sorted(c for c in cuts if start < c < end):
+                head, tokens = tokens[: cut - start], tokens[cut - start :]
                 self.applier.prefill(request_id, start, head, vision)
                 self._cache_computed(seq, start, head)
-                start = boundary
+                start = cut
         if not is_last:
             self.applier.prefill(request_id, start, tokens, vision)
             self._cache_computed(seq, start, tokens)
@@ -448,7 +454,10 @@ class StepExecutor:
             except GrammarError as exc:
                 self.fail(seq, exc)
                 return
-        match = seq.stops.feed(seq.detokenizer.add(token))
+        text = seq.detokenizer.add(token)
+        if seq.budget is not None:
+            seq.budget.observe(token, text)
+        match = seq.stops.feed(text)
         # One event per token, even when its text is still held back (partial character,
         # possible stop-string prefix): consumers see every id the model produced.
         seq.stream.push(

@@ -4,8 +4,11 @@ cache and a headroom must fit in."""
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -139,6 +142,16 @@ class MemoryBudget:
     kv: int
     cache: int
     headroom: int
+    # Whether --kv-memory / --cache-memory were given as sizes: then they are memory the
+    # user set aside for this model (`reserved`); the default shares of the device are
+    # limits the engine fills as requests come, not memory the model holds.
+    kv_given: bool = False
+    cache_given: bool = False
+
+    @property
+    def reserved(self) -> int:
+        """KV and prefix-cache bytes set aside on the command line (0 by default)."""
+        return (self.kv if self.kv_given else 0) + (self.cache if self.cache_given else 0)
 
     @property
     def total(self) -> int:
@@ -177,7 +190,16 @@ def plan_memory(
     spare = max(size - weights - headroom, 0)
     kv = kv_bytes if kv_bytes is not None else int(spare * kv_share)
     cache = cache_bytes if cache_bytes is not None else int(spare * cache_share)
-    return MemoryBudget(size, source, weights, kv, cache, headroom)
+    return MemoryBudget(
+        size,
+        source,
+        weights,
+        kv,
+        cache,
+        headroom,
+        kv_given=kv_bytes is not None,
+        cache_given=cache_bytes is not None,
+    )
 
 
 def weights_nbytes(model: object) -> int:
@@ -189,3 +211,27 @@ def weights_nbytes(model: object) -> int:
         return 0
     flat: Any = tree_flatten(parameters())
     return sum(int(getattr(array, "nbytes", 0)) for _, array in flat)
+
+
+def collect_memory() -> None:
+    """Return freed arrays' memory: Python's references first, then MLX's buffer cache,
+    then what the C allocator keeps of it (glibc holds freed heap pages until trimmed; on
+    other C libraries there is nothing to call and the step is skipped)."""
+    import mlx.core as mx
+
+    gc.collect()
+    mx.clear_cache()
+    _trim_c_heap()
+
+
+def _trim_c_heap() -> None:
+    # glibc only (Linux). macOS's allocator hands freed pages back by itself (madvise), and
+    # musl has no malloc_trim: elsewhere the step is skipped (docs/platforms.md).
+    if sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (AttributeError, OSError):  # not glibc (macOS, musl): nothing to trim
+        return
+    trim(ctypes.c_size_t(0))

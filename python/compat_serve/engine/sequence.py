@@ -9,6 +9,7 @@ from typing import Any
 
 from compat_serve._native import GrammarMatcher
 from compat_serve.engine.detokenizer import IncrementalDetokenizer
+from compat_serve.engine.reasoning_budget import BudgetCounter
 from compat_serve.engine.sampling import RequestSampler
 from compat_serve.engine.stop_strings import StopStringMatcher
 from compat_serve.engine.stream import RequestStream
@@ -36,12 +37,16 @@ class Sequence:
     sampler: RequestSampler | None = None
     # Constrained decoding: the request's grammar state (None: unconstrained).
     constraint: GrammarMatcher | None = None
+    # Thinking budget: the reasoning tokens counted so far (None: no budget).
+    budget: BudgetCounter | None = None
     # Prefix cache: blocks held at admission, the prompt tokens they serve, tokens
     # recorded in the cache's table so far, prompt tokens this request newly stored.
     cached_blocks: list[int] = field(default_factory=list)
     # A partial block of a finished request this one continues: (K/V pieces, tokens used).
     cache_tail: tuple[Any, int] | None = None
     cached_tokens: int = 0
+    # Hybrid models: the state layers' snapshot of a state point it took (points.py).
+    cache_state: list[Any] | None = None
     cache_appended: int = 0
     cache_written: int = 0
     # Where the cached prompt tokens came from: "prefix" (RAM) or "disk" (some from disk).
@@ -54,6 +59,11 @@ class Sequence:
     @property
     def prompt_len(self) -> int:
         return len(self.request.prompt_ids)
+
+    def next_token(self, sampled: int) -> int:
+        """The token the row takes: `sampled`, unless its thinking budget forces one."""
+        forced = self.budget.next_forced() if self.budget is not None else None
+        return sampled if forced is None else forced
 
     def ensure_sampler(self) -> RequestSampler:
         """The request's sampler, made on first use."""

@@ -164,7 +164,8 @@ class SpeculativeStep:
         """How many tokens each row may draft: no more than its adaptive length, than what
         leaves the request running (max tokens, context) and, all rows together, than the
         free KV. A sampled row with a grammar drafts nothing from a draft model (cutting
-        its draft where the grammar refuses would bias the sampling rule)."""
+        its draft where the grammar refuses would bias the sampling rule), and no row
+        drafts past the point where its thinking budget forces the close."""
         kv_free = self._scheduler.kv_tokens_free
         limit = self._scheduler.token_limit
         rooms: list[int] = []
@@ -180,6 +181,9 @@ class SpeculativeStep:
                 kv_free,
             )
             model_sampled = self._draft_model is not None and not seq.ensure_sampler().greedy
+            budget_room = seq.budget.draft_room() if seq.budget is not None else None
+            if budget_room is not None:  # a draft never reaches its reasoning's forced close
+                room = min(room, budget_room)
             if room <= 0 or (model_sampled and seq.constraint is not None):
                 room = 0
             room = room if room and state.wants_draft() else 0
@@ -236,7 +240,11 @@ class SpeculativeStep:
             self._status.update(
                 seq.request_id, draft_tokens=row.drafted, accepted_tokens=row.accepted
             )
-            for token in tokens:
+            for i, verified in enumerate(tokens):
+                # Only the model's own token after the drafts can be replaced by a forced
+                # close (`_draft_rooms`): a replaced draft would leave its K/V in the cache.
+                token = seq.next_token(verified)
+                assert token == verified or i == len(tokens) - 1, "a draft past the budget"
                 sampled.append((seq.request_id, token))
                 host.accept_token(seq, token)
                 if seq.phase is Phase.FINISHED or token in seq.stop_ids:

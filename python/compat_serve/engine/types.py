@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from compat_serve.engine.reasoning_budget import ReasoningBudget
     from compat_serve.engine.vision import VisionInput
 
 
@@ -100,6 +101,9 @@ class EngineRequest:
     # `cache_control` breakpoints: `(end_token, ttl_seconds)` each; the prefix cache pins
     # the full blocks up to `end_token` for that long (engine/prefix/pins.py).
     cache_pins: tuple[tuple[int, int], ...] = ()
+    # Thinking budget: at this many reasoning tokens the engine forces the format's close
+    # (engine/reasoning_budget.py); None: the model reasons until it stops.
+    reasoning_budget: ReasoningBudget | None = None
 
 
 # Most alternatives a request may ask for at each token (OpenAI's and vLLM's limit).

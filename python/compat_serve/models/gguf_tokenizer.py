@@ -184,6 +184,7 @@ def build_gguf_tokenizer(meta: GGUFMetadata) -> GGUFTokenizerInfo:
         unk_token=unk,
         extra_eos_token_ids=extra_eos,
         add_bos_token=add_bos,
+        add_eos_token=add_eos and eos is not None,
         chat_template=chat_template,
     )
     return GGUFTokenizerInfo(

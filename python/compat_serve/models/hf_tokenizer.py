@@ -82,6 +82,23 @@ def _ids(value: Any) -> list[int]:
     return []
 
 
+def _flag(value: Any, default: bool) -> bool:
+    return value if isinstance(value, bool) else default
+
+
+def _post_processor_adds(
+    backend: BackendTokenizer, bos: str | None, eos: str | None
+) -> tuple[bool, bool]:
+    """Whether tokenizer.json's post-processor puts BOS in front / EOS behind a text."""
+    plain = backend.encode("a", add_special_tokens=False).ids
+    full = backend.encode("a", add_special_tokens=True).ids
+    bos_id = backend.token_to_id(bos) if bos else None
+    eos_id = backend.token_to_id(eos) if eos else None
+    adds_bos = bos_id is not None and len(full) > len(plain) and full[0] == bos_id
+    adds_eos = eos_id is not None and len(full) > len(plain) and full[-1] == eos_id
+    return adds_bos, adds_eos
+
+
 def load_hf_tokenizer(model_dir: Path, config: dict[str, Any] | None = None) -> HFTokenizerInfo:
     """Build the adapter from tokenizer.json + tokenizer_config.json (+ generation_config)."""
     tokenizer_file = model_dir / "tokenizer.json"
@@ -109,14 +126,19 @@ def load_hf_tokenizer(model_dir: Path, config: dict[str, Any] | None = None) -> 
             if tid not in extra_eos:
                 extra_eos.append(tid)
     chat_template = read_chat_template(model_dir, tok_config)
+    bos, eos = special("bos_token"), special("eos_token")
+    added_bos, added_eos = _post_processor_adds(backend, bos, eos)
     tokenizer = Tokenizer(
         backend,
-        bos_token=special("bos_token"),
-        eos_token=special("eos_token"),
+        bos_token=bos,
+        eos_token=eos,
         pad_token=special("pad_token"),
         unk_token=special("unk_token"),
         extra_eos_token_ids=extra_eos,
-        add_bos_token=bool(tok_config.get("add_bos_token", False)),
+        # tokenizer_config.json's flags win (as transformers' Llama/Gemma tokenizers rebuild
+        # the post-processor from them); without them, what tokenizer.json's adds.
+        add_bos_token=_flag(tok_config.get("add_bos_token"), added_bos),
+        add_eos_token=_flag(tok_config.get("add_eos_token"), added_eos),
         chat_template=chat_template,
     )
     if not tokenizer.eos_token_ids:

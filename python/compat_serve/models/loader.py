@@ -50,13 +50,19 @@ def load_model(
     *,
     chat_template_path: str | None = None,
     dtype: str | None = None,
+    memory_budget: int | None = None,
 ) -> LoadedModel:
     """Load the model `spec` names (see the module docstring).
 
-    `dtype`: None/"auto" (dense float32 on CPU, as stored on GPU), "float32", "float16",
+    `dtype`: None/"auto" (dense float32 on CPU unless that would not fit `memory_budget`,
+    or half the machine's memory without one; as stored on GPU), "float32", "float16",
     "bfloat16" or "quantized". `chat_template_path` replaces the model's own template.
     """
-    return run_inline(load_model_steps(spec, chat_template_path=chat_template_path, dtype=dtype))
+    return run_inline(
+        load_model_steps(
+            spec, chat_template_path=chat_template_path, dtype=dtype, memory_budget=memory_budget
+        )
+    )
 
 
 def load_model_steps(
@@ -64,9 +70,12 @@ def load_model_steps(
     *,
     chat_template_path: str | None = None,
     dtype: str | None = None,
+    memory_budget: int | None = None,
 ) -> LoadSteps[LoadedModel]:
     """`load_model` as load steps (models/load_steps.py): what a server of several models
     runs with every MLX evaluation on its engine thread."""
+    from compat_serve.engine.memory import collect_memory
+    from compat_serve.models.auto_dtype import choose_auto_dtype
     from compat_serve.models.cpu_attention import install_split_attention
     from compat_serve.models.cpu_decode_block import install_fused_decode_blocks
     from compat_serve.models.cpu_layout import store_input_major
@@ -76,8 +85,17 @@ def load_model_steps(
     # Check the cheap things first: a typo should fail before a multi-second load.
     plan = resolve_dtype(dtype, warn=False)
     override = read_chat_template_file(chat_template_path) if chat_template_path else None
-    loaded = yield from _dispatch(spec, dtype)
-    loaded.extra["dtype_requested"] = plan.requested
+    choice = choose_auto_dtype(spec or None, dtype, memory_budget)
+    if choice.note is not None:
+        logger.warning("%s: %s", spec or "embedded model", choice.note)
+        plan = resolve_dtype(choice.dtype, warn=False)
+    loaded = yield from _dispatch(spec, choice.dtype)
+    loaded.extra["dtype_requested"] = "auto" if choice.note else plan.requested
+    if choice.note is not None:
+        loaded.extra["dtype_auto"] = choice.note
+    # Give back what the load freed (the GGUF metadata's and the dequantization's
+    # temporaries: 170 MiB for Gemma 3 270M), so the process holds what the model holds.
+    collect_memory()
     # The CPU fast paths rewrite mlx-lm modules; a vision-language model runs as mlx-vlm
     # wrote it, and `--dtype quantized` keeps the users' path (weights as stored, stock
     # modules, MLX's kernels) so it can be tested on any machine. They read the evaluated

@@ -45,6 +45,7 @@ class Tokenizer:
         unk_token: str | None = None,
         extra_eos_token_ids: Iterable[int] = (),
         add_bos_token: bool = False,
+        add_eos_token: bool = False,
         chat_template: str | None = None,
     ) -> None:
         self._backend = backend
@@ -52,7 +53,11 @@ class Tokenizer:
         self.eos_token: str | None = eos_token
         self.pad_token: str | None = pad_token
         self.unk_token: str | None = unk_token
+        # Whether text tokenized without a chat template (completions, raw generate) starts
+        # with BOS / ends with EOS: the model's metadata says (GGUF `tokenizer.ggml.add_*`,
+        # tokenizer_config.json `add_*_token`, else what tokenizer.json's post-processor adds).
         self.add_bos_token: bool = add_bos_token
+        self.add_eos_token: bool = add_eos_token
         self._extra_eos = tuple(int(i) for i in extra_eos_token_ids)
         self._chat_template = chat_template
 
@@ -90,6 +95,7 @@ class Tokenizer:
             unk_token=self.unk_token,
             extra_eos_token_ids=self._extra_eos,
             add_bos_token=self.add_bos_token,
+            add_eos_token=self.add_eos_token,
             chat_template=chat_template,
         )
 
@@ -102,17 +108,22 @@ class Tokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`. Special tokens written in the text always map to their ids;
-        `add_special_tokens` adds BOS (when the model wants one) and the backend's post-processing.
+        `add_special_tokens` adds BOS and EOS where the model's metadata asks for them
+        (`with_special_tokens`), for text that no chat template has wrapped.
         """
-        ids: list[int] = self._backend.encode(text, add_special_tokens=add_special_tokens).ids
-        if (
-            add_special_tokens
-            and self.add_bos_token
-            and self.bos_token_id is not None
-            and (not ids or ids[0] != self.bos_token_id)
-        ):
-            ids = [self.bos_token_id, *ids]
-        return ids
+        ids: list[int] = self._backend.encode(text, add_special_tokens=False).ids
+        return self.with_special_tokens(ids) if add_special_tokens else ids
+
+    def with_special_tokens(self, ids: Sequence[int]) -> list[int]:
+        """`ids` with BOS in front and EOS behind as `add_bos_token` / `add_eos_token` say,
+        never doubled: text that already starts with `<bos>` (or ends with EOS) keeps one."""
+        out = list(ids)
+        bos, eos = self.bos_token_id, self.eos_token_id
+        if self.add_bos_token and bos is not None and (not out or out[0] != bos):
+            out.insert(0, bos)
+        if self.add_eos_token and eos is not None and (not out or out[-1] != eos):
+            out.append(eos)
+        return out
 
     def encode_batch(
         self, texts: Sequence[str], *, add_special_tokens: bool = False

@@ -23,6 +23,8 @@ def weights_status(loaded: LoadedModel) -> dict[str, Any]:
     return {
         "dtype": loaded.dtype,
         "requested": loaded.extra.get("dtype_requested", "auto"),
+        # Set when --dtype auto kept the weights as stored because float32 would not fit.
+        "auto_kept_as_stored": loaded.extra.get("dtype_auto"),
         "modules": "CPU fast paths" if fast_paths else "stock mlx-lm",
         "fast_paths": fast_paths,
     }

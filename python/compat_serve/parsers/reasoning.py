@@ -47,6 +47,23 @@ COHERE = ReasoningTags(
 REASONING_TAGS = {t.name: t for t in (THINK, GEMMA4, COHERE)}
 
 
+@dataclass(frozen=True)
+class ReasoningMarkup:
+    """What a thinking budget needs of one request's output format: the open tag (""
+    when the prompt opened the block), the close tag the model writes, and what the
+    engine appends to close it (the tag and the layout after it)."""
+
+    open: str
+    close: str
+    forced: str
+
+
+def budget_markup(tags: ReasoningTags, *, inside: bool) -> ReasoningMarkup:
+    return ReasoningMarkup(
+        "" if inside else tags.open, tags.close, tags.close + tags.closed_layout[1]
+    )
+
+
 class _State(enum.Enum):
     START = "start"  # not yet known whether the output opens with reasoning
     REASONING = "reasoning"

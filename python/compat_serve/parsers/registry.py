@@ -150,6 +150,7 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
             free_text_grammar=False,
             turn_grammar=harmony.harmony_turn_grammar,
             whole_output=harmony.harmony_parser,
+            reasoning_markup=harmony.BUDGET_MARKUP,
         ),
         ToolFormat(
             "minimax_m2",

@@ -11,8 +11,10 @@ from compat_serve.parsers.formats.envelope import ENVELOPE_FORMAT, EnvelopeParse
 from compat_serve.parsers.output import CallParser, OutputParser
 from compat_serve.parsers.reasoning import (
     THINK,
+    ReasoningMarkup,
     ReasoningSplitter,
     ReasoningTags,
+    budget_markup,
     prompt_opens_reasoning,
 )
 from compat_serve.parsers.request_tools import RequestTools, Vocabulary
@@ -37,6 +39,9 @@ class RequestParsing:
     # What the generated output must match: tool calls in the model's own format (forced,
     # or constrained once started), the envelope, or the client's output format.
     grammar: Grammar | None = None
+    # How the output's reasoning opens and closes, for a thinking budget (None: this
+    # output does not reason: no reasoning format, or a forced call that skips it).
+    reasoning: ReasoningMarkup | None = None
 
 
 class OutputParsing:
@@ -123,7 +128,14 @@ class OutputParsing:
             else {},
             tags=tags,
         )
-        return RequestParsing(parser, frozenset(visible), grammar)
+        budget = None
+        if splitter is not None:
+            budget = budget_markup(tags, inside=inside_reasoning)
+        elif whole is not None and self.tool_format is not None:
+            budget = self.tool_format.reasoning_markup
+        if tool_choice == "required" and tools.schemas:
+            budget = None  # a forced call's grammar skips the reasoning (request_grammar)
+        return RequestParsing(parser, frozenset(visible), grammar, budget)
 
     def _special_ids(self, markup: Iterable[str]) -> set[int]:
         special = self._vocabulary.special_token_ids

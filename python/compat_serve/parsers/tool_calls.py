@@ -21,6 +21,7 @@ from compat_serve.parsers.events import (
     ToolCallStart,
 )
 from compat_serve.parsers.lark import SyntaxBuilder
+from compat_serve.parsers.reasoning import ReasoningMarkup
 from compat_serve.parsers.region import Outcome, Region
 from compat_serve.parsers.scan import WHITESPACE, find_first, partial_marker_length
 
@@ -47,6 +48,8 @@ class ToolFormat:
     # A parser of the whole output (text, reasoning and calls), used instead of
     # ToolCallParser and also without tools: `(tools, new_id, max_calls) -> CallParser`.
     whole_output: Callable[..., Any] | None = None
+    # How such a format's reasoning opens and closes, for thinking budgets.
+    reasoning_markup: ReasoningMarkup | None = None
 
 
 class ToolCallParser:

@@ -43,6 +43,8 @@ PER_MODEL_OPTIONS: dict[str, tuple[type, ...]] = {
     "max_queue": (int,),
     "max_output_tokens": (int,),
     "max_tool_rounds": (int,),
+    "reasoning_budget": (int,),
+    "reasoning_budgets": (str,),
     "default_temperature": (float, int),
     "default_top_p": (float, int),
     "default_top_k": (int,),

@@ -156,9 +156,17 @@ def path_kind(path: str | None) -> str:
 
 
 def resident_bytes(state: ServedState) -> int:
-    """What a model holds at most: its weights, its live-KV budget and its prefix cache."""
-    memory = state.engine.memory
-    return int(memory.weights + memory.kv + memory.cache)
+    """What a model holds once loaded (models/resident_size.py): its weights, its
+    tokenizer, and the KV and prefix-cache memory the command line set aside for it
+    (--kv-memory / --cache-memory as sizes). The default KV and cache budgets are limits
+    the engine fills as requests come: /v1/status reports them as limits."""
+    from compat_serve.models.resident_size import held_bytes
+
+    engine = state.engine
+    memory = engine.memory
+    tokenizer = getattr(getattr(engine, "model", None), "tokenizer", None)
+    vocab = int(getattr(tokenizer, "vocab_size", 0) or 0)
+    return held_bytes(memory.weights, vocab) + int(getattr(memory, "reserved", 0))
 
 
 def add_adapters(state: ServedState, adapters: Sequence[AdapterEntry]) -> None:

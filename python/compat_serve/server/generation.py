@@ -36,11 +36,13 @@ from compat_serve.server.errors import ApiError, generation_error
 from compat_serve.server.keys import cache_salt
 from compat_serve.server.lifecycle import check_admitting, shutdown_error
 from compat_serve.server.middleware import MODEL_LEASES
+from compat_serve.server.reasoning_budgets import engine_budget
 from compat_serve.server.state import ServerState
 from compat_serve.server.tool_rounds import limit_tool_rounds
 from compat_serve.server.turn import TurnOutput
 
 if TYPE_CHECKING:
+    from compat_serve.engine.reasoning_budget import ReasoningBudget
     from compat_serve.engine.vision import VisionInput
     from compat_serve.registry.slots import ServedState
 
@@ -147,6 +149,11 @@ async def prepare_chat(state: ServerState, chat: ChatRequest) -> tuple[ChatReque
     path behind generation, `count_tokens` and the render routes, so usage and counts
     agree."""
     chat = limit_tool_rounds(chat, state.max_tool_rounds)
+    if state.reasoning_budgets.resolve(chat.thinking) == 0:
+        # No reasoning: the template is asked not to open it (the engine closes a block
+        # the model opens anyway), unless the client set the variable itself.
+        kwargs = {"enable_thinking": False, **chat.template_kwargs}
+        chat = dataclasses.replace(chat, template_kwargs=kwargs)
     return chat, await build_chat_prompt(state, chat)
 
 
@@ -177,6 +184,7 @@ def submit(
     vision: VisionInput | None = None,
     client: str | None = None,
     adapter: str | None = None,
+    reasoning_budget: ReasoningBudget | None = None,
     cache_pins: tuple[tuple[int, int], ...] = (),
 ) -> RequestStream:
     check_admitting(state)
@@ -200,6 +208,7 @@ def submit(
                 vision=vision,
                 client=client,
                 adapter=adapter,
+                reasoning_budget=reasoning_budget,
                 cache_pins=cache_pins,
             )
         )
@@ -260,6 +269,7 @@ async def admit_chat(
 ) -> Admitted:
     """The common start of every chat endpoint: model routing, prompt, engine submission."""
     state = await model_state(request, model)
+    budget_tokens = state.reasoning_budgets.resolve(chat.thinking)
     chat, prompt = await prepare_chat(state, chat)
     request_id = new_id(id_prefix)
     if state.output_parsing is None:
@@ -287,7 +297,8 @@ async def admit_chat(
         prompt.vision,
         client_label(request),
         request_adapter(request),
-        prompt.pins,
+        engine_budget(budget_tokens, parsing, state.engine.model.tokenizer),
+        cache_pins=prompt.pins,
     )
     stream.keeps_reply = not prompt.vision
     return Admitted(state, request_id, prompt, stream, parsing.parser)

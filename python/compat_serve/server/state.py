@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from compat_serve.server.reasoning_budgets import ReasoningBudgets
 from compat_serve.server.sampling_defaults import SamplingDefaults
 
 if TYPE_CHECKING:
@@ -40,5 +41,8 @@ class ServerState:
     cache_salt_per_key: bool = False
     # How this model writes tool calls and reasoning (None: all output is text).
     output_parsing: OutputParsing | None = None
+    # Effort levels → reasoning tokens, and the budget of requests that give none
+    # (--reasoning-budgets, --reasoning-budget; server/reasoning_budgets.py).
+    reasoning_budgets: ReasoningBudgets = field(default_factory=ReasoningBudgets)
     # Set on the first shutdown signal (server/lifecycle.py): nothing new is admitted.
     draining: bool = False

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from compat_serve._native import NewBlock, PrefixCache
 from compat_serve.engine.kv_events import KVEventPublisher, StoredBlock
 from compat_serve.engine.kv_quant import KVFormat
-from compat_serve.engine.prefix.disk import DiskEntry, DiskStore, parent_id, tail_key
+from compat_serve.engine.prefix.disk import DiskEntry, DiskStore, parent_id, point_key, tail_key
 from compat_serve.engine.prefix.keys import (
     IMAGE_PARENT,
     SNAPSHOTS,
@@ -49,6 +49,15 @@ from compat_serve.engine.prefix.keys import (
 )
 from compat_serve.engine.prefix.metrics import prefix_metrics
 from compat_serve.engine.prefix.pins import DEFAULT_PIN_FRACTION, expire_pins, pin_request
+from compat_serve.engine.prefix.points import (
+    POINT_PARENT,
+    PointStore,
+    StatePoint,
+    States,
+    cache_states,
+    longest_point,
+    row_states,
+)
 from compat_serve.engine.prefix.store import (
     AttentionKV,
     BlockKV,
@@ -58,6 +67,7 @@ from compat_serve.engine.prefix.store import (
     copy_positions,
     joined_pieces,
     request_kv,
+    restore_states,
 )
 from compat_serve.engine.prefix.tails import TailStore, common_prefix
 from compat_serve.engine.step_plan import (
@@ -119,6 +129,8 @@ class PrefixCaching:
         self.store = PrefixStore(block_size, snapshot_budget_bytes)
         # Partial last blocks (attention-only models; hybrid state resumes at snapshots).
         self.tails = None if hybrid else TailStore(snapshot_budget_bytes)
+        # Hybrid models: state points between block boundaries (points.py), same budget.
+        self.points = PointStore(snapshot_budget_bytes) if hybrid else None
         self.partial_hit_tokens = 0  # read from child blocks and tails
         self.faults = 0
         # The disk tier (blocks, tails, and state snapshots of hybrid models).
@@ -161,8 +173,10 @@ class PrefixCaching:
         salt = self._seq_salt(seq)
         images = images_of(seq)
         limit = len(prompt)
+        point: StatePoint | None = None
         if self.hybrid:
-            limit = self._last_snapshot_end(prompt, salt, images) + 1
+            end, point = self._hybrid_read(prompt, salt, images, load=True)
+            limit = end - (len(point.tokens) if point is not None else 0) + 1
         expire_pins(self.cache)
         admission = self.cache.admit(seq.request_id, prompt[:limit], salt, images)
         blocks = list(admission.block_ids)
@@ -184,6 +198,13 @@ class PrefixCaching:
             blocks += promoted
             pieces += [(kv, self.block_size, source) for kv, source in overflow]
             cached += (len(promoted) + len(overflow)) * self.block_size
+        seq.cache_state = None
+        if point is not None and cached == limit - 1:
+            n = len(point.tokens)
+            self.cache.append(seq.request_id, prompt[cached : cached + n])
+            pieces.append((point.kv, n, ("point", "")))
+            seq.cache_state = point.states
+            cached += n
         if not self.hybrid:
             limit = len(prompt) - 1 - cached
             vision = seq.request.vision
@@ -317,7 +338,7 @@ class PrefixCaching:
         tokens = list(prompt)
         salt = self._salt(salt)
         if self.hybrid:
-            read = self._last_snapshot_end(tokens, salt, images)
+            read, _ = self._hybrid_read(tokens, salt, images, load=False)
         else:
             read = self.cache.lookup(tokens, salt, images)
         full = len(tokens) // self.block_size * self.block_size
@@ -332,25 +353,73 @@ class PrefixCaching:
     def _seq_salt(self, seq: Sequence) -> bytes | None:
         return self._salt(seq.request.cache_salt)
 
-    def _last_snapshot_end(
-        self, prompt: list[int], salt: bytes | None, images: Images = None
-    ) -> int:
-        """End of the last block with a state snapshot, leaving a token to compute."""
+    def _hybrid_read(
+        self, prompt: list[int], salt: bytes | None, images: Images, *, load: bool
+    ) -> tuple[int, StatePoint | None]:
+        """Where a hybrid model can resume, leaving a token to compute: the end of the
+        last block with a state snapshot or the end of a state point after a block,
+        whichever is later, and the point (read from disk if `load`; None for a block,
+        or when not loading)."""
+        bs = self.block_size
+        cap = len(prompt) - 1
         hashes = self.cache.block_hashes(prompt, salt, images)
-        usable = min(len(hashes), (len(prompt) - 1) // self.block_size)
+        usable = min(len(hashes), cap // bs)
         disk = self.disk
-        for i in range(usable - 1, -1, -1):
-            if self.store.has_snapshot(hashes[i]) or (
-                disk is not None and disk.has(snapshot_key(hashes[i]))
+        points = images is None  # points match by token ids: never across images
+        for i in range(usable, -1, -1):
+            parent = hashes[i - 1] if i > 0 else root_key(salt)
+            if points and i * bs < cap:
+                found = self._point(parent, prompt[i * bs : (i + 1) * bs], cap - i * bs, load)
+                if found is not None:
+                    return i * bs + found[0], found[1]
+            if i > 0 and (
+                self.store.has_snapshot(parent)
+                or (disk is not None and disk.has(snapshot_key(parent)))
             ):
-                return (i + 1) * self.block_size
-        return 0
+                return i * bs, None
+        return 0, None
+
+    def _point(
+        self, parent: bytes, following: list[int], limit: int, load: bool
+    ) -> tuple[int, StatePoint | None] | None:
+        """The longest state point after `parent` that `following` starts with (RAM,
+        else disk): its length, and the point itself if `load` (or found in RAM)."""
+        assert self.points is not None
+        point = self.points.match(parent, following, limit, touch=load)
+        best: tuple[int, StatePoint | None] | None = None
+        if point is not None:
+            best = (len(point.tokens), point)
+        if self.disk is None:
+            return best
+        known = best[0] if best is not None else 0
+        on_disk = [
+            (tokens, key)
+            for key, tokens in self.disk.children(parent_id(POINT_PARENT + parent))
+            if len(tokens) > known
+        ]
+        while on_disk:
+            found = longest_point(on_disk, following, limit)
+            if found is None:
+                break
+            if not load:
+                return found[0], None
+            entry = self._disk_load(found[1])
+            if entry is not None and entry.snapshot is not None:
+                loaded = StatePoint(entry.tokens, entry.kv, entry.snapshot)
+                self.points.put(parent, loaded)
+                self.disk.hit_tokens += len(entry.tokens)
+                return len(entry.tokens), loaded
+            on_disk = [(t, k) for t, k in on_disk if k != found[1]]
+        return best
 
     def restore(self, seq: Sequence, cache: LayerCaches) -> None:
         """Assemble the held prefix into the request's fresh cache (may raise)."""
         self.store.assemble(seq.cached_blocks, cache, seq.cache_tail)
         seq.cache_tail = None
-        if self.hybrid and seq.cached_tokens:
+        if self.hybrid and seq.cache_state is not None:
+            states, seq.cache_state = seq.cache_state, None
+            restore_states(states, cache)
+        elif self.hybrid and seq.cached_tokens:
             prompt = list(seq.request.prompt_ids[: seq.cached_tokens])
             last = self.cache.block_hashes(prompt, self._seq_salt(seq), images_of(seq))[-1]
             if not self.store.has_snapshot(last) and self.disk is not None:
@@ -390,6 +459,9 @@ class PrefixCaching:
                 if self.disk is not None:
                     snapshot = self.store.snapshot_states(last)
                     self.disk.put(snapshot_key(last), SNAPSHOTS, (), [], snapshot)
+        elif self.points is not None and end == seq.prompt_len - 1 and seq.request.vision is None:
+            # An exact repeat of this prompt resumes here (it computes the last token).
+            self._store_point(seq, end, request_kv(cache), 0, cache_states(cache))
 
     def finished(
         self,
@@ -403,6 +475,8 @@ class PrefixCaching:
         them (from the batch, or from `own_cache` if it ended before joining the batch),
         then release its references."""
         try:
+            if self.points is not None and batch_cache is not None:
+                self._store_reply_end(seq, batch_cache, row)
             if self.tails is not None:
                 kv: AttentionKV | None = None
                 if batch_cache is not None:
@@ -415,6 +489,48 @@ class PrefixCaching:
         except Exception as exc:  # caching is an optimisation; never fail a request
             self.fault(seq, exc)
         self.release(seq)
+
+    def _store_reply_end(self, seq: Sequence, batch_cache: LayerCaches, row: int) -> None:
+        """Hybrid models: the blocks the reply filled, and a state point (or a block's
+        snapshot) at its end, where the next turn that echoes it resumes."""
+        if seq.request.vision is not None:
+            return
+        kv = batch_row_kv(batch_cache, row)
+        self._store_generated(seq, kv, row)
+        end = seq.prompt_len + len(seq.generated) - 1
+        if end != seq.cache_appended or end < seq.prompt_len:
+            return
+        states = row_states(batch_cache, row)
+        if states is not None:
+            self._store_point(seq, end, kv, row, states)
+
+    def _store_point(
+        self, seq: Sequence, end: int, kv: AttentionKV, row: int, states: States
+    ) -> None:
+        """Keep the state after the first `end` tokens (whose whole blocks are cached):
+        as the snapshot of the block ending there, or as a state point after the last
+        whole block, with the attention K/V of the tokens after it."""
+        assert self.points is not None
+        bs = self.block_size
+        full = end // bs * bs
+        salt = self._seq_salt(seq)
+        parent = self._parent_key(seq.known_tokens(0, full), salt, None)
+        if end == full:
+            if not self.store.has_snapshot(parent):
+                self.store.put_snapshot(parent, states)
+                if self.disk is not None:
+                    self.disk.put(snapshot_key(parent), SNAPSHOTS, (), [], states)
+            return
+        tokens = seq.known_tokens(full, end)
+        if self.points.has(parent, tokens):
+            return
+        point = StatePoint(tuple(tokens), copy_positions(kv, row, full, end), states)
+        # Not counted as cache creation: its prompt tokens are when the block holding
+        # them is stored (counting both would count them twice).
+        self.points.put(parent, point)
+        if self.disk is not None:
+            key = point_key(parent, tokens)
+            self.disk.put(key, parent_id(POINT_PARENT + parent), tokens, point.kv, states)
 
     def _store_generated(self, seq: Sequence, kv: AttentionKV, row: int) -> None:
         # K/V exists for every token but the last sampled one (never fed).
@@ -469,6 +585,7 @@ class PrefixCaching:
         seq.cached_tokens = 0
         seq.cache_appended = 0
         seq.cache_tail = None
+        seq.cache_state = None
 
     def release(self, seq: Sequence) -> None:
         self._unhold(seq)

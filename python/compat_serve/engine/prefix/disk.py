@@ -84,6 +84,11 @@ def tail_key(parent_key: bytes, tokens: Sequence[int]) -> str:
     return "t" + digest.hexdigest()
 
 
+def point_key(parent_key: bytes, tokens: Sequence[int]) -> str:
+    """A state point's entry (points.py): its parent key and tokens, as for a tail."""
+    return "p" + tail_key(parent_key, tokens)[1:]
+
+
 def model_fingerprint(*parts: object) -> str:
     text = json.dumps([FORMAT_VERSION, *[str(p) for p in parts]])
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()

@@ -14,9 +14,10 @@ def prefix_metrics(prefix: PrefixCaching) -> dict[str, float]:
     query = stats.query_tokens
     hits = stats.hit_tokens + prefix.promoted_hit_tokens + prefix.partial_hit_tokens
     disk = prefix.disk
+    points_bytes = prefix.points.bytes_in_use if prefix.points is not None else 0
     return {
         "blocks": stats.cached_blocks,
-        "bytes": prefix.store.bytes_in_use,
+        "bytes": prefix.store.bytes_in_use + points_bytes,
         "capacity_blocks": stats.num_blocks,
         "query_tokens": query,
         "hit_tokens": hits,

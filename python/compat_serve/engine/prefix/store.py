@@ -198,10 +198,10 @@ class PrefixStore:
             if is_attention_cache(layer):
                 states.append(None)
                 continue
-            state = _copy_tree(layer.state)
+            state = copy_tree(layer.state)
             meta = getattr(layer, "meta_state", None)
             states.append((type(layer), state, meta))
-            arrays += _arrays(state)
+            arrays += state_arrays(state)
         mx.eval(arrays)
         self.put_snapshot(block_hash, states)
 
@@ -211,7 +211,7 @@ class PrefixStore:
 
     def put_snapshot(self, block_hash: bytes, states: list[Any]) -> None:
         """Keep already-copied states (read back from disk) under `block_hash`."""
-        arrays = [a for saved in states if saved is not None for a in _arrays(saved[1])]
+        arrays = [a for saved in states if saved is not None for a in state_arrays(saved[1])]
         self.drop_snapshot(block_hash)
         self._snapshots[block_hash] = states
         size = sum(a.nbytes for a in arrays)
@@ -233,15 +233,7 @@ class PrefixStore:
         if states is None:
             raise CacheFault("the state snapshot was evicted")
         self._snapshots.move_to_end(block_hash)
-        for i, (layer, saved) in enumerate(zip(cache, states, strict=True)):
-            if saved is None:
-                continue
-            kind, state, meta = saved
-            if type(layer) is not kind:
-                raise CacheFault(f"layer {i}: snapshot of {kind.__name__}")
-            layer.state = _copy_tree(state)
-            if meta is not None:
-                layer.meta_state = meta
+        restore_states(states, cache)
 
     def clear(self) -> None:
         self._blocks.clear()
@@ -259,6 +251,25 @@ class PrefixStore:
     def num_snapshots(self) -> int:
         return len(self._snapshots)
 
+    @property
+    def snapshot_bytes(self) -> int:
+        return self._snapshot_total
+
+
+def restore_states(states: list[Any], cache: LayerCaches) -> None:
+    """Set each state layer of a fresh cache to a copy of its snapshot (may raise)."""
+    if len(states) != len(cache):
+        raise CacheFault(f"a snapshot of {len(states)} layers for {len(cache)}")
+    for i, (layer, saved) in enumerate(zip(cache, states, strict=True)):
+        if saved is None:
+            continue
+        kind, state, meta = saved
+        if type(layer) is not kind:
+            raise CacheFault(f"layer {i}: snapshot of {kind.__name__}")
+        layer.state = copy_tree(state)
+        if meta is not None:
+            layer.meta_state = meta
+
 
 def _quantized(stored: Any) -> bool:
     return isinstance(stored, tuple)
@@ -268,21 +279,21 @@ def _quantized_layer(layer: Any) -> bool:
     return hasattr(layer, "bits")
 
 
-def _copy_tree(value: Any) -> Any:
+def copy_tree(value: Any) -> Any:
     """Fresh lists, tuples and array handles (MLX slice assignment rebinds a handle in
     place, so a snapshot must never share one with a live cache)."""
     if isinstance(value, mx.array):
         return mx.array(value)
     if isinstance(value, list):
-        return [_copy_tree(v) for v in value]
+        return [copy_tree(v) for v in value]
     if isinstance(value, tuple):
-        return tuple(_copy_tree(v) for v in value)
+        return tuple(copy_tree(v) for v in value)
     return value
 
 
-def _arrays(value: Any) -> list[mx.array]:
+def state_arrays(value: Any) -> list[mx.array]:
     if isinstance(value, mx.array):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [a for v in value for a in _arrays(v)]
+        return [a for v in value for a in state_arrays(v)]
     return []

@@ -31,6 +31,7 @@ from typing import Any
 from compat_serve.parsers.argument_grammar import Schema, json_arguments, one_of_tools
 from compat_serve.parsers.events import OutputEvent, ReasoningDelta
 from compat_serve.parsers.lark import CallSyntax, GrammarBuilder
+from compat_serve.parsers.reasoning import ReasoningMarkup
 from compat_serve.parsers.region import CallEventSink, Outcome, Region
 from compat_serve.parsers.scan import WHITESPACE, partial_marker_length
 
@@ -48,6 +49,10 @@ CONTENT_ENDS = (*ENDS, START, CHANNEL)
 TO = "to="
 FUNCTIONS = "functions."
 _MAX_HEADER = 256
+# A thinking budget closes the analysis message and starts the final answer.
+BUDGET_MARKUP = ReasoningMarkup(
+    f"{CHANNEL}analysis{MESSAGE}", END, f"{END}{START}assistant{CHANNEL}final{MESSAGE}"
+)
 
 
 def _plausible_header(text: str) -> bool:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from compat_serve.chat.images import ImageError, ImageRef, anthropic_image, join_parts, marker
-from compat_serve.chat.types import ChatRequest, Message
+from compat_serve.chat.types import ChatRequest, Message, ThinkingAsk
 from compat_serve.engine.types import Grammar, SamplingParams
 from compat_serve.server.anthropic.breakpoints import breakpoints
 from compat_serve.server.anthropic.encoder import (
@@ -96,9 +96,9 @@ def to_chat_request(
     pins = breakpoints(
         body, system, lambda i: chat_messages(body.messages[: i + 1], [] if vision else None)
     )
+    # Only an empty final assistant message may be empty, as Anthropic allows; when it was
+    # the only content, the model answers an empty conversation (the template's own start).
     prefill = bool(messages) and _prefill(messages)
-    if not messages:
-        raise ApiError(400, "messages: all messages are empty", param="messages")
     if prefill and grammar is not None:
         raise ApiError(
             400,
@@ -117,6 +117,7 @@ def to_chat_request(
         tool_choice=tool_choice,
         grammar=grammar,
         images=images or [],
+        thinking=_thinking_ask(body.thinking),
         cache_breakpoints=pins,
     )
 
@@ -316,6 +317,18 @@ def _thinking_kwargs(thinking: ThinkingConfig | None, max_tokens: int | None) ->
                 param="max_tokens",
             )
     return {"enable_thinking": thinking.type != "disabled"}
+
+
+def _thinking_ask(thinking: ThinkingConfig | None) -> ThinkingAsk | None:
+    """`enabled`: exactly `budget_tokens`; `disabled`: none; `adaptive`: the server's
+    `--reasoning-budget` (the model decides how long to think, up to it)."""
+    if thinking is None:
+        return None
+    if thinking.type == "enabled":
+        return ThinkingAsk(budget=thinking.budget_tokens, field="thinking.budget_tokens")
+    if thinking.type == "disabled":
+        return ThinkingAsk(budget=0, field="thinking")
+    return ThinkingAsk(field="thinking")
 
 
 def _tools(tools: list[ToolDef] | None, choice: ToolChoice | None) -> list[dict[str, Any]] | None:

@@ -170,11 +170,11 @@ MESSAGES_SCHEMA = {
             _message(["system", "developer"], SYSTEM_CONTENT_SCHEMA),
         ]
     },
-    # Rules on the last message and on the whole list, which JSON Schema cannot state.
-    "description": "At least one message must have content (a user message, an assistant "
-    "message before the last, or non-empty system text); a final assistant message (a "
-    "prefill) cannot hold tool_use blocks nor end with whitespace, nor come with a "
-    "structured output format.",
+    # Rules on the last message, which JSON Schema cannot state.
+    "description": "A final assistant message (a prefill) cannot hold tool_use blocks nor "
+    "end with whitespace, nor come with a structured output format. It may be empty, as "
+    "Anthropic allows: an empty prefill is no prefill (alone, the model answers an empty "
+    "conversation).",
 }
 
 

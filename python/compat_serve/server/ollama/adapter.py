@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compat_serve.chat.images import ImageRef, join_parts, marker
-from compat_serve.chat.types import ChatRequest
+from compat_serve.chat.types import ChatRequest, ThinkingAsk
 from compat_serve.chat.types import Message as ChatMessage
 from compat_serve.engine.types import (
     MAX_TOP_LOGPROBS,
@@ -25,6 +25,7 @@ from compat_serve.parsers.events import ToolCallEnd
 from compat_serve.server.errors import ApiError
 from compat_serve.server.ollama.protocol import ChatBody, GenerateBody, Message, Options
 from compat_serve.server.output_format import bad, json_schema_grammar
+from compat_serve.server.reasoning_budgets import effort_template_kwargs
 from compat_serve.server.tool_schemas import prompt_schema
 
 # Ollama's "json" format: any JSON object (its grammar's root is an object).
@@ -68,7 +69,17 @@ def template_kwargs(think: bool | str | None) -> dict[str, Any]:
         return {}
     if isinstance(think, bool):
         return {"enable_thinking": think}
-    return {"enable_thinking": True, "reasoning_effort": think}
+    return effort_template_kwargs(think)
+
+
+def thinking_ask(think: bool | str | None) -> ThinkingAsk | None:
+    """`think: false`: no reasoning; `true`: the server's --reasoning-budget; a level:
+    its budget (--reasoning-budgets)."""
+    if think is None:
+        return None
+    if isinstance(think, bool):
+        return ThinkingAsk(budget=None if think else 0, field="think")
+    return ThinkingAsk(effort=think, field="think")
 
 
 def _images(data: list[str] | None, where: str, images: list[ImageRef] | None) -> list[str]:
@@ -141,6 +152,7 @@ def chat_request(body: ChatBody, *, context_length: int, vision: bool) -> ChatRe
         sampling=_sampling(body, context_length),
         tools=tools,
         template_kwargs=template_kwargs(body.think),
+        thinking=thinking_ask(body.think),
         grammar=output_grammar(body.format),
         images=images or [],
     )
@@ -163,6 +175,7 @@ def generate_request(body: GenerateBody, *, context_length: int, vision: bool) -
         messages=messages,
         sampling=_sampling(body, context_length),
         template_kwargs=template_kwargs(body.think),
+        thinking=thinking_ask(body.think),
         grammar=output_grammar(body.format),
         images=images or [],
     )

@@ -65,8 +65,9 @@ class _Common(_Lenient):
     stream: bool = True
     # Seconds, or a duration ("5m"); 0 unloads after the request, negative pins.
     keep_alive: Any = None  # checked by ollama/lifetime.py, which names the field
-    # True / False, or an effort level ("low", "medium", "high") for models that take one.
-    think: bool | Literal["low", "medium", "high"] | None = None
+    # True / False, or an effort level ("low", "medium", "high"; --reasoning-budgets maps
+    # each to reasoning tokens and names the allowed ones).
+    think: bool | str | None = None
     logprobs: bool | None = None
     # Alternatives per token (with logprobs).
     top_logprobs: int | None = None

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from compat_serve.chat.images import ImageError, ImageRef, join_parts, marker, url_image
-from compat_serve.chat.types import ChatRequest, Message
+from compat_serve.chat.types import ChatRequest, Message, ThinkingAsk
 from compat_serve.engine.types import FinishReason, SamplingParams, Usage
 from compat_serve.parsers import (
     OutputEvent,
@@ -27,6 +27,7 @@ from compat_serve.server.openai.protocol import (
     _SamplingFields,
 )
 from compat_serve.server.openai.response_format import output_grammar
+from compat_serve.server.reasoning_budgets import effort_template_kwargs
 from compat_serve.server.tool_schemas import prompt_schema
 
 FINISH_REASONS = {
@@ -165,6 +166,10 @@ def chat_request(
     # the echoed call in the cache (#34). The forced grammar starts with the call
     # (closing a thinking block the prompt opened), so no thinking comes first.
     template_kwargs = dict(body.chat_template_kwargs or {})
+    thinking = None
+    if body.reasoning_effort is not None:
+        thinking = ThinkingAsk(effort=body.reasoning_effort, field="reasoning_effort")
+        template_kwargs = {**effort_template_kwargs(body.reasoning_effort), **template_kwargs}
     return ChatRequest(
         messages=chat_messages(body.messages, images),
         sampling=dataclasses.replace(
@@ -178,6 +183,7 @@ def chat_request(
         tool_choice="required" if forced_tool is not None else choice,
         grammar=output_grammar(body),
         images=images or [],
+        thinking=thinking,
     )
 
 

@@ -106,12 +106,13 @@ _OUTPUT_UNSET = {
     "structured_outputs": {"anyOf": [_NULL, {"type": "object", "properties": _STRUCTURED_UNSET}]},
     **{f"guided_{kind}": _NULL for kind in ("json", "regex", "grammar", "choice")},
 }
+_ONE_OUTPUT_FORMAT = at_most_one(
+    _OUTPUT_UNSET,
+    "At most one output constraint: response_format (other than text), "
+    "structured_outputs, guided_*.",
+)
 _CHAT_RULES: list[Any] = [
-    at_most_one(
-        _OUTPUT_UNSET,
-        "At most one output constraint: response_format (other than text), "
-        "structured_outputs, guided_*.",
-    ),
+    _ONE_OUTPUT_FORMAT,
     needs(
         "tool_choice",
         nullable({"enum": ["none", "auto"]}),
@@ -237,19 +238,7 @@ class _SamplingFields(_Lenient):
     )
 
 
-class ChatCompletionRequest(_SamplingFields):
-    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra={"allOf": _CHAT_RULES})
-
-    messages: list[ChatMessageIn] = Field(min_length=1)
-    max_completion_tokens: Annotated[int, Field(ge=-1, le=U32_MAX), INTEGRAL] | None = None
-    # Log probability of each generated token, and of this many alternatives at each.
-    logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), INTEGRAL] | None = None
-    tools: list[ToolDef] | None = None
-    tool_choice: Annotated[str | dict[str, Any] | None, WithJsonSchema(TOOL_CHOICE_SCHEMA)] = None
-    parallel_tool_calls: bool | None = None
-    # vLLM-style extension: extra variables for the chat template (e.g. enable_thinking).
-    chat_template_kwargs: dict[str, Any] | None = None
+class _OutputFormatFields(_SamplingFields):
     # Structured outputs: OpenAI's `response_format`, and vLLM's extensions (at most one
     # of them). Loosely typed: the adapter checks them and names the field in errors.
     response_format: Annotated[dict[str, Any] | None, WithJsonSchema(RESPONSE_FORMAT_SCHEMA)] = None
@@ -262,11 +251,43 @@ class ChatCompletionRequest(_SamplingFields):
     guided_choice: Annotated[Any, _guided("choice")] = None
 
 
+class ChatCompletionRequest(_OutputFormatFields):
+    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra={"allOf": _CHAT_RULES})
+
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: Annotated[int, Field(ge=-1, le=U32_MAX), INTEGRAL] | None = None
+    # Log probability of each generated token, and of this many alternatives at each.
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), INTEGRAL] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Annotated[str | dict[str, Any] | None, WithJsonSchema(TOOL_CHOICE_SCHEMA)] = None
+    parallel_tool_calls: bool | None = None
+    # vLLM-style extension: extra variables for the chat template (e.g. enable_thinking).
+    chat_template_kwargs: dict[str, Any] | None = None
+    # A reasoning model's effort: none, minimal, low, medium, high, ... (the server maps
+    # each to a thinking budget, --reasoning-budgets).
+    reasoning_effort: Annotated[
+        str | None,
+        WithJsonSchema(
+            {
+                "anyOf": [{"type": "string"}, _NULL],
+                "description": "none or minimal (no reasoning), or a level of the server's "
+                "--reasoning-budgets (by default low, medium, high, xhigh); another level is "
+                "a 400 naming the allowed ones",
+            }
+        ),
+    ] = None
+
+
 # A token id; the OpenAPI document adds the loaded vocabulary's size as `maximum`.
 TOKEN_ID_SCHEMA: dict[str, Any] = {"type": "integer", "minimum": 0}
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(_OutputFormatFields):
+    model_config = ConfigDict(
+        extra="ignore", strict=True, json_schema_extra={"allOf": [_ONE_OUTPUT_FORMAT]}
+    )
+
     # One prompt per request: a string or token ids (a one-item batch is accepted too).
     prompt: Annotated[
         str | list[str] | list[JsonInt] | list[list[JsonInt]],

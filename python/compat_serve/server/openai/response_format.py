@@ -1,4 +1,4 @@
-"""The output constraint of a chat completion request: at most one of
+"""The output constraint of a chat or text completion request: at most one of
 
 - OpenAI's `response_format`: `text` (none), `json_object`, `json_schema`;
 - vLLM's `structured_outputs`: one of `json`, `regex`, `grammar` (Lark), `choice`,
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from compat_serve.engine.types import Grammar
-from compat_serve.server.openai.protocol import ChatCompletionRequest
+from compat_serve.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from compat_serve.server.output_format import (
     bad,
     choice_grammar,
@@ -28,7 +28,7 @@ _UNSUPPORTED_STRUCTURED = ("structural_tag",)
 _GUIDED = ("guided_json", "guided_regex", "guided_grammar", "guided_choice")
 
 
-def output_grammar(body: ChatCompletionRequest) -> Grammar | None:
+def output_grammar(body: ChatCompletionRequest | CompletionRequest) -> Grammar | None:
     """The grammar the output must match, None for free text; 400s name the field."""
     found: list[tuple[str, Grammar]] = []
     if body.response_format is not None:

@@ -43,6 +43,7 @@ from compat_serve.server.openai.logprobs import (
     engine_token_texts,
 )
 from compat_serve.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from compat_serve.server.openai.response_format import output_grammar
 from compat_serve.server.state import ServerState
 from compat_serve.server.turn import TurnOutput, TurnStep, collect_turn
 
@@ -208,6 +209,7 @@ async def _completions(body: CompletionRequest, request: Request) -> Any:
     if body.logprobs is not None:
         sampling = dataclasses.replace(sampling, logprobs=body.logprobs)
         texts = await engine_token_texts(state)
+    grammar = output_grammar(body)  # the whole completion follows it, from its first token
     prompt_ids = await completion_ids(state, prompt)
     response_id = new_id("cmpl-")
     salt = cache_salt(request, per_key=state.cache_salt_per_key)
@@ -217,6 +219,7 @@ async def _completions(body: CompletionRequest, request: Request) -> Any:
         prompt_ids,
         sampling,
         cache_salt=salt,
+        grammar=grammar,
         client=client_label(request),
         adapter=request_adapter(request),
     )
@@ -251,11 +254,13 @@ EMPTY_TOKENIZATION = (
 
 
 async def completion_ids(state: ServerState, prompt: str | list[int]) -> tuple[int, ...]:
-    """A completion prompt's token ids; 400 for an empty prompt or an id out of range."""
+    """A completion prompt's token ids; 400 for an empty prompt or an id out of range.
+    Text gets BOS/EOS as the model's metadata asks (no template writes them here); token
+    ids are taken as given."""
     if isinstance(prompt, str):
         if not prompt:
             raise ApiError(400, "prompt: must not be empty", param="prompt")
-        ids = tuple(await asyncio.to_thread(state.prompt_builder.encode, prompt))
+        ids = tuple(await asyncio.to_thread(state.prompt_builder.encode_text, prompt))
         if not ids:  # every character one the vocabulary cannot write (e.g. "\x13")
             raise ApiError(400, EMPTY_TOKENIZATION, param="prompt")
         return ids

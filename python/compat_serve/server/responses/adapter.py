@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from compat_serve.chat.images import ImageRef
-from compat_serve.chat.types import ChatRequest, Message
+from compat_serve.chat.types import ChatRequest, Message, ThinkingAsk
 from compat_serve.engine.types import Grammar, SamplingParams
 from compat_serve.server.output_format import bad, json_schema_grammar
+from compat_serve.server.reasoning_budgets import effort_template_kwargs
 from compat_serve.server.responses import openapi_schema
 from compat_serve.server.responses.items import input_messages
 from compat_serve.server.responses.protocol import ResponsesRequest
@@ -16,7 +17,6 @@ from compat_serve.server.responses.sealed_reasoning import ReasoningSeal
 from compat_serve.server.responses.tools import ResponseTools, ToolEntry, response_tools
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
-_EFFORTS = openapi_schema.EFFORTS
 _SUMMARIES = openapi_schema.SUMMARIES
 
 
@@ -51,21 +51,25 @@ def _sampling(body: ResponsesRequest, default_max_tokens: int) -> SamplingParams
     )
 
 
-def _reasoning(value: dict[str, Any] | None) -> tuple[dict[str, Any], bool]:
-    """Template variables for `reasoning.effort`, and whether a summary is wanted."""
+def _reasoning(
+    value: dict[str, Any] | None,
+) -> tuple[dict[str, Any], bool, ThinkingAsk | None]:
+    """Template variables for `reasoning.effort`, whether a summary is wanted, and the
+    thinking budget asked for (the server checks the level against --reasoning-budgets)."""
     if not value:
-        return {}, False
+        return {}, False, None
     effort = value.get("effort")
     kwargs: dict[str, Any] = {}
+    thinking = None
     if effort is not None:
-        if effort not in _EFFORTS:
-            raise bad("reasoning.effort", f"must be one of {', '.join(_EFFORTS)}, not {effort!r}")
-        kwargs["enable_thinking"] = effort not in ("none", "minimal")
-        kwargs["reasoning_effort"] = effort
+        if not isinstance(effort, str):
+            raise bad("reasoning.effort", f"must be a string, not {effort!r}")
+        kwargs = effort_template_kwargs(effort)
+        thinking = ThinkingAsk(effort=effort, field="reasoning.effort")
     summary = value.get("summary")
     if summary is not None and summary not in (*_SUMMARIES, "none"):
         raise bad("reasoning.summary", f"must be one of {', '.join(_SUMMARIES)}, not {summary!r}")
-    return kwargs, summary in _SUMMARIES
+    return kwargs, summary in _SUMMARIES, thinking
 
 
 def _text_format(value: dict[str, Any] | None) -> Grammar | None:
@@ -171,7 +175,7 @@ def plan_request(
     choice = _tool_choice(body.tool_choice, tools)
     if choice.allowed is not None:
         tools = tools.only(choice.allowed)
-    template_kwargs, summary = _reasoning(body.reasoning)
+    template_kwargs, summary, thinking = _reasoning(body.reasoning)
     grammar = _text_format(body.text)
     messages: list[Message] = []
     if body.instructions:
@@ -204,5 +208,6 @@ def plan_request(
         tool_choice=choice.mode,
         grammar=grammar,
         images=images or [],
+        thinking=thinking,
     )
     return Plan(chat, tools, choice.raw_custom, ENCRYPTED_REASONING in include, summary)
