@@ -131,6 +131,9 @@ impl PrefixCache {
     }
 }
 
+/// A live pin as Python gets it: `(hash of the last block, tokens, ttl_secs, expires_at)`.
+type PyPin<'py> = (Bound<'py, PyBytes>, usize, u32, f64);
+
 /// An image in a prompt as Python passes it: `(start, length, 16-byte hash)`.
 type PyMedia = (usize, usize, Vec<u8>);
 
@@ -316,7 +319,7 @@ impl PrefixCache {
 
     /// The live pins, earliest expiry first: `(hash of the last block, tokens, ttl_secs,
     /// expires_at)`.
-    fn pins<'py>(&self, py: Python<'py>) -> PyResult<Vec<(Bound<'py, PyBytes>, usize, u32, f64)>> {
+    fn pins<'py>(&self, py: Python<'py>) -> PyResult<Vec<PyPin<'py>>> {
         let (kind, pins) = self.with(py, 0, |c| (c.hash_kind(), c.pins()))?;
         Ok(pins
             .into_iter()

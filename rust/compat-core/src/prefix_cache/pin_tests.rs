@@ -93,7 +93,7 @@ fn pins_past_the_cap_drop_the_earliest_expiry() {
     // a expired first (at 300), so a goes; b (3600) and c (310) stay.
     let left: Vec<(usize, u32)> = c.pins().iter().map(|p| (p.tokens, p.ttl_secs)).collect();
     assert_eq!(left, [(8, 300), (8, 3600)]);
-    assert_eq!(c.pins()[0].expires_at, 310.0);
+    assert_eq!(c.pins()[0].expires_at.to_bits(), 310.0_f64.to_bits());
     assert_eq!(c.pinned_blocks(), 4);
     // Lowering the fraction drops the earliest again.
     c.set_pin_fraction(0.25).unwrap();
@@ -110,7 +110,7 @@ fn a_hit_refreshes_and_expiry_unpins() {
     // The next turn carries the same breakpoint: it hits and refreshes the pin.
     assert_eq!(turn(&mut c, "b", &prompt, &[spec(8, 300)], 200.0), 8);
     assert_eq!(c.pins().len(), 1);
-    assert_eq!(c.pins()[0].expires_at, 500.0);
+    assert_eq!(c.pins()[0].expires_at.to_bits(), 500.0_f64.to_bits());
     // A 1h breakpoint on the same prefix lengthens it; a shorter one never shortens.
     turn(&mut c, "c", &prompt, &[spec(8, 3600)], 250.0);
     turn(&mut c, "d", &prompt, &[spec(8, 300)], 260.0);
