@@ -21,13 +21,19 @@ cache on (mlx_lm.server's default: 10 entries, no byte limit). Prefill chunk: co
 Targets (issue #5): warm TTFT >= 20x faster than cold; total session prefill time below
 mlx_lm.server's.
 
-Run: `.venv/bin/python benches/agent_session.py [--quick] [--turns 10]`.
+3. `--pins` (#44): 12 concurrent sessions with pinned ~2k-token system prompts and tools
+   under a small cache, a burst of unrelated traffic between turns; the pinned prefix is
+   read on every later turn with the breakpoints (24/24 turns) and on none without them
+   (0/24), see benches/agent_session_pins.py.
+
+Run: `.venv/bin/python benches/agent_session.py [--quick] [--turns 10]`, or `--pins`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -261,6 +267,14 @@ def print_cold_warm(runs: list[Run], args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    if "--pins" in sys.argv:
+        # Cache breakpoints that hold (#44): with and without pins, in-process on a tiny
+        # model (benches/agent_session_pins.py; its own flags follow `--pins`).
+        import agent_session_pins
+
+        sys.argv.remove("--pins")
+        agent_session_pins.main()
+        return
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

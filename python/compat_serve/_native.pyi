@@ -317,6 +317,27 @@ class PrefixCache:
         table is not open."""
 
     def stats(self) -> PrefixCacheStats: ...
+    def set_pin_fraction(self, fraction: float) -> None:
+        """The share of the pool `cache_control` pins may cover (`--cache-pin-fraction`,
+        0 to 1): past it, the pins that expire first are dropped."""
+
+    def pin(self, id: str, pins: Sequence[tuple[int, int]], now: float) -> int:
+        """Pins, for each `(end_token, ttl_secs)` breakpoint, the full blocks request `id`
+        holds up to `end_token` until `now + ttl_secs` (refreshing a pin already there).
+        Pinned blocks are evicted only after every unpinned one. Returns how many pins
+        were created or refreshed."""
+
+    def expire_pins(self, now: float) -> int:
+        """Drops the pins expired at `now`; returns how many."""
+
+    def pins(self) -> list[tuple[bytes, int, int, float]]:
+        """The live pins, earliest expiry first: `(hash of the last block, tokens,
+        ttl_secs, expires_at)`."""
+
+    def pin_counts(self) -> tuple[int, int]:
+        """Blocks covered by at least one pin, and pins dropped before expiry to make
+        room."""
+
     def block_hashes(
         self,
         tokens: Sequence[int],

@@ -66,6 +66,7 @@ class ServeOptions:
     prefix_cache: bool = True
     block_size: int = 16
     cache_memory: str = "20%"
+    cache_pin_fraction: float = 0.5
     cache_hash: str = "xxh3"
     cache_dir: str | None = None
     cache_disk_size: str = "25%"
@@ -110,6 +111,7 @@ def _engine_config(options: ServeOptions) -> EngineConfig:
         prefix_cache=options.prefix_cache,
         block_size=options.block_size,
         cache_memory_bytes=_memory_option(options.cache_memory, "20%"),
+        cache_pin_fraction=options.cache_pin_fraction,
         cache_hash=options.cache_hash,
         cache_dir=options.cache_dir,
         cache_disk_bytes=_disk_size(options),

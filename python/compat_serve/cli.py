@@ -20,6 +20,16 @@ INLINE_SYSTEM_CHOICES = ("auto", "preserve", "fold")
 DTYPE_CHOICES = ("auto", "quantized", "float16", "bfloat16", "float32")
 
 
+def _pin_fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, not {text!r}")
+    return value
+
+
 def build_serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="compat-serve",
@@ -205,6 +215,14 @@ def build_serve_parser() -> argparse.ArgumentParser:
         default="20%",
         help="memory for cached prompt K/V: bytes (2GiB, 512MB) or a share of RAM "
         "(default 20%%); least recently used blocks are evicted",
+    )
+    p.add_argument(
+        "--cache-pin-fraction",
+        type=_pin_fraction,
+        default=0.5,
+        help="the share of the prefix cache that cache_control breakpoints may pin "
+        "(default 0.5): pinned blocks are evicted only after unpinned ones, and past "
+        "this share the pin that expires first goes",
     )
     p.add_argument(
         "--cache-dir",
@@ -480,6 +498,7 @@ def _serve(ns: argparse.Namespace) -> int:
             prefix_cache=ns.prefix_cache,
             block_size=ns.block_size,
             cache_memory=ns.cache_memory,
+            cache_pin_fraction=ns.cache_pin_fraction,
             cache_hash=ns.cache_hash,
             cache_dir=ns.cache_dir,
             cache_disk_size=ns.cache_disk_size,

@@ -121,6 +121,7 @@ def test_message_response_shape() -> None:
             "output_tokens": 3,
             "cache_read_input_tokens": 0,
             "cache_creation_input_tokens": 0,
+            "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
         },
     }
 
@@ -157,6 +158,12 @@ def test_usage_invariant_with_cache_fields() -> None:
         "output_tokens": 5,
         "cache_read_input_tokens": 60,
         "cache_creation_input_tokens": 10,
+        "cache_creation": {"ephemeral_5m_input_tokens": 10, "ephemeral_1h_input_tokens": 0},
+    }
+    split = Usage(100, 5, cached_tokens=60, cache_creation_tokens=10, cache_creation_1h_tokens=4)
+    assert AnthropicUsage.from_usage(split).to_json()["cache_creation"] == {
+        "ephemeral_5m_input_tokens": 6,
+        "ephemeral_1h_input_tokens": 4,
     }
 
 
@@ -189,6 +196,7 @@ def test_text_stream_sequence() -> None:
             "output_tokens": 0,
             "cache_read_input_tokens": 0,
             "cache_creation_input_tokens": 0,
+            "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
         },
     }
     assert events["content_block_start"] == {
@@ -221,6 +229,7 @@ def test_message_delta_usage_is_cumulative() -> None:
         "output_tokens": 0,
         "cache_read_input_tokens": 60,
         "cache_creation_input_tokens": 10,
+        "cache_creation": {"ephemeral_5m_input_tokens": 10, "ephemeral_1h_input_tokens": 0},
     }
     assert events["message_delta"]["usage"] == {**start_usage, "output_tokens": 2}
 
@@ -303,7 +312,14 @@ def test_exact_cache_figures_in_message_delta_replace_the_admission_preview() ->
     delta = next(p for n, p in frames if n == "message_delta")["usage"]
     assert start["cache_creation_input_tokens"] == 32
     assert delta["cache_creation_input_tokens"] == 16 and delta["input_tokens"] == 20
-    assert sdk_stream(encode(events, 100, cache_read=64, cache_creation=32)) == expected(events)
+    assert delta["cache_creation"]["ephemeral_5m_input_tokens"] == 16
+    rebuilt = sdk_stream(encode(events, 100, cache_read=64, cache_creation=32))
+    # The SDK's MessageDeltaUsage has no `cache_creation`: the accumulated message keeps
+    # message_start's split (Anthropic's own stream carries it there only).
+    assert rebuilt.pop("usage")["cache_creation"]["ephemeral_5m_input_tokens"] == 32
+    want = expected(events)
+    want.pop("usage")
+    assert rebuilt == want
 
 
 def test_inconsistent_usage_is_refused() -> None:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from compat_serve.chat.breakpoints import breakpoint_offsets
 from compat_serve.chat.call_shapes import RESHAPES
 from compat_serve.chat.images import replace_markers
 from compat_serve.chat.normalize import normalize_messages
@@ -54,6 +55,8 @@ class Prompt:
     # The tools were told in the system prompt and past turns rendered as JSON envelopes
     # (chat/tool_injection.py): a reply to it is echoed back as its envelope text.
     envelope: bool = False
+    # Prompt-cache pins: `(end_token, ttl_seconds)` per `cache_control` breakpoint.
+    pins: tuple[tuple[int, int], ...] = ()
 
 
 class NoChatTemplateError(PromptError):
@@ -286,8 +289,35 @@ class PromptBuilder:
             )
             if splice is not None:
                 ids = splice.head_ids + tuple(self.encode(splice.tail))
-                return Prompt(splice.text, ids, rendered=rendered, envelope=envelope)
-        return Prompt(text, tuple(self.encode(text)), rendered=rendered, envelope=envelope)
+                pins = self._pins(request, messages, tools, text, ids)
+                return Prompt(splice.text, ids, rendered=rendered, envelope=envelope, pins=pins)
+        ids = tuple(self.encode(text))
+        pins = () if request.images else self._pins(request, messages, tools, text, ids)
+        return Prompt(text, ids, rendered=rendered, envelope=envelope, pins=pins)
+
+    def _pins(
+        self,
+        request: ChatRequest,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        text: str,
+        ids: tuple[int, ...],
+    ) -> tuple[tuple[int, int], ...]:
+        """Token offsets of the request's cache breakpoints in the served prompt."""
+        if not request.cache_breakpoints:
+            return ()
+        return breakpoint_offsets(
+            request.cache_breakpoints,
+            lambda count: self._render_calls(
+                self.normalize(messages[:count]),
+                tools=tools,
+                add_generation_prompt=False,
+                **request.template_kwargs,
+            ),
+            text,
+            ids,
+            self.encode,
+        )
 
 
 def _cut_after_final_content(text: str, messages: Sequence[Message]) -> str:

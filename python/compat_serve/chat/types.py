@@ -52,5 +52,8 @@ class ChatRequest:
     grammar: Grammar | None = None
     # Images, in order; each holds its place in message text with `chat.images.marker(i)`.
     images: list[ImageRef] = field(default_factory=list)
+    # Prompt-cache breakpoints: `(leading messages, ttl_seconds)` each; the prompt builder
+    # finds the token offset where those messages end (chat/breakpoints.py).
+    cache_breakpoints: list[tuple[int, int]] = field(default_factory=list)
     # The thinking budget the client asked for (None: it asked for none).
     thinking: ThinkingAsk | None = None

@@ -32,6 +32,9 @@ class EngineConfig:
     block_size: int = 16
     cache_memory_bytes: int | None = None
     cache_hash: str = "xxh3"
+    # The share of the prefix cache `cache_control` pins may cover; past it the pin that
+    # expires first goes (engine/prefix/pins.py).
+    cache_pin_fraction: float = 0.5
     # Disk tier of the prefix cache (engine/prefix/disk.py): a directory, and its size
     # cap in bytes (None = a share of the free disk). Off when `cache_dir` is None.
     cache_dir: str | None = None

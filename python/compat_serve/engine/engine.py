@@ -44,6 +44,7 @@ from compat_serve.engine.memory import (
 from compat_serve.engine.metrics import EngineMetrics, Gauge
 from compat_serve.engine.prefix.cache import PrefixCaching
 from compat_serve.engine.prefix.disk import DiskStore, open_disk_tier
+from compat_serve.engine.prefix.pins import pin_table
 from compat_serve.engine.prefix.store import is_attention_cache
 from compat_serve.engine.reasoning_budget import BudgetCounter
 from compat_serve.engine.runner import ModelRunner
@@ -160,6 +161,11 @@ class Engine:
         self.on_idle: Callable[[], float] | None = None
         # Distributed mode, world size, rank and plan collectives (/v1/status, /metrics).
         self.distributed_status: Callable[[], dict[str, object]] | None = None
+
+    def cache_pins_status(self) -> list[dict[str, object]]:
+        """The prefix cache's live `cache_control` pins, for /v1/status (the Rust cache
+        locks itself: safe from any thread)."""
+        return [] if self.prefix is None else pin_table(self.prefix.cache)
 
     def speculation_status(self) -> dict[str, object]:
         """Drafted and accepted tokens (speculative decoding), for /v1/status."""
@@ -278,6 +284,7 @@ class Engine:
             snapshot_budget_bytes=budget // 4,
             kv_format=config.kv_format,
             disk=self._disk_store(),
+            pin_fraction=config.cache_pin_fraction,
         )
 
     def _disk_store(self) -> DiskStore | None:

@@ -29,6 +29,7 @@ from compat_serve.engine.batch import can_rollback
 from compat_serve.engine.constraints import masked_logits
 from compat_serve.engine.metrics import EngineMetrics
 from compat_serve.engine.prefix.cache import PrefixCaching
+from compat_serve.engine.prefix.pins import creation_split
 from compat_serve.engine.runner import ModelRunner, plain_kv
 from compat_serve.engine.sampling import sample_rows
 from compat_serve.engine.sequence import Phase, Sequence
@@ -532,11 +533,13 @@ class StepExecutor:
         self._seqs.pop(seq.request_id, None)  # its KV is dropped at the end of the step
         self.spec.forget_row(seq.request_id)
         self._on_finished()
+        _, written_1h = creation_split(seq.request.cache_pins, seq.cached_tokens, seq.cache_written)
         usage = Usage(
             prompt_tokens=seq.prompt_len,
             completion_tokens=len(seq.generated),
             cached_tokens=seq.cached_tokens,
             cache_creation_tokens=seq.cache_written,
+            cache_creation_1h_tokens=written_1h,
         )
         # Clear the status row before the final event: a client that sees its request
         # finished must not still find it in /v1/status.

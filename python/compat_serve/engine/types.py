@@ -98,6 +98,9 @@ class EngineRequest:
     # The LoRA adapter its rows run with: a name in the engine's `AdapterBank`
     # (`Engine.add_adapter`); None: the base model.
     adapter: str | None = None
+    # `cache_control` breakpoints: `(end_token, ttl_seconds)` each; the prefix cache pins
+    # the full blocks up to `end_token` for that long (engine/prefix/pins.py).
+    cache_pins: tuple[tuple[int, int], ...] = ()
     # Thinking budget: at this many reasoning tokens the engine forces the format's close
     # (engine/reasoning_budget.py); None: the model reasons until it stops.
     reasoning_budget: ReasoningBudget | None = None
@@ -124,6 +127,9 @@ class Usage:
     cached_tokens: int = 0
     # Prompt tokens this request newly stored in the prefix cache.
     cache_creation_tokens: int = 0
+    # Of those, the tokens a 1-hour `cache_control` breakpoint covers (the rest count as
+    # Anthropic's 5-minute class).
+    cache_creation_1h_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -185,6 +185,7 @@ def submit(
     client: str | None = None,
     adapter: str | None = None,
     reasoning_budget: ReasoningBudget | None = None,
+    cache_pins: tuple[tuple[int, int], ...] = (),
 ) -> RequestStream:
     check_admitting(state)
     cap = state.max_output_tokens
@@ -208,6 +209,7 @@ def submit(
                 client=client,
                 adapter=adapter,
                 reasoning_budget=reasoning_budget,
+                cache_pins=cache_pins,
             )
         )
     except PromptTooLong as exc:
@@ -296,6 +298,7 @@ async def admit_chat(
         client_label(request),
         request_adapter(request),
         engine_budget(budget_tokens, parsing, state.engine.model.tokenizer),
+        cache_pins=prompt.pins,
     )
     stream.keeps_reply = not prompt.vision
     return Admitted(state, request_id, prompt, stream, parsing.parser)

@@ -78,6 +78,7 @@ async def status(request: Request) -> dict[str, Any]:
         "weights": weights_status(engine.model),
         "context_length": state.context_length,
         "speculation": engine.speculation_status(),
+        "cache_pins": engine.cache_pins_status(),
         "sampling_defaults": state.sampling_defaults.as_dict(),
         "requests": rows,
         **models,

@@ -30,6 +30,9 @@ use crate::error::CoreError;
 
 pub mod hash;
 mod invariants;
+#[cfg(test)]
+mod pin_tests;
+mod pins;
 mod pool;
 #[cfg(test)]
 mod proptests;
@@ -37,6 +40,7 @@ mod proptests;
 mod tests;
 
 pub use hash::{image_hash, BlockHash, BlockHasher, HashKind, MediaSpan, XXH3_SEED};
+pub use pins::{PinInfo, PinSpec};
 pub use pool::BlockId;
 use pool::BlockPool;
 
@@ -112,6 +116,7 @@ pub struct PrefixCache {
     kind: HashKind,
     pool: BlockPool,
     tables: HashMap<String, Table>,
+    pins: pins::PinTable,
     stats: CacheStats,
 }
 
@@ -134,6 +139,10 @@ impl PrefixCache {
             kind,
             pool: BlockPool::new(num_blocks),
             tables: HashMap::new(),
+            pins: pins::PinTable {
+                max_pinned: num_blocks as usize / 2,
+                ..pins::PinTable::default()
+            },
             stats: CacheStats {
                 block_size,
                 num_blocks: num_blocks as usize,
@@ -276,7 +285,7 @@ impl PrefixCache {
                 self.pool.acquire(id);
                 self.stats.deduplicated_blocks += 1;
                 (id, false)
-            } else if let Some(id) = self.pool.allocate(hash) {
+            } else if let Some(id) = self.pins.allocate(&mut self.pool, hash) {
                 self.stats.stored_blocks += 1;
                 (id, true)
             } else {
@@ -320,8 +329,10 @@ impl PrefixCache {
         self.pool.take_evicted()
     }
 
-    /// Evicts every cached block no request holds (they are listed by `take_evicted`).
+    /// Evicts every cached block no request holds, pinned or not (they are listed by
+    /// `take_evicted`).
     pub fn clear(&mut self) {
+        self.drop_all_pins();
         self.pool.evict_free();
         self.debug_check();
     }

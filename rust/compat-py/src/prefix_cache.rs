@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use compat_core::prefix_cache::{
     image_hash as core_image_hash, Admission as CoreAdmission, BlockId, CacheStats, HashKind,
-    MediaSpan, NewBlock as CoreNewBlock, PrefixCache as CorePrefixCache,
+    MediaSpan, NewBlock as CoreNewBlock, PinSpec, PrefixCache as CorePrefixCache,
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -130,6 +130,9 @@ impl PrefixCache {
         out.ok_or_else(|| PyRuntimeError::new_err("the prefix cache is unusable after a panic"))
     }
 }
+
+/// A live pin as Python gets it: `(hash of the last block, tokens, ttl_secs, expires_at)`.
+type PyPin<'py> = (Bound<'py, PyBytes>, usize, u32, f64);
 
 /// An image in a prompt as Python passes it: `(start, length, 16-byte hash)`.
 type PyMedia = (usize, usize, Vec<u8>);
@@ -283,6 +286,57 @@ impl PrefixCache {
             .iter()
             .map(|h| PyBytes::new(py, h.digest(kind)))
             .collect())
+    }
+
+    /// The share of the pool `cache_control` pins may cover (`--cache-pin-fraction`):
+    /// past it, the pins that expire first are dropped.
+    fn set_pin_fraction(&self, py: Python<'_>, fraction: f64) -> PyResult<()> {
+        Ok(self
+            .with(py, 0, |c| c.set_pin_fraction(fraction))?
+            .map_err(PyCoreError)?)
+    }
+
+    /// Pins, for each `(end_token, ttl_secs)` breakpoint, the full blocks request `id`
+    /// holds up to `end_token` until `now + ttl_secs` (refreshing a pin already there).
+    /// Returns how many pins were created or refreshed.
+    fn pin(&self, py: Python<'_>, id: &str, pins: Vec<(usize, u32)>, now: f64) -> PyResult<usize> {
+        let specs: Vec<PinSpec> = pins
+            .into_iter()
+            .map(|(end_token, ttl_secs)| PinSpec {
+                end_token,
+                ttl_secs,
+            })
+            .collect();
+        Ok(self
+            .with(py, 0, |c| c.pin(id, &specs, now))?
+            .map_err(PyCoreError)?)
+    }
+
+    /// Drops the pins expired at `now`; returns how many.
+    fn expire_pins(&self, py: Python<'_>, now: f64) -> PyResult<usize> {
+        self.with(py, 0, |c| c.expire_pins(now))
+    }
+
+    /// The live pins, earliest expiry first: `(hash of the last block, tokens, ttl_secs,
+    /// expires_at)`.
+    fn pins<'py>(&self, py: Python<'py>) -> PyResult<Vec<PyPin<'py>>> {
+        let (kind, pins) = self.with(py, 0, |c| (c.hash_kind(), c.pins()))?;
+        Ok(pins
+            .into_iter()
+            .map(|p| {
+                (
+                    PyBytes::new(py, p.hash.digest(kind)),
+                    p.tokens,
+                    p.ttl_secs,
+                    p.expires_at,
+                )
+            })
+            .collect())
+    }
+
+    /// Blocks covered by at least one pin, and pins dropped before expiry to make room.
+    fn pin_counts(&self, py: Python<'_>) -> PyResult<(usize, u64)> {
+        self.with(py, 0, |c| (c.pinned_blocks(), c.dropped_pins()))
     }
 
     /// Raises `SchedulerError` if an internal invariant is broken (for tests).

@@ -48,6 +48,7 @@ from compat_serve.engine.prefix.keys import (
     starts_image,
 )
 from compat_serve.engine.prefix.metrics import prefix_metrics
+from compat_serve.engine.prefix.pins import DEFAULT_PIN_FRACTION, expire_pins, pin_request
 from compat_serve.engine.prefix.points import (
     POINT_PARENT,
     PointStore,
@@ -115,6 +116,7 @@ class PrefixCaching:
         snapshot_budget_bytes: int,
         disk: DiskStore | None = None,
         kv_format: KVFormat | None = None,
+        pin_fraction: float = DEFAULT_PIN_FRACTION,
     ) -> None:
         self.block_size = block_size
         # Quantized KV (--kv-bits): the format goes into every block's chained hash (as a
@@ -123,6 +125,7 @@ class PrefixCaching:
         self._format_salt = f"kv:{kv_format.tag}|".encode() if kv_format.quantized else None
         self.hybrid = hybrid
         self.cache = PrefixCache(block_size, num_blocks, hash_kind)
+        self.cache.set_pin_fraction(pin_fraction)
         self.store = PrefixStore(block_size, snapshot_budget_bytes)
         # Partial last blocks (attention-only models; hybrid state resumes at snapshots).
         self.tails = None if hybrid else TailStore(snapshot_budget_bytes)
@@ -174,6 +177,7 @@ class PrefixCaching:
         if self.hybrid:
             end, point = self._hybrid_read(prompt, salt, images, load=True)
             limit = end - (len(point.tokens) if point is not None else 0) + 1
+        expire_pins(self.cache)
         admission = self.cache.admit(seq.request_id, prompt[:limit], salt, images)
         blocks = list(admission.block_ids)
         usable = next((i for i, b in enumerate(blocks) if not self.store.has_block(b)), None)
@@ -228,6 +232,7 @@ class PrefixCaching:
         seq.cached_tokens = cached
         seq.cache_appended = cached
         seq.cache_written = 0
+        pin_request(self.cache, seq)  # a hit refreshes the request's pins
         return cached
 
     def _partial(self, parent: bytes, following: list[int], limit: int) -> _Partial | None:
@@ -584,6 +589,7 @@ class PrefixCaching:
 
     def release(self, seq: Sequence) -> None:
         self._unhold(seq)
+        pin_request(self.cache, seq)  # the blocks it computed, up to its breakpoints
         self.cache.release(seq.request_id)
         self._drop_evicted()
         if self.events is not None:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from compat_serve.chat.images import ImageError, ImageRef, anthropic_image, join_parts, marker
 from compat_serve.chat.types import ChatRequest, Message, ThinkingAsk
 from compat_serve.engine.types import Grammar, SamplingParams
+from compat_serve.server.anthropic.breakpoints import breakpoints
 from compat_serve.server.anthropic.encoder import (
     STOP_REASONS,
     MessageStreamEncoder,
@@ -90,7 +91,11 @@ def to_chat_request(
     tool_choice = _tool_choice(body.tool_choice, body.thinking, tools)
     grammar = _output_grammar(body)
     images: list[ImageRef] | None = [] if vision else None
-    messages = _system_messages(body.system) + chat_messages(body.messages, images)
+    system = _system_messages(body.system)
+    messages = system + chat_messages(body.messages, images)
+    pins = breakpoints(
+        body, system, lambda i: chat_messages(body.messages[: i + 1], [] if vision else None)
+    )
     # Only an empty final assistant message may be empty, as Anthropic allows; when it was
     # the only content, the model answers an empty conversation (the template's own start).
     prefill = bool(messages) and _prefill(messages)
@@ -113,6 +118,7 @@ def to_chat_request(
         grammar=grammar,
         images=images or [],
         thinking=_thinking_ask(body.thinking),
+        cache_breakpoints=pins,
     )
 
 

@@ -113,9 +113,15 @@ class MessageStreamEncoder:
         self._thinking = ""  # text of the open thinking block, for its signature
         self._output_tokens = 0
 
-    def start(self, prompt_tokens: int, cache_read: int = 0, cache_creation: int = 0) -> str:
+    def start(
+        self,
+        prompt_tokens: int,
+        cache_read: int = 0,
+        cache_creation: int = 0,
+        cache_creation_1h: int = 0,
+    ) -> str:
         uncached = max(0, prompt_tokens - cache_read - cache_creation)
-        self._usage = AnthropicUsage(uncached, 0, cache_read, cache_creation)
+        self._usage = AnthropicUsage(uncached, 0, cache_read, cache_creation, cache_creation_1h)
         message = _message(self.message_id, self.model, [], self._usage)
         return event("message_start", {"type": "message_start", "message": message})
 

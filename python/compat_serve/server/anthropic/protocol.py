@@ -216,6 +216,8 @@ class ToolDef(_Lenient):
     input_schema: dict[str, Any] | None = None
     # Strict tools: constrained calls always validate their input, so this changes nothing.
     strict: bool | None = None
+    # A breakpoint after the tools (server/anthropic/breakpoints.py checks its shape).
+    cache_control: Any = None
 
     @property
     def is_server_tool(self) -> bool:
@@ -360,6 +362,8 @@ class AnthropicUsage:
     output_tokens: int
     cache_read_input_tokens: int = 0
     cache_creation_input_tokens: int = 0
+    # Of the creation, the tokens under a 1-hour `cache_control` breakpoint.
+    cache_creation_1h_tokens: int = 0
 
     @classmethod
     def from_usage(cls, usage: Usage) -> AnthropicUsage:
@@ -369,12 +373,21 @@ class AnthropicUsage:
         uncached = usage.prompt_tokens - read - creation
         if uncached < 0:
             raise ValueError(f"inconsistent usage: {usage}")
-        return cls(uncached, usage.completion_tokens, read, creation)
+        return cls(
+            uncached, usage.completion_tokens, read, creation, usage.cache_creation_1h_tokens
+        )
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, Any]:
+        """`cache_creation` splits `cache_creation_input_tokens` by TTL class, as Anthropic's
+        does: the two always add up to it."""
+        one_hour = min(self.cache_creation_1h_tokens, self.cache_creation_input_tokens)
         return {
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "cache_read_input_tokens": self.cache_read_input_tokens,
             "cache_creation_input_tokens": self.cache_creation_input_tokens,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": self.cache_creation_input_tokens - one_hour,
+                "ephemeral_1h_input_tokens": one_hour,
+            },
         }

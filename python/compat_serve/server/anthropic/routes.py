@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from compat_serve.engine.prefix.pins import creation_split
 from compat_serve.engine.types import FinishReason
 from compat_serve.server import sse
 from compat_serve.server.anthropic import adapter
@@ -59,6 +60,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
                 encoder,
                 prompt_tokens,
                 admitted.state.ping_interval_s,
+                admitted.prompt.pins,
             ),
             media_type="text/event-stream",
             headers=sse.SSE_HEADERS,
@@ -92,7 +94,11 @@ async def _cold_message_events(body: MessagesRequest, request: Request) -> Async
     encoder = adapter.MessageStreamEncoder(admitted.request_id, body.model)
     prompt_tokens = len(admitted.prompt.token_ids)
     async for frame in _message_events(
-        admitted.output(), encoder, prompt_tokens, admitted.state.ping_interval_s
+        admitted.output(),
+        encoder,
+        prompt_tokens,
+        admitted.state.ping_interval_s,
+        admitted.prompt.pins,
     ):
         yield frame
 
@@ -102,10 +108,12 @@ async def _message_events(
     encoder: adapter.MessageStreamEncoder,
     prompt_tokens: int,
     ping_interval_s: float,
+    cache_pins: tuple[tuple[int, int], ...] = (),
 ) -> AsyncIterator[str]:
     # message_start goes out at admission, before the prompt is processed.
     cache_read, cache_creation = output.stream.cache_preview
-    yield encoder.start(prompt_tokens, cache_read, cache_creation)
+    _, creation_1h = creation_split(cache_pins, cache_read, cache_creation)
+    yield encoder.start(prompt_tokens, cache_read, cache_creation, creation_1h)
     try:
         while not output.finished:
             step = await output.next(timeout=ping_interval_s)

@@ -85,7 +85,7 @@ impl FromStr for HashKind {
 
 /// A block's chained hash: the digest in the first [`HashKind::digest_len`] bytes,
 /// zeros after.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct BlockHash([u8; 32]);
 
 impl BlockHash {

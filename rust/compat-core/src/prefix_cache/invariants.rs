@@ -41,43 +41,102 @@ impl PrefixCache {
         self.check_map()
     }
 
-    /// The free list is well linked, has no block twice, holds only unreferenced
-    /// blocks, and keeps empty blocks ahead of cached ones (they only come from `new`
-    /// and `clear`, which leave no cached block free). Returns membership per block.
+    /// Both free lists are well linked, have no block twice, hold only unreferenced
+    /// blocks (the pinned one only pinned, cached blocks, the other only unpinned ones),
+    /// and the ordinary one keeps empty blocks ahead of cached ones (they only come from
+    /// `new` and `clear`, which leave no cached block free). Returns membership per block.
     fn check_free_list(&self) -> Result<Vec<bool>, String> {
         let pool = &self.pool;
-        let free = pool.free_list();
-        if free.len() != pool.num_free {
+        let mut on_free_list = vec![false; pool.len()];
+        let lists = [
+            (pool.free_list(), pool.free, false),
+            (pool.pinned_free_list(), pool.pinned_free, true),
+        ];
+        for (free, list, pinned) in &lists {
+            if free.len() != list.len {
+                return Err(format!(
+                    "free list has {} blocks, count says {}",
+                    free.len(),
+                    list.len
+                ));
+            }
+            let mut seen_cached = false;
+            for (pos, &i) in free.iter().enumerate() {
+                let block = &pool.blocks[i as usize];
+                if std::mem::replace(&mut on_free_list[i as usize], true) {
+                    return Err(format!("block {i} is on a free list twice"));
+                }
+                if block.ref_count != 0 {
+                    return Err(format!("block {i} is free with {} refs", block.ref_count));
+                }
+                if (block.pins > 0) != *pinned {
+                    return Err(format!(
+                        "block {i} with {} pins on the wrong list",
+                        block.pins
+                    ));
+                }
+                let prev = if pos == 0 { u32::MAX } else { free[pos - 1] };
+                if prev != block.prev {
+                    return Err(format!("block {i} has a stale prev link"));
+                }
+                if block.hash.is_some() {
+                    seen_cached = true;
+                } else if seen_cached || *pinned {
+                    return Err(format!("empty block {i} behind a cached one or pinned"));
+                }
+            }
+            if free.last().copied().unwrap_or(u32::MAX) != list.tail {
+                return Err("tail is not the free list's last block".into());
+            }
+        }
+        if lists[0].1.len + lists[1].1.len != pool.num_free {
+            return Err(format!("{} free blocks counted", pool.num_free));
+        }
+        self.check_pins()?;
+        Ok(on_free_list)
+    }
+
+    /// Every block's pin count is the number of pins covering it, and pinned blocks stay
+    /// within the cap.
+    fn check_pins(&self) -> Result<(), String> {
+        let pool = &self.pool;
+        let mut pins = vec![0u32; pool.len()];
+        for (hash, pin) in &self.pins.pins {
+            if pin.blocks.is_empty() {
+                return Err(format!("pin {hash:?} covers no block"));
+            }
+            for &id in &pin.blocks {
+                pins[id.index()] += 1;
+                if pool.blocks[id.index()].hash.is_none() {
+                    return Err(format!("pin {hash:?} covers {id}, which is not cached"));
+                }
+            }
+            if pool.blocks[pin.blocks[pin.blocks.len() - 1].index()].hash != Some(*hash) {
+                return Err(format!("pin {hash:?} is not keyed by its last block"));
+            }
+        }
+        for (i, block) in pool.blocks.iter().enumerate() {
+            if block.pins != pins[i] {
+                return Err(format!(
+                    "block {i} has {} pins, pins cover it {}",
+                    block.pins, pins[i]
+                ));
+            }
+        }
+        let pinned = pins.iter().filter(|&&n| n > 0).count();
+        if pinned != pool.num_pinned {
             return Err(format!(
-                "free list has {} blocks, count says {}",
-                free.len(),
-                pool.num_free
+                "{pinned} pinned blocks, count says {}",
+                pool.num_pinned
             ));
         }
-        let mut on_free_list = vec![false; pool.len()];
-        let mut seen_cached = false;
-        for (pos, &i) in free.iter().enumerate() {
-            let block = &pool.blocks[i as usize];
-            if std::mem::replace(&mut on_free_list[i as usize], true) {
-                return Err(format!("block {i} is on the free list twice"));
-            }
-            if block.ref_count != 0 {
-                return Err(format!("block {i} is free with {} refs", block.ref_count));
-            }
-            let prev = if pos == 0 { u32::MAX } else { free[pos - 1] };
-            if prev != block.prev {
-                return Err(format!("block {i} has a stale prev link"));
-            }
-            if block.hash.is_some() {
-                seen_cached = true;
-            } else if seen_cached {
-                return Err(format!("empty block {i} behind a cached one"));
-            }
+        if pinned > self.pins.max_pinned {
+            return Err(format!(
+                "{pinned} pinned blocks over the cap {}",
+                self.pins.max_pinned
+            ));
         }
-        if free.last().copied().unwrap_or(u32::MAX) != pool.tail {
-            return Err("tail is not the free list's last block".into());
-        }
-        Ok(on_free_list)
+        Ok(())
     }
 
     /// Every table holds cached blocks whose last one carries the chain's hash, and

@@ -4,6 +4,10 @@
 //! Eviction is lazy: a freed block keeps its hash and stays findable until it is
 //! reallocated. Allocation takes the least recently freed block; reallocating a cached
 //! one evicts its old hash and records `(id, old hash)` for [`BlockPool::take_evicted`].
+//!
+//! Pinned blocks (a `cache_control` breakpoint covers them, see `pins.rs`) wait on a
+//! second free list that allocation never takes from: the prefix cache drops a pin
+//! first, which moves its blocks to the back of the ordinary list.
 use std::collections::HashMap;
 use std::fmt;
 
@@ -46,16 +50,37 @@ pub(super) struct Block {
     /// while in use.
     pub prev: u32,
     pub next: u32,
+    /// Live pins covering the block; a free block with pins waits on the pinned list.
+    pub pins: u32,
+}
+
+/// One doubly-linked list of free blocks (head = evicted first).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct FreeList {
+    pub head: u32,
+    pub tail: u32,
+    pub len: usize,
+}
+
+impl FreeList {
+    const EMPTY: Self = Self {
+        head: NIL,
+        tail: NIL,
+        len: 0,
+    };
 }
 
 #[derive(Debug)]
 pub(super) struct BlockPool {
     pub blocks: Vec<Block>,
-    /// Least recently freed; allocation takes from here.
-    pub head: u32,
-    /// Most recently freed.
-    pub tail: u32,
+    /// Free unpinned blocks, least recently freed first: allocation takes the head.
+    pub free: FreeList,
+    /// Free pinned blocks, least recently freed first.
+    pub pinned_free: FreeList,
+    /// Free blocks on both lists.
     pub num_free: usize,
+    /// Blocks with at least one pin, free or in use.
+    pub num_pinned: usize,
     pub by_hash: HashMap<BlockHash, BlockId>,
     /// Evictions since the last drain: the block and the hash it lost.
     pub evicted: Vec<(BlockId, BlockHash)>,
@@ -73,13 +98,19 @@ impl BlockPool {
                 ref_count: 0,
                 prev: if i == 0 { NIL } else { i - 1 },
                 next: if i + 1 == num_blocks { NIL } else { i + 1 },
+                pins: 0,
             })
             .collect();
         Self {
             blocks,
-            head: if n == 0 { NIL } else { 0 },
-            tail: if n == 0 { NIL } else { num_blocks - 1 },
+            free: FreeList {
+                head: if n == 0 { NIL } else { 0 },
+                tail: if n == 0 { NIL } else { num_blocks - 1 },
+                len: n,
+            },
+            pinned_free: FreeList::EMPTY,
             num_free: n,
+            num_pinned: 0,
             by_hash: HashMap::with_capacity(n),
             evicted: Vec::new(),
             num_evictions: 0,
@@ -125,10 +156,10 @@ impl BlockPool {
     /// and takes a reference; `None` when every block is in use.
     pub fn allocate(&mut self, hash: BlockHash) -> Option<BlockId> {
         debug_assert!(!self.by_hash.contains_key(&hash), "{hash:?} is cached");
-        if self.head == NIL {
+        if self.free.head == NIL {
             return None;
         }
-        let id = BlockId(self.head);
+        let id = BlockId(self.free.head);
         self.unlink(id.0);
         let block = &mut self.blocks[id.index()];
         if let Some(old) = block.hash.replace(hash) {
@@ -142,9 +173,43 @@ impl BlockPool {
         Some(id)
     }
 
-    /// Evicts every cached block nobody holds.
+    /// Adds a pin to a cached block; a free one moves to the pinned list.
+    pub fn pin(&mut self, id: BlockId) {
+        debug_assert!(self.blocks[id.index()].hash.is_some(), "{id} is not cached");
+        let block = &self.blocks[id.index()];
+        if block.pins == 0 {
+            self.num_pinned += 1;
+            if block.ref_count == 0 {
+                self.unlink(id.0);
+                self.blocks[id.index()].pins = 1;
+                self.push_back(id.0);
+                return;
+            }
+        }
+        self.blocks[id.index()].pins += 1;
+    }
+
+    /// Drops a pin; a free block left without pins goes to the back of the ordinary
+    /// list, still cached.
+    pub fn unpin(&mut self, id: BlockId) {
+        let block = &self.blocks[id.index()];
+        debug_assert!(block.pins > 0, "{id} unpinned more often than pinned");
+        if block.pins == 1 {
+            self.num_pinned -= 1;
+            if block.ref_count == 0 {
+                self.unlink(id.0);
+                self.blocks[id.index()].pins = 0;
+                self.push_back(id.0);
+                return;
+            }
+        }
+        self.blocks[id.index()].pins -= 1;
+    }
+
+    /// Evicts every cached block nobody holds (the caller drops the pins first).
     pub fn evict_free(&mut self) {
-        let mut cursor = self.head;
+        debug_assert_eq!(self.pinned_free.len, 0, "pinned blocks are free");
+        let mut cursor = self.free.head;
         while cursor != NIL {
             let block = &mut self.blocks[cursor as usize];
             if let Some(old) = block.hash.take() {
@@ -160,20 +225,33 @@ impl BlockPool {
         self.evicted.drain(..).map(|(id, _)| id).collect()
     }
 
+    /// The free list a free block `i` is on (by its pins).
+    fn list_of(&mut self, i: u32) -> &mut FreeList {
+        if self.blocks[i as usize].pins > 0 {
+            &mut self.pinned_free
+        } else {
+            &mut self.free
+        }
+    }
+
     fn unlink(&mut self, i: u32) {
         let Block { prev, next, .. } = self.blocks[i as usize];
-        if prev == NIL {
-            debug_assert_eq!(self.head, i);
-            self.head = next;
-        } else {
+        if prev != NIL {
             self.blocks[prev as usize].next = next;
         }
-        if next == NIL {
-            debug_assert_eq!(self.tail, i);
-            self.tail = prev;
-        } else {
+        if next != NIL {
             self.blocks[next as usize].prev = prev;
         }
+        let list = self.list_of(i);
+        if prev == NIL {
+            debug_assert_eq!(list.head, i);
+            list.head = next;
+        }
+        if next == NIL {
+            debug_assert_eq!(list.tail, i);
+            list.tail = prev;
+        }
+        list.len -= 1;
         let block = &mut self.blocks[i as usize];
         block.prev = NIL;
         block.next = NIL;
@@ -181,25 +259,35 @@ impl BlockPool {
     }
 
     fn push_back(&mut self, i: u32) {
-        let tail = self.tail;
-        {
-            let block = &mut self.blocks[i as usize];
-            block.prev = tail;
-            block.next = NIL;
-        }
+        let list = self.list_of(i);
+        let tail = list.tail;
         if tail == NIL {
-            self.head = i;
-        } else {
+            list.head = i;
+        }
+        list.tail = i;
+        list.len += 1;
+        if tail != NIL {
             self.blocks[tail as usize].next = i;
         }
-        self.tail = i;
+        let block = &mut self.blocks[i as usize];
+        block.prev = tail;
+        block.next = NIL;
         self.num_free += 1;
     }
 
-    /// The free list from head to tail (for the invariant checks and tests).
+    /// The ordinary free list from head to tail (for the invariant checks and tests).
     pub fn free_list(&self) -> Vec<u32> {
-        let mut out = Vec::with_capacity(self.num_free);
-        let mut cursor = self.head;
+        self.walk(self.free)
+    }
+
+    /// The pinned free list from head to tail.
+    pub fn pinned_free_list(&self) -> Vec<u32> {
+        self.walk(self.pinned_free)
+    }
+
+    fn walk(&self, list: FreeList) -> Vec<u32> {
+        let mut out = Vec::with_capacity(list.len);
+        let mut cursor = list.head;
         while cursor != NIL && out.len() <= self.blocks.len() {
             out.push(cursor);
             cursor = self.blocks[cursor as usize].next;

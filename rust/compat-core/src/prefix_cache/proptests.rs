@@ -1,4 +1,5 @@
-//! Random `admit` / `append` / `release` / `take_evicted` / `clear` sequences over prompts that
+//! Random `admit` / `append` / `release` / `take_evicted` / `clear` / `pin` /
+//! `expire_pins` / `set_pin_fraction` sequences over prompts that
 //! share prefixes, in small pools (so eviction and exhaustion happen), checking the
 //! invariants after every operation and, through a model of Python's K/V store, that
 //! every hit serves exactly the tokens it claims.
@@ -33,6 +34,19 @@ enum Op {
     },
     TakeEvicted,
     Clear,
+    /// Pins request `slot`'s blocks up to token `end` for `ttl` seconds.
+    Pin {
+        slot: usize,
+        end: usize,
+        ttl: u32,
+    },
+    /// The clock moves on by `dt` seconds and expired pins go.
+    Expire {
+        dt: u32,
+    },
+    PinFraction {
+        eighths: u32,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -43,6 +57,10 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..REQUESTS).prop_map(|slot| Op::Release { slot }),
         1 => Just(Op::TakeEvicted),
         1 => Just(Op::Clear),
+        3 => (0..REQUESTS, 0..30usize, prop::sample::select(vec![300u32, 3600]))
+            .prop_map(|(slot, end, ttl)| Op::Pin { slot, end, ttl }),
+        1 => (0..600u32).prop_map(|dt| Op::Expire { dt }),
+        1 => (0..=8u32).prop_map(|eighths| Op::PinFraction { eighths }),
     ]
 }
 
@@ -66,6 +84,7 @@ struct Harness {
     live: Vec<Option<Live>>,
     store: HashMap<u32, Content>,
     next_name: u32,
+    now: f64,
 }
 
 impl Harness {
@@ -75,6 +94,7 @@ impl Harness {
             live: (0..REQUESTS).map(|_| None).collect(),
             store: HashMap::new(),
             next_name: 0,
+            now: 0.0,
         }
     }
 
@@ -109,6 +129,31 @@ impl Harness {
                     self.store.remove(&id.get());
                 }
                 assert_eq!(self.c.stats().cached_blocks, self.c.stats().in_use_blocks);
+                assert!(self.c.pins().is_empty());
+            }
+            Op::Pin { slot, end, ttl } => match self.live[slot].as_ref() {
+                Some(r) => {
+                    let name = r.name.clone();
+                    self.c
+                        .pin(
+                            &name,
+                            &[PinSpec {
+                                end_token: end,
+                                ttl_secs: ttl,
+                            }],
+                            self.now,
+                        )
+                        .unwrap();
+                }
+                None => assert!(self.c.pin("ghost", &[], self.now).is_err()),
+            },
+            Op::Expire { dt } => {
+                self.now += f64::from(dt);
+                self.c.expire_pins(self.now);
+                assert!(self.c.pins().iter().all(|p| p.expires_at > self.now));
+            }
+            Op::PinFraction { eighths } => {
+                self.c.set_pin_fraction(f64::from(eighths) / 8.0).unwrap();
             }
         }
         self.c.check_invariants().unwrap();
@@ -173,7 +218,22 @@ impl Harness {
             .collect();
         r.computed.extend(&next);
         let (name, salt, computed) = (r.name.clone(), r.salt.clone(), r.computed.clone());
+        let unpinned_free = self.c.pool.free.len;
+        let pinned_before: HashSet<u32> = (0..self.c.pool.len() as u32)
+            .filter(|&i| self.c.pool.blocks[i as usize].pins > 0)
+            .collect();
         let filled = self.c.append(&name, &next).unwrap();
+        // A pinned block is taken only once every unpinned free block was.
+        let allocated = filled.iter().filter(|b| b.is_new).count();
+        if filled
+            .iter()
+            .any(|b| b.is_new && pinned_before.contains(&b.block_id.get()))
+        {
+            assert!(
+                allocated > unpinned_free,
+                "a pinned block went before an unpinned one"
+            );
+        }
         // Evictions first (as documented), then the new blocks.
         let evicted: Vec<(BlockId, BlockHash)> = self.c.pool.evicted.clone();
         let new: HashSet<BlockId> = filled

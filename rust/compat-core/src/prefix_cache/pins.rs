@@ -1,0 +1,220 @@
+//! Cache breakpoints that hold: a `cache_control` breakpoint pins the full blocks of
+//! the prompt up to it for its TTL (Anthropic's `5m` or `1h`; each request that carries
+//! it again refreshes it).
+//!
+//! A pin is keyed by the chained hash of its last block, so the same prefix pinned by
+//! many turns is one pin. Pinned blocks that nobody holds wait on the pool's pinned free
+//! list: allocation takes every unpinned block first, then drops the pin that expires
+//! first and takes its blocks. Pins that together cover more than `pin_fraction` of the
+//! pool are dropped the same way, earliest expiry first, so pins never starve requests
+//! of blocks. Time is the caller's clock (seconds), so the module stays deterministic.
+use std::collections::HashMap;
+
+use super::hash::BlockHash;
+use super::pool::{BlockId, BlockPool};
+use super::PrefixCache;
+use crate::error::CoreError;
+
+/// A request's breakpoint: pin its full blocks up to token `end_token` for `ttl_secs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinSpec {
+    pub end_token: usize,
+    pub ttl_secs: u32,
+}
+
+/// A live pin, for `/v1/status`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PinInfo {
+    /// The chained hash of the last pinned block.
+    pub hash: BlockHash,
+    pub tokens: usize,
+    /// The longest TTL any breakpoint asked of it.
+    pub ttl_secs: u32,
+    pub expires_at: f64,
+}
+
+#[derive(Debug)]
+pub(super) struct Pin {
+    pub blocks: Vec<BlockId>,
+    pub ttl_secs: u32,
+    pub expires_at: f64,
+}
+
+/// Live pins by the hash of their last block.
+#[derive(Debug, Default)]
+pub(super) struct PinTable {
+    pub pins: HashMap<BlockHash, Pin>,
+    /// Pinned blocks may cover at most this many pool blocks.
+    pub max_pinned: usize,
+    /// Pins dropped before expiry to make room (allocation or the cap).
+    pub dropped: u64,
+}
+
+impl PrefixCache {
+    /// The share of the pool pins may cover (`--cache-pin-fraction`), in `[0, 1]`.
+    pub fn set_pin_fraction(&mut self, fraction: f64) -> Result<(), CoreError> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(CoreError::InvalidInput(format!(
+                "pin fraction must be between 0 and 1, not {fraction}"
+            )));
+        }
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let max = (self.pool.len() as f64 * fraction).floor() as usize;
+        self.pins.max_pinned = max;
+        self.enforce_pin_cap();
+        self.debug_check();
+        Ok(())
+    }
+
+    /// Pins, for each breakpoint of `request_id`, the full blocks its table holds up to
+    /// the breakpoint, until `now + ttl_secs` (a pin already there is refreshed; it keeps
+    /// the later expiry and the longer TTL). Breakpoints past the blocks the table holds
+    /// pin nothing. Returns how many pins were created or refreshed.
+    pub fn pin(
+        &mut self,
+        request_id: &str,
+        specs: &[PinSpec],
+        now: f64,
+    ) -> Result<usize, CoreError> {
+        let table = self
+            .tables
+            .get(request_id)
+            .ok_or_else(|| CoreError::UnknownRequest(format!("{request_id:?}")))?;
+        let mut wanted: Vec<(Vec<BlockId>, PinSpec)> = Vec::new();
+        for spec in specs {
+            let n = spec.end_token / self.block_size;
+            if n == 0 || n > table.blocks.len() {
+                continue;
+            }
+            wanted.push((table.blocks[..n].to_vec(), *spec));
+        }
+        let mut count = 0;
+        for (blocks, spec) in wanted {
+            let Some(hash) = self.pool.blocks[blocks[blocks.len() - 1].index()].hash else {
+                continue;
+            };
+            let expires_at = now + f64::from(spec.ttl_secs);
+            if let Some(pin) = self.pins.pins.get_mut(&hash) {
+                pin.expires_at = pin.expires_at.max(expires_at);
+                pin.ttl_secs = pin.ttl_secs.max(spec.ttl_secs);
+            } else {
+                for &id in &blocks {
+                    self.pool.pin(id);
+                }
+                let pin = Pin {
+                    blocks,
+                    ttl_secs: spec.ttl_secs,
+                    expires_at,
+                };
+                self.pins.pins.insert(hash, pin);
+            }
+            count += 1;
+        }
+        self.enforce_pin_cap();
+        self.debug_check();
+        Ok(count)
+    }
+
+    /// Drops the pins expired at `now`; returns how many.
+    pub fn expire_pins(&mut self, now: f64) -> usize {
+        let expired: Vec<BlockHash> = self
+            .pins
+            .pins
+            .iter()
+            .filter(|(_, pin)| pin.expires_at <= now)
+            .map(|(&hash, _)| hash)
+            .collect();
+        for hash in &expired {
+            self.pins.drop_pin(&mut self.pool, hash);
+        }
+        self.debug_check();
+        expired.len()
+    }
+
+    /// The live pins, earliest expiry first.
+    pub fn pins(&self) -> Vec<PinInfo> {
+        let mut out: Vec<PinInfo> = self
+            .pins
+            .pins
+            .iter()
+            .map(|(&hash, pin)| PinInfo {
+                hash,
+                tokens: pin.blocks.len() * self.block_size,
+                ttl_secs: pin.ttl_secs,
+                expires_at: pin.expires_at,
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            a.expires_at
+                .total_cmp(&b.expires_at)
+                .then(a.hash.cmp(&b.hash))
+        });
+        out
+    }
+
+    /// Blocks covered by at least one pin.
+    pub fn pinned_blocks(&self) -> usize {
+        self.pool.num_pinned
+    }
+
+    /// Pins dropped before their expiry to make room.
+    pub fn dropped_pins(&self) -> u64 {
+        self.pins.dropped
+    }
+
+    /// Drops every pin (before evicting everything free).
+    pub(super) fn drop_all_pins(&mut self) {
+        let all: Vec<BlockHash> = self.pins.pins.keys().copied().collect();
+        for hash in &all {
+            self.pins.drop_pin(&mut self.pool, hash);
+        }
+    }
+
+    fn enforce_pin_cap(&mut self) {
+        while self.pool.num_pinned > self.pins.max_pinned && self.pins.drop_earliest(&mut self.pool)
+        {
+        }
+    }
+}
+
+impl PinTable {
+    /// A block for `hash`: an unpinned free one if any, else one freed by dropping the
+    /// pins that expire first. `None` when every block is in use.
+    pub(super) fn allocate(&mut self, pool: &mut BlockPool, hash: BlockHash) -> Option<BlockId> {
+        loop {
+            if let Some(id) = pool.allocate(hash) {
+                return Some(id);
+            }
+            if pool.pinned_free.len == 0 || !self.drop_earliest(pool) {
+                return None;
+            }
+        }
+    }
+
+    fn drop_earliest(&mut self, pool: &mut BlockPool) -> bool {
+        let first = self
+            .pins
+            .iter()
+            .min_by(|a, b| a.1.expires_at.total_cmp(&b.1.expires_at).then(a.0.cmp(b.0)))
+            .map(|(&hash, _)| hash);
+        let Some(hash) = first else {
+            return false;
+        };
+        self.drop_pin(pool, &hash);
+        self.dropped += 1;
+        true
+    }
+
+    fn drop_pin(&mut self, pool: &mut BlockPool, hash: &BlockHash) {
+        if let Some(pin) = self.pins.remove(hash) {
+            // Last block first, as `release` does: a chain's tail goes before its head.
+            for &id in pin.blocks.iter().rev() {
+                pool.unpin(id);
+            }
+        }
+    }
+}
