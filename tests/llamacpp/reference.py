@@ -68,6 +68,7 @@ class LlamaCpp:
         params.sampling.top_k = 1
         self._server = xllamacpp.Server(params)
         self.base_url: str = self._server.listening_address
+        self._greedy: dict[tuple[tuple[int, ...], int, int], Greedy] = {}
 
     def post(self, path: str, body: Mapping[str, Any]) -> Any:
         request = urllib.request.Request(
@@ -90,7 +91,14 @@ class LlamaCpp:
         return prompt
 
     def greedy(self, prompt_ids: Sequence[int], n: int, *, n_probs: int = 10) -> Greedy:
-        """`n` greedy tokens after `prompt_ids` (exactly those ids: no BOS added)."""
+        """`n` greedy tokens after `prompt_ids` (exactly those ids: no BOS added), computed
+        once per server: both `--dtype` loads compare with the same reference."""
+        key = (tuple(prompt_ids), n, n_probs)
+        if key not in self._greedy:
+            self._greedy[key] = self._compute_greedy(prompt_ids, n, n_probs)
+        return self._greedy[key]
+
+    def _compute_greedy(self, prompt_ids: Sequence[int], n: int, n_probs: int) -> Greedy:
         body = {
             "prompt": list(prompt_ids),
             "max_tokens": n,

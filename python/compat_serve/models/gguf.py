@@ -27,6 +27,7 @@ from mlx.nn.layers.quantized import quantize
 
 from compat_serve.models import load_steps
 from compat_serve.models.errors import ModelLoadError
+from compat_serve.models.float32_activations import embeddings_output_float32
 from compat_serve.models.gguf_families import (
     SUPPORTED_ARCHITECTURES,
     Family,
@@ -375,6 +376,7 @@ def load_gguf_steps(
         phase = f"dequantizing to {dense}" if parts.quant else f"casting to {dense}"
     if parts.rope_freqs is not None:
         apply_rope_freqs(model, config, parts.rope_freqs)
+    embeddings_output_float32(model)  # llama.cpp's float32 activations, on either path
     model.eval()
     model.load_weights(list(weights.items()), strict=True)
     t_build = time.perf_counter()
