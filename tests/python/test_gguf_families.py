@@ -98,10 +98,14 @@ def test_quantized_dtype_keeps_the_files_quantization(
     loaded = load_gguf(str(path), dtype="quantized")
     bits = 8 if qtype == "Q8_0" else 4
     assert loaded.dtype == f"quantized-{bits}bit"
-    kinds = {type(m) for _, m in loaded.model.named_modules()}
-    assert QuantizedLinear in kinds and QuantizedEmbedding in kinds
+    modules = [m for _, m in loaded.model.named_modules()]
+
+    def has(kind: type) -> bool:  # the embedding is a float32-output subclass
+        return any(isinstance(m, kind) for m in modules)
+
+    assert has(QuantizedLinear) and has(QuantizedEmbedding)
     if case == "qwen3moe":
-        assert QuantizedSwitchLinear in kinds
+        assert has(QuantizedSwitchLinear)
     expected = reference(TOKENS)
     scale = float(mx.abs(expected).max())
     assert _max_delta(loaded.model(TOKENS), expected) <= QUANTIZED_REL_TOL * scale
