@@ -38,13 +38,22 @@ _FLOAT32_OUTPUT: dict[type, type] = {
 }
 
 
+def _output_dtype(embedding: Any) -> Any:
+    """What a lookup returns: the table's type, or a quantized table's scales' type."""
+    return (
+        embedding.scales if isinstance(embedding, QuantizedEmbedding) else embedding.weight
+    ).dtype
+
+
 def embeddings_output_float32(model: Module) -> int:
-    """Make every token embedding of `model` return float32 (in place); the count changed."""
+    """Make every token embedding of `model` whose lookups are not float32 return float32 (in
+    place, after its weights are loaded); the count changed. A float32 table (the dense CPU
+    load) keeps its exact class, which the CPU layout (models/cpu_layout.py) looks for."""
     changed = 0
     untyped: Any = model
     for _, module in untyped.named_modules():
         cast = _FLOAT32_OUTPUT.get(type(module))
-        if cast is not None:
+        if cast is not None and _output_dtype(module) != mx.float32:
             module.__class__ = cast
             changed += 1
     return changed

@@ -376,9 +376,9 @@ def load_gguf_steps(
         phase = f"dequantizing to {dense}" if parts.quant else f"casting to {dense}"
     if parts.rope_freqs is not None:
         apply_rope_freqs(model, config, parts.rope_freqs)
-    embeddings_output_float32(model)  # llama.cpp's float32 activations, on either path
     model.eval()
     model.load_weights(list(weights.items()), strict=True)
+    embeddings_output_float32(model)  # llama.cpp's float32 activations, on either path
     t_build = time.perf_counter()
     logger.info("%s (%s backend)", phase, plan.backend)
     yield from evaluate_in_slices(model, phase, log=logger)
