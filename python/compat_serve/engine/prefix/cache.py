@@ -54,7 +54,6 @@ from compat_serve.engine.prefix.points import (
     PointStore,
     StatePoint,
     States,
-    cache_states,
     longest_point,
     row_states,
 )
@@ -64,6 +63,7 @@ from compat_serve.engine.prefix.store import (
     LayerCaches,
     PrefixStore,
     batch_row_kv,
+    cache_states,
     copy_positions,
     joined_pieces,
     request_kv,

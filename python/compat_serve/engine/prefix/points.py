@@ -27,7 +27,11 @@ from typing import Any
 import mlx.core as mx
 
 from compat_serve.engine.kv_quant import is_batch_attention_layer
-from compat_serve.engine.prefix.store import BlockKV, LayerCaches, copy_tree, is_attention_cache
+from compat_serve.engine.prefix.store import (
+    BlockKV,
+    LayerCaches,
+    copy_tree,
+)
 from compat_serve.engine.prefix.store import kv_nbytes as _kv_nbytes
 from compat_serve.engine.prefix.store import state_arrays as _state_arrays
 
@@ -52,21 +56,6 @@ class StatePoint:
         return _kv_nbytes(self.kv) + sum(
             a.nbytes for saved in self.states if saved is not None for a in _state_arrays(saved[1])
         )
-
-
-def cache_states(cache: LayerCaches) -> States:
-    """Evaluated copies of the state layers of a request's own (batch-1) cache."""
-    states: States = []
-    arrays: list[mx.array] = []
-    for layer in cache:
-        if is_attention_cache(layer):
-            states.append(None)
-            continue
-        state = copy_tree(layer.state)
-        states.append((type(layer), state, getattr(layer, "meta_state", None)))
-        arrays += _state_arrays(state)
-    mx.eval(arrays)
-    return states
 
 
 def row_states(batch_cache: LayerCaches, row: int) -> States | None:

@@ -192,18 +192,7 @@ class PrefixStore:
         return block_hash in self._snapshots
 
     def store_snapshot(self, block_hash: bytes, cache: LayerCaches) -> None:
-        states: list[Any] = []
-        arrays: list[mx.array] = []
-        for layer in cache:
-            if is_attention_cache(layer):
-                states.append(None)
-                continue
-            state = copy_tree(layer.state)
-            meta = getattr(layer, "meta_state", None)
-            states.append((type(layer), state, meta))
-            arrays += state_arrays(state)
-        mx.eval(arrays)
-        self.put_snapshot(block_hash, states)
+        self.put_snapshot(block_hash, cache_states(cache))
 
     def snapshot_states(self, block_hash: bytes) -> list[Any]:
         """Per layer: None (attention) or (cache class, state tree, meta state)."""
@@ -297,3 +286,19 @@ def state_arrays(value: Any) -> list[mx.array]:
     if isinstance(value, (list, tuple)):
         return [a for v in value for a in state_arrays(v)]
     return []
+
+
+def cache_states(cache: LayerCaches) -> list[Any]:
+    """Evaluated copies of the state layers of a request's own (batch-1) cache; per layer
+    None (attention) or (cache class, state tree, meta state)."""
+    states: list[Any] = []
+    arrays: list[mx.array] = []
+    for layer in cache:
+        if is_attention_cache(layer):
+            states.append(None)
+            continue
+        state = copy_tree(layer.state)
+        states.append((type(layer), state, getattr(layer, "meta_state", None)))
+        arrays += state_arrays(state)
+    mx.eval(arrays)
+    return states
