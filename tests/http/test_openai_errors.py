@@ -111,6 +111,33 @@ def test_a_text_prompt_of_no_tokens_is_the_stated_rule(
             assert error["param"] == "prompt"
 
 
+def test_the_completion_render_refuses_the_output_constraints_completions_refuses(
+    server: RunningServer,
+) -> None:
+    # schemathesis seed 1 found the render route taking `guided_choice: [null, null]`. The
+    # render checks each constraint's shape; compiling one is the engine's (no render).
+    bodies = (
+        {"guided_choice": [None, None]},
+        {"guided_choice": []},
+        {"guided_regex": ""},
+        {"response_format": {"type": "xml"}},
+        {"guided_regex": "a+", "guided_choice": ["a"]},
+    )
+    for extra in bodies:
+        body = {"model": "m", "prompt": "Once upon", **extra}
+        for path in ("/v1/completions", "/v1/completions/render"):
+            response = post(server, path, json=body)
+            assert response.status_code == 400, (path, extra, response.text)
+            param = response.json()["error"]["param"]
+            assert param.startswith(tuple(extra)), (path, extra, param)
+    rendered = post(
+        server,
+        "/v1/completions/render",
+        json={"model": "m", "prompt": "Hi", "guided_choice": ["a"]},
+    )
+    assert rendered.status_code == 200 and rendered.json()[0]["token_ids"]
+
+
 def test_prompt_longer_than_context(server: RunningServer) -> None:
     huge = "hello " * 9000
     response = post(

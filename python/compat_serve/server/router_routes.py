@@ -27,6 +27,7 @@ from compat_serve.server.generation import (
 )
 from compat_serve.server.openai import adapter
 from compat_serve.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from compat_serve.server.openai.response_format import output_grammar
 from compat_serve.server.openai.routes import completion_ids
 
 public_router = APIRouter()
@@ -85,6 +86,9 @@ async def render_completion(body: CompletionRequest, request: Request) -> list[d
     if body.suffix:  # as /v1/completions
         raise ApiError(400, "suffix: not supported", param="suffix")
     prompt = adapter.completion_prompt(body)
+    # The output constraint is checked as /v1/completions checks it (a render of a request
+    # it would refuse is refused), though a render generates nothing.
+    output_grammar(body)
     sampling = state.sampling_defaults.apply(
         adapter.sampling_params(body, body.max_tokens, default_max_tokens=16)
     )
