@@ -188,7 +188,12 @@ def test_cold_streams_on_every_route_keep_alive_then_answer(dir_server: RunningS
     routes = [
         # The cap ends the response as `incomplete` unless the model stops first.
         ("/v1/responses", {"input": "Hi", "max_output_tokens": 16}, ("completed", "incomplete")),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}, ("[DONE]",)),
+        # A cap here too: without one a chat completion may run to the context window.
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16},
+            ("[DONE]",),
+        ),
     ]
     for path, fields, last in routes:
         assert _states(base)["alpha"] == "unloaded"
