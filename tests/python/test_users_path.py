@@ -47,6 +47,7 @@ Q8 = KVFormat(8, 64)
 USERS_PATH_WEIGHTS = {
     "dtype": "quantized-4bit",
     "requested": "quantized",
+    "auto_kept_as_stored": None,  # set only when --dtype auto keeps the stored weights
     "modules": "stock mlx-lm",
     "fast_paths": {},
 }
@@ -62,7 +63,11 @@ def quantized(embedded_model: LoadedModel) -> LoadedModel:
     quantized = [m for m in modules if isinstance(m, (QuantizedLinear, QuantizedEmbedding))]
     assert len(quantized) == 30 * 7 + 1  # every projection and the tied embedding/head
     # The CPU fast paths swap classes (SkinnyLinear, fused blocks, split attention): none.
-    assert all(type(m).__module__.startswith(("mlx.", "mlx_lm.")) for m in modules)
+    # The one class of ours is the embedding whose output is float32, as llama.cpp computes
+    # a GGUF's activations (models/float32_activations.py): a QuantizedEmbedding subclass.
+    ours = [m for m in modules if not type(m).__module__.startswith(("mlx.", "mlx_lm."))]
+    assert [type(m).__module__ for m in ours] == ["compat_serve.models.float32_activations"]
+    assert isinstance(ours[0], QuantizedEmbedding)
     return embedded_model
 
 
