@@ -180,4 +180,8 @@ def _fuzz(fuzz_seed: int, *, coverage: bool, examples: int = EXAMPLES) -> Any:
 
 
 test_openapi_document_tells_the_truth_seed_1 = _fuzz(SEEDS[0], coverage=True)
-test_openapi_document_tells_the_truth_seed_2 = _fuzz(SEEDS[1], coverage=False)
+# CI fuzzes seed 1; the extended run (tests/extended.py) seed 2 as well, and
+# benches/schemathesis_seeds.py seeds 1-20.
+test_openapi_document_tells_the_truth_seed_2 = pytest.mark.extended(
+    _fuzz(SEEDS[1], coverage=False)
+)
