@@ -182,6 +182,4 @@ def _fuzz(fuzz_seed: int, *, coverage: bool, examples: int = EXAMPLES) -> Any:
 test_openapi_document_tells_the_truth_seed_1 = _fuzz(SEEDS[0], coverage=True)
 # CI fuzzes seed 1; the extended run (tests/extended.py) seed 2 as well, and
 # benches/schemathesis_seeds.py seeds 1-20.
-test_openapi_document_tells_the_truth_seed_2 = pytest.mark.extended(
-    _fuzz(SEEDS[1], coverage=False)
-)
+test_openapi_document_tells_the_truth_seed_2 = pytest.mark.extended(_fuzz(SEEDS[1], coverage=False))
