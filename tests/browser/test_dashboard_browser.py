@@ -129,19 +129,37 @@ def test_dashboard_shows_a_streaming_chat_live(
         "messages": [{"role": "user", "content": "List the files."}],
         "max_tokens": 4,
     }
+    replies = []
     for _ in range(2):
         reply = httpx.post(f"{base}/v1/chat/completions", json=body, headers=agent, timeout=60)
         assert reply.status_code == 200, reply.text
-    cached = reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
-    prompt = reply.json()["usage"]["prompt_tokens"]
+        replies.append(reply.json()["usage"])
+    assert replies[1]["prompt_tokens_details"]["cached_tokens"] > 0
+    # A pinned prompt (OpenAI's prompt_cache_retention) is listed with its tokens and TTL.
+    pinned = {**body, "messages": [{"role": "user", "content": "Pin this. " * 12}]}
+    reply = httpx.post(
+        f"{base}/v1/chat/completions",
+        json={**pinned, "prompt_cache_retention": "24h"},
+        headers=agent,
+        timeout=60,
+    )
+    assert reply.status_code == 200, reply.text
+    replies.append(reply.json()["usage"])
+    (pin,) = httpx.get(f"{base}/v1/status", timeout=30).json()["cache_pins"]
+    pin_row = page.locator("#pin-rows tr")
+    expect(pin_row.locator("td").nth(0)).to_have_text(pin["prefix_hash"][:12])
+    expect(pin_row.locator("td").nth(1)).to_have_text(str(pin["tokens"]))
+    expect(pin_row.locator("td").nth(2)).to_have_text("1h")
+    prompt = sum(u["prompt_tokens"] for u in replies)
+    cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in replies)
     session_row = page.locator("#client-rows tr", has_text="claude-cli 1c282c5f")
     expect(session_row.locator("td")).to_have_text(
         [
             "claude-cli 1c282c5f",
-            "2",
-            str(2 * prompt),
+            "3",
+            str(prompt),
             str(cached),
-            f"{100 * cached / (2 * prompt):.1f}%",
+            f"{100 * cached / prompt:.1f}%",
         ]
     )
 

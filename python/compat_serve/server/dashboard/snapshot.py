@@ -70,6 +70,8 @@ def _cache(engine: Engine) -> dict[str, Any]:
         **values,
         "disk_enabled": prefix.disk is not None,
         "clients": engine.status.clients(),
+        # cache_control breakpoints / prompt_cache_retention: tokens, TTL, seconds left.
+        "pins": engine.cache_pins_status(),
     }
 
 

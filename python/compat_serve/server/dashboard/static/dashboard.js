@@ -293,6 +293,12 @@ function renderCache(snap) {
     cell(fmtInt(r.cached_tokens)),
     cell(fmtRatio(r.prompt_tokens ? r.cached_tokens / r.prompt_tokens : null)),
   ]);
+  fillRows("pin-rows", cache.pins || [], (p) => [
+    cell(p.prefix_hash.slice(0, 12)),
+    cell(fmtInt(p.tokens)),
+    cell(p.ttl),
+    cell(`${Math.round(p.expires_in_s)} s`),
+  ]);
 }
 
 function renderMemory(snap) {
