@@ -10,7 +10,7 @@ PORT ?= 8000
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup system-libs build serve test test-rust test-python test-cpu-fallback test-users-path test-numeric-variants lint fmt bench bench-rust bench-python gpu-kit gpu-kit-check clean \
+.PHONY: setup system-libs build serve test test-rust test-python test-extended test-cpu-fallback test-users-path test-numeric-variants lint fmt bench bench-rust bench-python gpu-kit gpu-kit-check clean \
 	wheel check-installed docs cli-docs second-python
 
 # npm clients the end-to-end tests run (offline, in a network namespace), installed into a
@@ -106,9 +106,18 @@ test-rust:
 # Two pytest workers (pytest-xdist), whole files each so a module's server fixture starts
 # once: much of the suite waits on subprocesses, sockets and clients, and two workers
 # overlap that waiting on two cores. PYTEST_WORKERS=0 runs it in one process.
+# With two workers on two cores, each process (and the servers it starts) gets one BLAS and
+# one rayon thread: their idle threads spin, and spinning on a core another worker needs
+# cost a quarter of the time (four heavy files: 220 s -> 160 s, system time 91 s -> 16 s).
 PYTEST_WORKERS ?= 2
+PYTEST_THREADS := $(if $(filter 0 1,$(PYTEST_WORKERS)),,OPENBLAS_NUM_THREADS=1 RAYON_NUM_THREADS=1)
 test-python: build
-	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PYTEST_THREADS) $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# Everything, with the slower second views CI leaves out (tests/extended.py: tests marked
+# `extended`, every chat template where CI takes one per tool format).
+test-extended: build
+	COMPAT_SERVE_TEST_EXTENDED=1 $(MAKE) --no-print-directory test-python
 
 # The decode tests once more with the Rust CPU kernels turned off, so the fallback a CPU
 # without AVX-512 runs (input-major weights, MLX's decode attention) is tested here too.

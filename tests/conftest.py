@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The tests listed in tests/users_path_lane.py get the `users_path` marker (the lane
     runs `pytest -m users_path`). Tests marked `quantized_only` assert what only the users'
     path does (its weights stay quantized): they run in that lane and are deselected
-    elsewhere."""
+    elsewhere. Tests marked `extended` run only in the extended run (tests/extended.py)."""
     from tests.users_path_lane import USERS_PATH_TESTS
 
     lane = set(USERS_PATH_TESTS)
@@ -58,10 +58,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"tests/users_path_lane.py lists unknown tests: {missing}")
     if USERS_PATH:
         return
-    dropped = [item for item in items if item.get_closest_marker("quantized_only") is not None]
+    from tests.extended import EXTENDED
+
+    dropped = [
+        item
+        for item in items
+        if item.get_closest_marker("quantized_only") is not None
+        or (not EXTENDED and item.get_closest_marker("extended") is not None)
+    ]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if item.get_closest_marker("quantized_only") is None]
+        gone = set(map(id, dropped))
+        items[:] = [item for item in items if id(item) not in gone]
 
 
 def free_port() -> int:

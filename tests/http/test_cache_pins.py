@@ -188,3 +188,77 @@ def test_more_than_four_breakpoints_is_a_400(pin_server: RunningServer) -> None:
     response = _post(pin_server, _body([block] * 5, "hi"))
     assert response.status_code == 400
     assert "A maximum of 4 blocks with cache_control" in response.json()["error"]["message"]
+
+
+def _generation_prompt_tokens(server: RunningServer) -> int:
+    """The ChatML generation prompt's tokens (what follows the last message)."""
+    builder = server.state.prompt_builder  # type: ignore[attr-defined]
+    return len(builder.encode("<|im_start|>assistant\n"))
+
+
+def _pins(server: RunningServer) -> list[tuple[int, str]]:
+    pins = httpx.get(f"{server.base_url}/v1/status").json()["cache_pins"]
+    return [(p["tokens"], p["ttl"]) for p in pins]
+
+
+def test_openai_prompt_cache_retention_pins_the_whole_prompt(pin_server: RunningServer) -> None:
+    """OpenAI's `prompt_cache_retention` maps onto the same pins: the prompt up to its
+    last message, `24h` as the longest lifetime kept (1h), `in_memory` as 5m."""
+    responses = httpx.post(
+        f"{pin_server.base_url}/v1/responses",
+        json={
+            "model": "m",
+            "max_output_tokens": 16,
+            "instructions": "Answer in one short sentence. " * 8,  # ~3 blocks
+            "input": "hello",
+            "prompt_cache_retention": "in_memory",
+        },
+        timeout=120,
+    )
+    assert responses.status_code == 200, responses.text
+    input_tokens = responses.json()["usage"]["input_tokens"]
+    pinned_5m = (input_tokens - _generation_prompt_tokens(pin_server)) // BLOCK * BLOCK
+    # Checked first and small: pins past --cache-pin-fraction go earliest expiry first.
+    assert (pinned_5m, "5m") in _pins(pin_server)
+    url = f"{pin_server.base_url}/v1/chat/completions"
+    messages = [
+        {"role": "system", "content": _system("R")},
+        {"role": "user", "content": "hello"},
+    ]
+    body = {"model": "m", "max_tokens": 1, "messages": messages}
+    first = httpx.post(url, json={**body, "prompt_cache_retention": "24h"}, timeout=120)
+    assert first.status_code == 200, first.text
+    prompt_tokens = first.json()["usage"]["prompt_tokens"]
+    pinned = (prompt_tokens - _generation_prompt_tokens(pin_server)) // BLOCK * BLOCK
+    assert (pinned, "1h") in _pins(pin_server)
+    _flood(pin_server, "r")
+    # The next turn reads the pinned prompt back after traffic worth twice the cache.
+    turn = {
+        **body,
+        "messages": [
+            *messages,
+            {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "more"},
+        ],
+        "prompt_cache_retention": "24h",
+    }
+    again = httpx.post(url, json=turn, timeout=120)
+    assert again.status_code == 200, again.text
+    assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= pinned
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/responses"])
+def test_an_unknown_prompt_cache_retention_is_a_400_naming_the_values(
+    pin_server: RunningServer, route: str
+) -> None:
+    body: dict[str, Any] = {"model": "m", "max_tokens": 1, "prompt_cache_retention": "forever"}
+    if route == "/v1/responses":
+        body = {"model": "m", "input": "hi", "prompt_cache_retention": "forever"}
+    else:
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    response = httpx.post(f"{pin_server.base_url}{route}", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "prompt_cache_retention" in json.dumps(error)
+    assert "in_memory" in error["message"] and "24h" in error["message"]

@@ -286,6 +286,14 @@ def test_render_endpoints_return_the_served_prompt_ids(events_server: EventServe
         f"{base}/v1/completions/render", json={"model": "m", "prompt": [1, 2, 3]}, timeout=30
     ).json()
     assert ids["token_ids"] == [1, 2, 3]
+    # max_tokens -1 is "up to the context window" on /v1/completions, and in its render.
+    (unbounded,) = httpx.post(
+        f"{base}/v1/completions/render",
+        json={"model": "m", "prompt": [1, 2, 3], "max_tokens": -1},
+        timeout=30,
+    ).json()
+    window = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["max_model_len"]
+    assert unbounded["sampling_params"]["max_tokens"] == window
     bad = httpx.post(
         f"{base}/v1/chat/completions/render",
         json={"model": "m", "messages": "not a list"},

@@ -348,6 +348,9 @@ def test_a_model_larger_than_the_budget_fails_fast_and_the_server_lives(
         running.stop()
 
 
+# Five loads of the embedded model (~60 s on CI's machine): CI keeps the swap under a
+# one-model budget in tests/http/test_memory_budget_twins.py; this runs in the extended run.
+@pytest.mark.extended
 def test_alternating_requests_under_a_one_model_budget_all_answer(
     tmp_path: Path, embedded_model: LoadedModel
 ) -> None:

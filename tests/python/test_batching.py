@@ -109,7 +109,7 @@ def test_eight_concurrent_greedy_streams_match_each_run_alone(
 ) -> None:
     spy, prefills = DecodeSpy(engine), PrefillTogetherSpy(engine)
     requests = [
-        EngineRequest(f"g{i}", chat_ids(embedded_model, text), greedy(32))
+        EngineRequest(f"g{i}", chat_ids(embedded_model, text), greedy(16))
         for i, text in enumerate(PROMPTS)
     ]
     alone, together = run_alone_then_together(engine, requests)
@@ -238,17 +238,17 @@ def test_preemption_under_kv_pressure_recomputes_and_keeps_outputs(
     probe = started(embedded_model)
     per_token = probe.metrics.kv_bytes_per_token or 46_080
     probe.shutdown()
-    # Room for ~200 tokens: three requests of ~30 prompt + 60 generated do not fit.
-    engine = started(embedded_model, prefill_chunk=32, kv_memory_bytes=200 * per_token)
+    # Room for ~110 tokens: one request of ~30 prompt + 36 generated fits, three do not.
+    engine = started(embedded_model, prefill_chunk=32, kv_memory_bytes=110 * per_token)
     try:
         requests = [
-            EngineRequest(f"p{i}", chat_ids(embedded_model, text), greedy(60, stop_at_eos=False))
+            EngineRequest(f"p{i}", chat_ids(embedded_model, text), greedy(36, stop_at_eos=False))
             for i, text in enumerate(PROMPTS[:3])
         ]
         alone, together = run_alone_then_together(engine, requests)
         assert engine.metrics.preemptions.value() > 0
         for request, a, b in zip(requests, alone, together, strict=True):
-            assert len(b) == 60
+            assert len(b) == 36
             assert_same_or_near_tie(embedded_model, request.prompt_ids, a, b)
         # The gauge is set at the end of the step that delivered the last event.
         deadline = time.monotonic() + 10

@@ -19,7 +19,6 @@ from fastapi.params import Depends
 
 from compat_serve import __version__
 from compat_serve.engine.types import SamplingParams
-from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import (
     model_state,
     new_id,
@@ -27,8 +26,7 @@ from compat_serve.server.generation import (
 )
 from compat_serve.server.openai import adapter
 from compat_serve.server.openai.protocol import ChatCompletionRequest, CompletionRequest
-from compat_serve.server.openai.response_format import output_grammar
-from compat_serve.server.openai.routes import completion_ids
+from compat_serve.server.openai.routes import check_completion
 
 public_router = APIRouter()
 router = APIRouter()
@@ -83,14 +81,7 @@ async def render_chat(body: ChatCompletionRequest, request: Request) -> dict[str
 @router.post("/v1/completions/render")
 async def render_completion(body: CompletionRequest, request: Request) -> list[dict[str, Any]]:
     state = await model_state(request, body.model)
-    if body.suffix:  # as /v1/completions
-        raise ApiError(400, "suffix: not supported", param="suffix")
-    prompt = adapter.completion_prompt(body)
-    # The output constraint is checked as /v1/completions checks it (a render of a request
-    # it would refuse is refused), though a render generates nothing.
-    output_grammar(body)
-    sampling = state.sampling_defaults.apply(
-        adapter.sampling_params(body, body.max_tokens, default_max_tokens=16)
-    )
-    ids = await completion_ids(state, prompt)
+    checked = await check_completion(state, body)  # what /v1/completions would refuse
+    sampling = state.sampling_defaults.apply(checked.sampling)
+    ids = checked.prompt_ids
     return [_generate_request(new_id("cmpl-"), ids, sampling, body.model)]

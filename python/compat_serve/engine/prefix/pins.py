@@ -21,6 +21,18 @@ if TYPE_CHECKING:
 TTL_SECONDS = {"5m": 300, "1h": 3600}
 DEFAULT_TTL = "5m"
 ONE_HOUR = TTL_SECONDS["1h"]
+# OpenAI's `prompt_cache_retention` (chat completions, Responses): the whole prompt is
+# pinned; `24h` gets the longest lifetime kept here (1h), `in_memory` the default (5m).
+RETENTION_TTL_SECONDS = {"in_memory": TTL_SECONDS[DEFAULT_TTL], "24h": ONE_HOUR}
+
+
+def retention_breakpoints(retention: str | None, messages: int) -> list[tuple[int, int]]:
+    """`prompt_cache_retention` as one breakpoint after all `messages` (none if absent)."""
+    if retention is None or messages == 0:
+        return []
+    return [(messages, RETENTION_TTL_SECONDS[retention])]
+
+
 DEFAULT_PIN_FRACTION = 0.5
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from compat_serve.chat.images import ImageError, ImageRef, join_parts, marker, url_image
 from compat_serve.chat.types import ChatRequest, Message, ThinkingAsk
+from compat_serve.engine.prefix.pins import retention_breakpoints
 from compat_serve.engine.types import FinishReason, SamplingParams, Usage
 from compat_serve.parsers import (
     OutputEvent,
@@ -170,8 +171,9 @@ def chat_request(
     if body.reasoning_effort is not None:
         thinking = ThinkingAsk(effort=body.reasoning_effort, field="reasoning_effort")
         template_kwargs = {**effort_template_kwargs(body.reasoning_effort), **template_kwargs}
+    messages = chat_messages(body.messages, images)
     return ChatRequest(
-        messages=chat_messages(body.messages, images),
+        messages=messages,
         sampling=dataclasses.replace(
             sampling_params(body, max_tokens, default_max_tokens=default_max_tokens),
             logprobs=chat_logprobs_setting(body),
@@ -184,6 +186,7 @@ def chat_request(
         grammar=output_grammar(body),
         images=images or [],
         thinking=thinking,
+        cache_breakpoints=retention_breakpoints(body.prompt_cache_retention, len(messages)),
     )
 
 

@@ -264,6 +264,8 @@ class ChatCompletionRequest(_OutputFormatFields):
     parallel_tool_calls: bool | None = None
     # vLLM-style extension: extra variables for the chat template (e.g. enable_thinking).
     chat_template_kwargs: dict[str, Any] | None = None
+    # Pins the whole prompt in the prefix cache (engine/prefix/pins.py: 24h -> 1h).
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     # A reasoning model's effort: none, minimal, low, medium, high, ... (the server maps
     # each to a thinking budget, --reasoning-budgets).
     reasoning_effort: Annotated[

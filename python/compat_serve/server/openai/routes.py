@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from compat_serve.engine.stream import RequestStream
-from compat_serve.engine.types import FinishReason, TokenLogprob
+from compat_serve.engine.types import FinishReason, Grammar, SamplingParams, TokenLogprob
 from compat_serve.server import sse
 from compat_serve.server.clients import client_label
 from compat_serve.server.errors import ApiError, generation_error, openai_error_body
@@ -197,29 +197,47 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     return await _completions(body, request)
 
 
-async def _completions(body: CompletionRequest, request: Request) -> Any:
-    state = await model_state(request, body.model)
+@dataclasses.dataclass(frozen=True)
+class CheckedCompletion:
+    """A /v1/completions body's parts, each checked (400s name the field)."""
+
+    prompt: str | list[int]
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    grammar: Grammar | None
+
+
+async def check_completion(state: ServerState, body: CompletionRequest) -> CheckedCompletion:
+    """The checks /v1/completions makes before it generates, in its order: suffix, prompt,
+    sampling, output constraint, prompt ids. The render route makes the same ones."""
     if body.suffix:
         raise ApiError(400, "suffix: not supported", param="suffix")
     prompt = adapter.completion_prompt(body)
     # -1: no limit, up to the context window.
     max_tokens = state.context_length if body.max_tokens == -1 else body.max_tokens
     sampling = adapter.sampling_params(body, max_tokens, default_max_tokens=16)
+    grammar = output_grammar(body)  # the whole completion follows it, from its first token
+    prompt_ids = await completion_ids(state, prompt)
+    return CheckedCompletion(prompt, prompt_ids, sampling, grammar)
+
+
+async def _completions(body: CompletionRequest, request: Request) -> Any:
+    state = await model_state(request, body.model)
+    checked = await check_completion(state, body)
+    prompt, sampling = checked.prompt, checked.sampling
     texts = None
     if body.logprobs is not None:
         sampling = dataclasses.replace(sampling, logprobs=body.logprobs)
         texts = await engine_token_texts(state)
-    grammar = output_grammar(body)  # the whole completion follows it, from its first token
-    prompt_ids = await completion_ids(state, prompt)
     response_id = new_id("cmpl-")
     salt = cache_salt(request, per_key=state.cache_salt_per_key)
     stream = submit(
         state,
         response_id,
-        prompt_ids,
+        checked.prompt_ids,
         sampling,
         cache_salt=salt,
-        grammar=grammar,
+        grammar=checked.grammar,
         client=client_label(request),
         adapter=request_adapter(request),
     )

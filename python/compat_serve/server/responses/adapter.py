@@ -7,6 +7,7 @@ from typing import Any
 
 from compat_serve.chat.images import ImageRef
 from compat_serve.chat.types import ChatRequest, Message, ThinkingAsk
+from compat_serve.engine.prefix.pins import retention_breakpoints
 from compat_serve.engine.types import Grammar, SamplingParams
 from compat_serve.server.output_format import bad, json_schema_grammar
 from compat_serve.server.reasoning_budgets import effort_template_kwargs
@@ -209,5 +210,6 @@ def plan_request(
         grammar=grammar,
         images=images or [],
         thinking=thinking,
+        cache_breakpoints=retention_breakpoints(body.prompt_cache_retention, len(messages)),
     )
     return Plan(chat, tools, choice.raw_custom, ENCRYPTED_REASONING in include, summary)

@@ -8,7 +8,7 @@ exact field (`input[3].call_id`, `tools[1].format.syntax`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
@@ -42,6 +42,8 @@ class ResponsesRequest(BaseModel):
     store: bool | None = None
     previous_response_id: str | None = None
     prompt_cache_key: str | None = None
+    # Pins the whole prompt in the prefix cache (engine/prefix/pins.py: 24h -> 1h).
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     stream: bool = False
     # Accepted and ignored (Codex sends them): the server has one tier, no truncation.
     service_tier: str | None = None
