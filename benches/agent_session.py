@@ -26,7 +26,8 @@ mlx_lm.server's.
    read on every later turn with the breakpoints (24/24 turns) and on none without them
    (0/24), see benches/agent_session_pins.py.
 
-Run: `.venv/bin/python benches/agent_session.py [--quick] [--turns 10]`, or `--pins`.
+Run: `.venv/bin/python benches/agent_session.py [--quick] [--turns 10]`: sections 1-2,
+then 3 with its defaults (`--no-pins` leaves it out); `--pins [its flags]` runs 3 alone.
 """
 
 from __future__ import annotations
@@ -301,6 +302,9 @@ def main() -> None:
     )
     parser.add_argument("--skip-cold-warm", action="store_true")
     parser.add_argument("--only", choices=("compat-serve", "mlx_lm.server"))
+    parser.add_argument(
+        "--no-pins", action="store_true", help="leave out section 3 (with and without pins)"
+    )
     args = parser.parse_args()
     args.turns = args.turns or (3 if args.quick else 10)
     args.tool_tokens = args.tool_tokens or (80 if args.quick else 250)
@@ -332,6 +336,17 @@ def main() -> None:
         print("\n".join(r.blas))
     print_session(runs, args)
     print_cold_warm(runs, args)
+    if not args.no_pins:
+        run_pins_section()
+
+
+def run_pins_section() -> None:
+    """Section 3 with its own defaults: both figures, with and without pins (#44)."""
+    import agent_session_pins
+
+    print("\n== cache breakpoints (#44): with and without pins ==")
+    sys.argv = sys.argv[:1]
+    agent_session_pins.main()
 
 
 if __name__ == "__main__":
