@@ -152,3 +152,49 @@ fn nested_breakpoints_share_blocks_and_clear_drops_pins() {
     );
     c.check_invariants().unwrap();
 }
+
+#[test]
+fn pinned_block_expiries_list_ram_and_spilled_pins_for_the_disk_tier() {
+    let mut c = cache(4, 1.0);
+    let (a, b) = (toks(0, 9), toks(100, 9));
+    let a_hashes = c.block_hashes(&a, b"").unwrap();
+    let b_hashes = c.block_hashes(&b, b"").unwrap();
+    // a's first block is pinned by a 1h and a 5m breakpoint: it keeps the later expiry.
+    turn(&mut c, "a", &a, &[spec(4, 300), spec(8, 3600)], 0.0);
+    turn(&mut c, "b", &b, &[spec(8, 300)], 0.0);
+    let mut want = vec![
+        (a_hashes[0], 3600.0),
+        (a_hashes[1], 3600.0),
+        (b_hashes[0], 300.0),
+        (b_hashes[1], 300.0),
+    ];
+    want.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(c.pinned_block_expiries(), want);
+    // RAM drops the 5m pins to make room (a's first-block one frees nothing, then b's):
+    // they still hold on disk until they expire.
+    turn(&mut c, "c", &toks(200, 5), &[], 1.0);
+    assert_eq!((c.pins().len(), c.dropped_pins()), (1, 2));
+    assert_eq!(c.pinned_block_expiries(), want);
+    // b read back and pinned again (at 100, a 5m breakpoint): a RAM pin once more.
+    turn(&mut c, "b2", &b, &[spec(8, 300)], 100.0);
+    let ram: Vec<(usize, f64)> = c.pins().iter().map(|p| (p.tokens, p.expires_at)).collect();
+    assert_eq!(ram, [(8, 400.0), (8, 3600.0)]);
+    // Dropped again, then expired: a spilled pin goes at its expiry like a RAM one.
+    turn(&mut c, "d", &toks(300, 5), &[], 101.0);
+    assert_eq!(c.pins().len(), 1);
+    assert_eq!(c.pinned_block_expiries().len(), 4);
+    c.expire_pins(399.0);
+    assert_eq!(c.pinned_block_expiries().len(), 4);
+    c.expire_pins(400.0);
+    assert_eq!(
+        c.pinned_block_expiries(),
+        [(a_hashes[0], 3600.0), (a_hashes[1], 3600.0)]
+            .into_iter()
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+    );
+    c.clear();
+    assert!(c.pinned_block_expiries().is_empty());
+    c.check_invariants().unwrap();
+}
