@@ -168,7 +168,7 @@ fn pinned_block_expiries_list_ram_and_spilled_pins_for_the_disk_tier() {
         (b_hashes[0], 300.0),
         (b_hashes[1], 300.0),
     ];
-    want.sort_by(|x, y| x.0.cmp(&y.0));
+    want.sort_by_key(|x| x.0);
     assert_eq!(c.pinned_block_expiries(), want);
     // RAM drops the 5m pins to make room (a's first-block one frees nothing, then b's):
     // they still hold on disk until they expire.

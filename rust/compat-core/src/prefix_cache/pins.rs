@@ -185,7 +185,7 @@ impl PrefixCache {
             }
         }
         let mut out: Vec<(BlockHash, f64)> = latest.into_iter().collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.sort_by_key(|a| a.0);
         out
     }
 
