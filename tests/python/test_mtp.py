@@ -1,0 +1,189 @@
+"""`--speculative mtp` (engine/mtp_head.py): a multi-token-prediction head drafts from the
+main model's last hidden state, and the engine verifies the drafts.
+
+Exactness does not depend on acceptance: a randomly initialised head (its drafts almost
+always rejected) must leave greedy output exactly as plain decoding has it, alone and in
+a batch with other rows, with 8-bit KV, and through a prefix-cache repeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+
+from compat_serve.engine.config import EngineConfig
+from compat_serve.engine.engine import Engine
+from compat_serve.engine.kv_quant import KVFormat
+from compat_serve.engine.mtp_head import MTPHead, MTPHeadError, load_head, new_llama_head
+from compat_serve.engine.speculation import SpeculationConfig
+from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
+from tests.chat_prompts import chat_ids
+from tests.greedy_ties import Q8_KV_TIE, assert_same_or_near_tie
+from tests.python.test_batching import greedy
+from tests.python.test_speculative import COPY_PROMPTS, FREE_PROMPT, outputs, tokens
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
+
+Q8 = KVFormat(8, 64)
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def random_head(embedded_model: LoadedModel) -> MTPHead:
+    mx.random.seed(45)
+    return MTPHead(new_llama_head(embedded_model.model), embedded_model.model)
+
+
+def engine_for(
+    loaded: LoadedModel, head: MTPHead | None, *, prefix_cache: bool = False, **config: object
+) -> Engine:
+    """Drafting with `head` on every step it can (None: no speculation)."""
+    spec = SpeculationConfig("mtp", num_tokens=3, mtp=head, cost_aware=False)
+    engine = Engine(
+        loaded,
+        EngineConfig(
+            prefill_chunk=128,
+            max_num_seqs=8,
+            prefix_cache=prefix_cache,
+            speculation=spec if head is not None else SpeculationConfig(),
+            **config,  # type: ignore[arg-type]
+        ),
+    )
+    engine.start()
+    return engine
+
+
+def greedy_requests(loaded: LoadedModel, tag: str) -> list[EngineRequest]:
+    return [
+        EngineRequest(f"{tag}{i}", chat_ids(loaded, text), greedy(MAX_TOKENS))
+        for i, text in enumerate([*COPY_PROMPTS, FREE_PROMPT])
+    ]
+
+
+def run_one(engine: Engine, request: EngineRequest) -> tuple[list[int], Usage]:
+    async def go() -> tuple[list[int], Usage]:
+        events = [e async for e in engine.submit(request)]
+        assert events[-1].finish_reason is not FinishReason.ERROR, events[-1].error
+        assert events[-1].usage is not None
+        return tokens(events), events[-1].usage
+
+    return asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(embedded_model: LoadedModel) -> list[list[int]]:
+    engine = engine_for(embedded_model, None)
+    try:
+        return [tokens(e) for e in outputs(engine, greedy_requests(embedded_model, "p"))]
+    finally:
+        engine.shutdown()
+
+
+def test_mtp_drafts_leave_greedy_output_unchanged_alone_and_batched_with_mixed_rows(
+    embedded_model: LoadedModel, random_head: MTPHead, plain_outputs: list[list[int]]
+) -> None:
+    engine = engine_for(embedded_model, random_head)
+    try:
+        reqs = greedy_requests(embedded_model, "b")
+        sampled = EngineRequest(
+            "s",
+            chat_ids(embedded_model, FREE_PROMPT),
+            SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=3),
+        )
+        # Three greedy rows and a sampled one (drafts drawn from the head's distribution)
+        # in one batch, then the first greedy request alone.
+        batched = outputs(engine, [*reqs, sampled])
+        alone, _ = run_one(engine, dataclasses.replace(reqs[0], request_id="alone"))
+        status = engine.speculation_status()
+    finally:
+        engine.shutdown()
+    for request, want, events in zip(reqs, plain_outputs, batched, strict=False):
+        assert_same_or_near_tie(embedded_model, request.prompt_ids, want, tokens(events))
+    assert_same_or_near_tie(embedded_model, reqs[0].prompt_ids, plain_outputs[0], alone)
+    assert tokens(batched[-1])  # the sampled row ran to its end
+    assert status["mode"] == "mtp", status
+    assert int(status["draft_tokens"]) > 10, status  # type: ignore[call-overload]
+
+
+def test_mtp_with_8_bit_kv_decodes_as_plain_8_bit_kv(
+    embedded_model: LoadedModel, random_head: MTPHead
+) -> None:
+    request = greedy_requests(embedded_model, "q")[2]
+    plain = engine_for(embedded_model, None, kv_format=Q8)
+    try:
+        want, _ = run_one(plain, request)
+    finally:
+        plain.shutdown()
+    engine = engine_for(embedded_model, random_head, kv_format=Q8)
+    try:
+        have, _ = run_one(engine, request)
+        drafted = int(engine.speculation_status()["draft_tokens"])  # type: ignore[call-overload]
+    finally:
+        engine.shutdown()
+    assert drafted > 0
+    assert_same_or_near_tie(
+        embedded_model, request.prompt_ids, want, have, tolerance=Q8_KV_TIE, kv_format=Q8
+    )
+
+
+def test_a_prefix_cache_repeat_reads_what_it_reads_without_mtp(
+    embedded_model: LoadedModel, random_head: MTPHead, plain_outputs: list[list[int]]
+) -> None:
+    """Draft tokens never enter the prefix cache: the repeat of a request reads as many
+    cached tokens as with plain decoding, and decodes the same tokens."""
+    request = greedy_requests(embedded_model, "c")[2]
+    reads = {}
+    for name, head in (("plain", None), ("mtp", random_head)):
+        engine = engine_for(embedded_model, head, prefix_cache=True, block_size=16)
+        try:
+            first, _ = run_one(engine, dataclasses.replace(request, request_id=f"{name}1"))
+            again, usage = run_one(engine, dataclasses.replace(request, request_id=f"{name}2"))
+        finally:
+            engine.shutdown()
+        reads[name] = (usage.cached_tokens, usage.cache_creation_tokens)
+        for out in (first, again):
+            assert_same_or_near_tie(embedded_model, request.prompt_ids, plain_outputs[2], out)
+    assert reads["mtp"] == reads["plain"], reads
+    assert reads["plain"][0] > 0, reads
+
+
+def test_mtp_without_a_head_fails_at_start_naming_the_model_and_the_families(
+    embedded_model: LoadedModel,
+) -> None:
+    from compat_serve.bootstrap import ServeOptions, build_state
+
+    with pytest.raises(MTPHeadError) as caught:
+        build_state(ServeOptions(speculative="mtp", prefix_cache=False), embedded_model)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert embedded_model.name in message and "has no MTP weights" in message
+    assert "DeepSeek-V3" in message and "Qwen3-Next" in message and "--mtp-head" in message
+    with pytest.raises(ValueError, match="--mtp-head is only used with --speculative mtp"):
+        SpeculationConfig("ngram", mtp_head="head.safetensors").validate()
+
+
+def test_a_head_file_missing_a_tensor_names_it_and_a_whole_one_loads(
+    embedded_model: LoadedModel, random_head: MTPHead, tmp_path: Path
+) -> None:
+    weights = dict(tree_flatten(random_head.layer.parameters()))
+    whole = tmp_path / "head.safetensors"
+    mx.save_safetensors(str(whole), weights)
+    loaded = load_head(whole, embedded_model.model)
+    for name, value in tree_flatten(loaded.layer.parameters()):
+        assert mx.array_equal(value, weights[name]), name
+    missing = tmp_path / "partial.safetensors"
+    mx.save_safetensors(str(missing), {k: v for k, v in weights.items() if k != "hnorm.weight"})
+    with pytest.raises(MTPHeadError, match=r"no tensor 'hnorm\.weight'"):
+        load_head(missing, embedded_model.model)
+    from compat_serve.bootstrap import ServeOptions, build_state
+
+    options = ServeOptions(speculative="mtp", mtp_head=str(missing), prefix_cache=False)
+    with pytest.raises(MTPHeadError, match=r"no tensor 'hnorm\.weight'"):
+        build_state(options, embedded_model)
