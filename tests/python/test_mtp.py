@@ -20,7 +20,13 @@ from mlx.utils import tree_flatten
 from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.kv_quant import KVFormat
-from compat_serve.engine.mtp_head import MTPHead, MTPHeadError, load_head, new_llama_head
+from compat_serve.engine.mtp_head import (
+    MTPHead,
+    MTPHeadError,
+    load_head,
+    new_llama_head,
+    quantize_head_weights,
+)
 from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
 from tests.chat_prompts import chat_ids
@@ -187,3 +193,24 @@ def test_a_head_file_missing_a_tensor_names_it_and_a_whole_one_loads(
     options = ServeOptions(speculative="mtp", mtp_head=str(missing), prefix_cache=False)
     with pytest.raises(MTPHeadError, match=r"no tensor 'hnorm\.weight'"):
         build_state(options, embedded_model)
+
+
+def test_an_8_bit_head_file_loads_within_a_quantization_step(
+    embedded_model: LoadedModel, random_head: MTPHead, tmp_path: Path
+) -> None:
+    """Projections stored 8-bit (mlx-lm's `weight`/`scales`/`biases`, group 64) come back
+    within one step (the group's range / 255) of the original: rounding is half a step,
+    and mlx snaps the grid so the group's larger edge is exact, shifting it by up to
+    half a step more. Norms come back as float16."""
+    weights = dict(tree_flatten(random_head.layer.parameters()))
+    path = tmp_path / "head-q8.safetensors"
+    mx.save_safetensors(str(path), quantize_head_weights(weights, 8))
+    loaded = dict(tree_flatten(load_head(path, embedded_model.model).layer.parameters()))
+    for name, original in weights.items():
+        if original.ndim == 2:
+            groups = original.reshape(original.shape[0], -1, 64)
+            step = (groups.max(axis=-1) - groups.min(axis=-1)) / 255
+            error = mx.abs(loaded[name] - original).reshape(groups.shape).max(axis=-1)
+            assert bool(mx.all(error <= step * 1.01 + 1e-7)), name
+        else:
+            assert mx.array_equal(loaded[name], original.astype(mx.float16).astype(mx.float32))

@@ -193,6 +193,8 @@ def load_head(path: str | Path, model: Module) -> MTPHead:
     except (OSError, ValueError, RuntimeError) as exc:
         raise MTPHeadError(f"--mtp-head {path}: cannot read it as safetensors ({exc})") from None
     assert isinstance(weights, dict)
+    dtype = model.model.norm.weight.dtype
+    weights = dequantized(weights, dtype)
     wanted = dict(tree_flatten(layer.parameters()))
     for name, param in wanted.items():
         got = weights.get(name)
@@ -203,10 +205,44 @@ def load_head(path: str | Path, model: Module) -> MTPHead:
                 f"--mtp-head {path}: tensor {name!r} has shape {tuple(got.shape)}, "
                 f"this model's head needs {tuple(param.shape)}"
             )
-    dtype = model.model.norm.weight.dtype
     layer.load_weights([(name, weights[name].astype(dtype)) for name in wanted])
     mx.eval(layer.parameters())
     return MTPHead(layer, model)
+
+
+QUANT_GROUP = 64
+
+
+def quantize_head_weights(weights: dict[str, mx.array], bits: int) -> dict[str, mx.array]:
+    """Each projection's weight as mlx-lm stores a quantized linear (`weight`, `scales`,
+    `biases`; group 64); norms in float16."""
+    out: dict[str, mx.array] = {}
+    for name, value in weights.items():
+        if value.ndim == 2 and value.shape[-1] % QUANT_GROUP == 0:
+            stem = name.removesuffix("weight")
+            q, scales, biases = mx.quantize(value, group_size=QUANT_GROUP, bits=bits)
+            out[name], out[stem + "scales"], out[stem + "biases"] = q, scales, biases
+        else:
+            out[name] = value.astype(mx.float16)
+    return out
+
+
+def dequantized(weights: dict[str, mx.array], dtype: mx.Dtype) -> dict[str, mx.array]:
+    """`weights` with every quantized linear (`scales` and `biases` beside its `weight`)
+    turned back into a dense weight, all in `dtype`."""
+    out: dict[str, mx.array] = {}
+    for name, value in weights.items():
+        if name.endswith(("scales", "biases")):
+            continue
+        stem = name.removesuffix("weight")
+        scales, biases = weights.get(stem + "scales"), weights.get(stem + "biases")
+        if name.endswith("weight") and scales is not None and biases is not None:
+            bits = value.shape[-1] * 32 // (scales.shape[-1] * QUANT_GROUP)
+            dense = mx.dequantize(value, scales, biases, group_size=QUANT_GROUP, bits=bits)
+            out[name] = dense.astype(dtype)
+        else:
+            out[name] = value.astype(dtype)
+    return out
 
 
 def head_for(loaded: LoadedModel, path: str | None) -> MTPHead:
