@@ -151,6 +151,7 @@ def main() -> None:
     optimizer = optim.AdamW(learning_rate=args.lr, weight_decay=0.0)
 
     def agreement(data: tuple[mx.array, mx.array, mx.array]) -> float:
+        head.layer = layer  # the loss swapped in the traced one
         hits = 0
         for start in range(0, data[0].shape[0], 512):
             logits, _ = head.step(data[0][start : start + 512], data[1][start : start + 512])

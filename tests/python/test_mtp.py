@@ -2,8 +2,8 @@
 main model's last hidden state, and the engine verifies the drafts.
 
 Exactness does not depend on acceptance: a randomly initialised head (its drafts almost
-always rejected) must leave greedy output exactly as plain decoding has it, alone and in
-a batch with other rows, with 8-bit KV, and through a prefix-cache repeat.
+always rejected) must leave greedy output exactly as plain decoding has it, in a batch
+with other rows and alone, through a prefix-cache repeat, and with 8-bit KV.
 """
 
 from __future__ import annotations
@@ -83,19 +83,33 @@ def run_one(engine: Engine, request: EngineRequest) -> tuple[list[int], Usage]:
     return asyncio.run(go())
 
 
+@dataclasses.dataclass
+class Plain:
+    outputs: list[list[int]]  # each greedy request's tokens
+    repeat: tuple[int, int]  # the first request again: (cached, created) prompt tokens
+
+
 @pytest.fixture(scope="module")
-def plain_outputs(embedded_model: LoadedModel) -> list[list[int]]:
-    engine = engine_for(embedded_model, None)
+def plain(embedded_model: LoadedModel) -> Plain:
+    """Plain decoding of the greedy requests batched, then a prefix-cache repeat of the
+    first one alone."""
+    engine = engine_for(embedded_model, None, prefix_cache=True)
     try:
-        return [tokens(e) for e in outputs(engine, greedy_requests(embedded_model, "p"))]
+        reqs = greedy_requests(embedded_model, "p")
+        got = [tokens(e) for e in outputs(engine, reqs)]
+        _, usage = run_one(engine, dataclasses.replace(reqs[0], request_id="p-again"))
     finally:
         engine.shutdown()
+    return Plain(got, (usage.cached_tokens, usage.cache_creation_tokens))
 
 
-def test_mtp_drafts_leave_greedy_output_unchanged_alone_and_batched_with_mixed_rows(
-    embedded_model: LoadedModel, random_head: MTPHead, plain_outputs: list[list[int]]
+def test_mtp_drafts_leave_greedy_output_unchanged_batched_alone_and_on_a_cache_repeat(
+    embedded_model: LoadedModel, random_head: MTPHead, plain: Plain
 ) -> None:
-    engine = engine_for(embedded_model, random_head)
+    """Three greedy rows and a sampled one (drafts drawn from the head's distribution) in
+    one batch, then the first greedy request again alone: a prefix-cache repeat, which
+    must read exactly what it reads without MTP (drafts never enter the cache)."""
+    engine = engine_for(embedded_model, random_head, prefix_cache=True)
     try:
         reqs = greedy_requests(embedded_model, "b")
         sampled = EngineRequest(
@@ -103,16 +117,16 @@ def test_mtp_drafts_leave_greedy_output_unchanged_alone_and_batched_with_mixed_r
             chat_ids(embedded_model, FREE_PROMPT),
             SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=3),
         )
-        # Three greedy rows and a sampled one (drafts drawn from the head's distribution)
-        # in one batch, then the first greedy request alone.
         batched = outputs(engine, [*reqs, sampled])
-        alone, _ = run_one(engine, dataclasses.replace(reqs[0], request_id="alone"))
+        alone, usage = run_one(engine, dataclasses.replace(reqs[0], request_id="alone"))
         status = engine.speculation_status()
     finally:
         engine.shutdown()
-    for request, want, events in zip(reqs, plain_outputs, batched, strict=False):
+    for request, want, events in zip(reqs, plain.outputs, batched, strict=False):
         assert_same_or_near_tie(embedded_model, request.prompt_ids, want, tokens(events))
-    assert_same_or_near_tie(embedded_model, reqs[0].prompt_ids, plain_outputs[0], alone)
+    assert_same_or_near_tie(embedded_model, reqs[0].prompt_ids, plain.outputs[0], alone)
+    assert (usage.cached_tokens, usage.cache_creation_tokens) == plain.repeat
+    assert plain.repeat[0] > 0, plain.repeat
     assert tokens(batched[-1])  # the sampled row ran to its end
     assert status["mode"] == "mtp", status
     assert int(status["draft_tokens"]) > 10, status  # type: ignore[call-overload]
@@ -122,11 +136,11 @@ def test_mtp_with_8_bit_kv_decodes_as_plain_8_bit_kv(
     embedded_model: LoadedModel, random_head: MTPHead
 ) -> None:
     request = greedy_requests(embedded_model, "q")[2]
-    plain = engine_for(embedded_model, None, kv_format=Q8)
+    plain_q8 = engine_for(embedded_model, None, kv_format=Q8)
     try:
-        want, _ = run_one(plain, request)
+        want, _ = run_one(plain_q8, request)
     finally:
-        plain.shutdown()
+        plain_q8.shutdown()
     engine = engine_for(embedded_model, random_head, kv_format=Q8)
     try:
         have, _ = run_one(engine, request)
@@ -137,27 +151,6 @@ def test_mtp_with_8_bit_kv_decodes_as_plain_8_bit_kv(
     assert_same_or_near_tie(
         embedded_model, request.prompt_ids, want, have, tolerance=Q8_KV_TIE, kv_format=Q8
     )
-
-
-def test_a_prefix_cache_repeat_reads_what_it_reads_without_mtp(
-    embedded_model: LoadedModel, random_head: MTPHead, plain_outputs: list[list[int]]
-) -> None:
-    """Draft tokens never enter the prefix cache: the repeat of a request reads as many
-    cached tokens as with plain decoding, and decodes the same tokens."""
-    request = greedy_requests(embedded_model, "c")[2]
-    reads = {}
-    for name, head in (("plain", None), ("mtp", random_head)):
-        engine = engine_for(embedded_model, head, prefix_cache=True, block_size=16)
-        try:
-            first, _ = run_one(engine, dataclasses.replace(request, request_id=f"{name}1"))
-            again, usage = run_one(engine, dataclasses.replace(request, request_id=f"{name}2"))
-        finally:
-            engine.shutdown()
-        reads[name] = (usage.cached_tokens, usage.cache_creation_tokens)
-        for out in (first, again):
-            assert_same_or_near_tie(embedded_model, request.prompt_ids, plain_outputs[2], out)
-    assert reads["mtp"] == reads["plain"], reads
-    assert reads["plain"][0] > 0, reads
 
 
 def test_mtp_without_a_head_fails_at_start_naming_the_model_and_the_families(
