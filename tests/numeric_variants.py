@@ -9,7 +9,8 @@ notes/2026-11-28-numeric-audit.md). Each variant below is one such order, on thi
 - `OPENBLAS_CORETYPE=<core>`: OpenBLAS's kernels for another CPU (4-, 8- or 16-wide
   products), for every core type this CPU can execute. MLX's CPU matmuls use it when
   models/blas.py loaded OpenBLAS (`fast_blas_status()`), as the test conftest does.
-- `COMPAT_SERVE_CPU_KERNELS=off`: MLX's ops where the Rust kernels would run.
+- `COMPAT_SERVE_CPU_KERNELS=off`: MLX's ops where the Rust kernels would run (only on a
+  CPU where they run: without AVX-512 the plain suite already runs MLX's ops there).
 - `COMPAT_SERVE_TEST_PERTURB_ULP=1`: every output of the Rust kernels moved one ulp in a
   fixed pattern (models/kernel_perturbation.py).
 
@@ -59,16 +60,30 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def rust_kernels_run() -> bool:
+    """True when the models load onto the Rust decode kernels on this CPU (a SIMD path,
+    AVX-512 today): only then do `COMPAT_SERVE_CPU_KERNELS=off` runs differ from the plain
+    suite, which on other CPUs already runs the fallback (MLX's ops, input-major weights).
+    """
+    from compat_serve._native import matmul_kernel
+
+    return bool(matmul_kernel() != "scalar")
+
+
 def variants() -> list[str]:
     flags = cpu_flags()
     runnable = [core for core, needs in CORE_TYPES.items() if flags.issuperset(needs)]
     return [
         *(f"OPENBLAS_CORETYPE={core}" for core in runnable),
-        "COMPAT_SERVE_CPU_KERNELS=off",
+        *(["COMPAT_SERVE_CPU_KERNELS=off"] if rust_kernels_run() else []),
+        # The unit tests call the kernels directly (scalar path included): nudge them too.
         "COMPAT_SERVE_TEST_PERTURB_ULP=1",
     ]
 
 
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "tests"
-    print("\n".join(variants() if what == "variants" else NUMERIC_VARIANT_TESTS))
+    if what == "kernels":  # the Makefile's fallback lane asks whether it differs here
+        print("on" if rust_kernels_run() else "scalar")
+    else:
+        print("\n".join(variants() if what == "variants" else NUMERIC_VARIANT_TESTS))
