@@ -58,6 +58,7 @@ class ServeOptions:
     ngram_min: int = 2
     ngram_max: int = 4
     draft_model: str | None = None
+    mtp_head: str | None = None
     max_num_batched_tokens: int | None = None
     kv_memory: str = "30%"
     # Quantized KV (engine/kv_quant.py): None = the model's dtype; strings as typed.
@@ -126,6 +127,7 @@ def _engine_config(options: ServeOptions) -> EngineConfig:
             options.ngram_min,
             options.ngram_max,
             draft_model=options.draft_model,
+            mtp_head=options.mtp_head,
         ),
     )
     config.validate()  # before the model loads: a bad flag fails fast

@@ -142,12 +142,13 @@ def build_serve_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--speculative",
-        choices=["off", "ngram", "draft"],
+        choices=["off", "ngram", "draft", "mtp"],
         default="off",
         help="speculative decoding: 'ngram' drafts tokens by prompt lookup (the tokens that "
         "followed an earlier occurrence of the last few tokens) and verifies them in one "
         "forward; fast when the output copies the prompt; 'draft' drafts with a small model "
-        "(--draft-model) (default off)",
+        "(--draft-model); 'mtp' drafts with a multi-token-prediction head from the main "
+        "model's last hidden state (--mtp-head) (default off)",
     )
     p.add_argument(
         "--speculative-tokens",
@@ -166,6 +167,11 @@ def build_serve_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="with --speculative draft: a small model with the same tokenizer that drafts "
         "tokens for the served model to verify",
+    )
+    p.add_argument(
+        "--mtp-head",
+        metavar="FILE",
+        help="with --speculative mtp: a trained MTP head (safetensors) for a model that ships none",
     )
     p.add_argument(
         "--max-num-seqs",
@@ -491,6 +497,7 @@ def _serve(ns: argparse.Namespace) -> int:
             ngram_min=ns.ngram_min,
             ngram_max=ns.ngram_max,
             draft_model=ns.draft_model,
+            mtp_head=ns.mtp_head,
             max_num_batched_tokens=ns.max_num_batched_tokens,
             kv_memory=ns.kv_memory,
             kv_bits=ns.kv_bits,

@@ -132,7 +132,7 @@ class DraftModel:
         probs: list[list[np.ndarray]] = [[] for _ in keys]
         ordered_samplers = [samplers[i] for i in order]
         for step in range(longest):
-            chosen = self._pick(last, ordered_samplers, vocab)
+            chosen = self.pick(last, ordered_samplers, vocab)
             for (token, q), i in zip(chosen, order, strict=True):
                 drafts[i].append(token)
                 if q is not None:
@@ -176,7 +176,7 @@ class DraftModel:
         self._batch.add(joining)
 
     @staticmethod
-    def _pick(
+    def pick(
         logits: mx.array, samplers: Sequence[RequestSampler | None], vocab: int
     ) -> list[tuple[int, np.ndarray | None]]:
         """Each row's drafted token from the draft model's `[rows, width]` logits: its

@@ -42,6 +42,7 @@ from compat_serve.engine.memory import (
     weights_nbytes,
 )
 from compat_serve.engine.metrics import EngineMetrics, Gauge
+from compat_serve.engine.mtp_head import with_mtp_head
 from compat_serve.engine.prefix.cache import PrefixCaching
 from compat_serve.engine.prefix.disk import DiskStore, open_disk_tier
 from compat_serve.engine.prefix.pins import pin_table
@@ -148,7 +149,7 @@ class Engine:
             on_finished=self._release_slot,
             prefix=self.prefix,
             prefill_chunk=self.config.prefill_chunk,
-            speculation=with_draft_model(self.config.speculation, loaded),
+            speculation=with_mtp_head(with_draft_model(self.config.speculation, loaded), loaded),
         )
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._queued = 0  # submitted but not yet finished; read by submit() for backpressure

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from compat_serve.engine.mtp_head import MTPHead
     from compat_serve.models.types import LoadedModel
 
 log = logging.getLogger("compat_serve.engine")
 
-MODES = ("off", "ngram", "draft")
+MODES = ("off", "ngram", "draft", "mtp")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ class SpeculationConfig:
     # its path, loaded by the engine, or the model itself.
     draft_model: str | None = None
     draft: LoadedModel | None = field(default=None, compare=False, repr=False)
+    # Multi-token prediction (`--speculative mtp`; engine/mtp_head.py): a head file for a
+    # model that ships none (`--mtp-head FILE`), and the head the engine built.
+    mtp_head: str | None = None
+    mtp: MTPHead | None = field(default=None, compare=False, repr=False)
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -56,6 +61,8 @@ class SpeculationConfig:
             raise ValueError("--speculative draft needs --draft-model DIR")
         if self.mode != "draft" and has_draft:
             raise ValueError("--draft-model is only used with --speculative draft")
+        if self.mode != "mtp" and (self.mtp_head or self.mtp is not None):
+            raise ValueError("--mtp-head is only used with --speculative mtp")
         if self.num_tokens < 1:
             raise ValueError("--speculative-tokens must be at least 1")
         if not 1 <= self.ngram_min <= self.ngram_max:

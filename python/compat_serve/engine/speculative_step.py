@@ -23,6 +23,7 @@ from compat_serve.engine.applier import StepApplier
 from compat_serve.engine.constraints import masked_logits
 from compat_serve.engine.draft_model import DraftModel, DraftModelError
 from compat_serve.engine.metrics import EngineMetrics
+from compat_serve.engine.mtp_head import HiddenCapture, MTPDrafter, MTPHeadError
 from compat_serve.engine.sampling import accept_draft
 from compat_serve.engine.sequence import Phase, Sequence
 from compat_serve.engine.speculation import (
@@ -69,6 +70,7 @@ class SpeculativeStep:
         self.stats = SpeculationStats(config.mode)
         self._drafter: Drafter | None = None
         self._draft_model: DraftModel | None = None
+        self._mtp: MTPDrafter | None = None
         if config.mode == "off":
             return
         if not rollback_ok:
@@ -80,6 +82,14 @@ class SpeculativeStep:
             return
         if config.mode == "ngram":
             self._drafter = NGramDrafter(config.ngram_min, config.ngram_max)
+        elif config.mode == "mtp":
+            assert config.mtp is not None  # engine/mtp_head.py with_mtp_head
+            try:
+                self._mtp = MTPDrafter(config.mtp, HiddenCapture(applier.runner.model))
+            except MTPHeadError as exc:
+                self.stats.disabled_reason = str(exc)
+                log.warning("speculative decoding is off: %s", exc)
+                return
         else:
             assert config.draft is not None  # SpeculationConfig.validate
             try:
@@ -92,7 +102,7 @@ class SpeculativeStep:
 
     @property
     def active(self) -> bool:
-        return self._drafter is not None or self._draft_model is not None
+        return self._drafter is not None or self._draft_model is not None or self._mtp is not None
 
     def drafts_or_none(self, seqs: list[Sequence]) -> Drafts | None:
         """`drafts`, or None (a plain step) when drafting failed: the draft model is then
@@ -102,6 +112,7 @@ class SpeculativeStep:
         except Exception as exc:
             log.exception("drafting failed; this step decodes without drafts")
             self._draft_model = None
+            self._mtp = None
             self.stats.disabled_reason = f"drafting failed: {exc}"
             return None
 
@@ -127,6 +138,24 @@ class SpeculativeStep:
                 self._apply.runner.logits_width,
             )
             drafts, probs = proposal.drafts, proposal.probs
+        elif self._mtp is not None:  # as the draft model: decide, then run the head
+            mtp = self._mtp
+            rooms = [
+                room if mtp.ready(seq.request_id, len(seq.generated)) else 0
+                for seq, room in zip(seqs, rooms, strict=True)
+            ]
+            if not any(rooms):
+                return None
+            cap = self._verify_width([[0] * room for room in rooms], rates)
+            if not cap:
+                return None
+            drafts, probs = mtp.propose(
+                [seq.request_id for seq in seqs],
+                [seq.generated[-1] for seq in seqs],
+                [min(room, cap) for room in rooms],
+                [None if seq.ensure_sampler().greedy else seq.ensure_sampler() for seq in seqs],
+                self._apply.runner.logits_width,
+            )
         else:
             assert self._drafter is not None
             drafts = [
@@ -148,7 +177,7 @@ class SpeculativeStep:
                 probs[i] = probs[i][: len(draft)] if draft else None
         if not any(drafts):
             return None
-        if self._draft_model is None:
+        if self._draft_model is None and self._mtp is None:
             cap = self._verify_width(drafts, rates)
             if not cap:
                 return None
@@ -180,7 +209,8 @@ class SpeculativeStep:
                 limit - (seq.prompt_len + out) - 1,
                 kv_free,
             )
-            model_sampled = self._draft_model is not None and not seq.ensure_sampler().greedy
+            by_model = self._draft_model is not None or self._mtp is not None
+            model_sampled = by_model and not seq.ensure_sampler().greedy
             budget_room = seq.budget.draft_room() if seq.budget is not None else None
             if budget_room is not None:  # a draft never reaches its reasoning's forced close
                 room = min(room, budget_room)
@@ -217,6 +247,12 @@ class SpeculativeStep:
             if self._draft_model is not None:
                 self._draft_model.settle(
                     {s.request_id: _kept(t) - 1 for s, t in zip(seqs, emitted, strict=True)}
+                )
+            if self._mtp is not None:  # the hidden state at each row's last emitted token
+                self._mtp.after_forward(
+                    [seq.request_id for seq in seqs],
+                    [len(t) - 1 if isinstance(t, list) else None for t in emitted],
+                    [len(seq.generated) + _kept(t) for seq, t in zip(seqs, emitted, strict=True)],
                 )
         except Exception as exc:  # the batch is lost with the forward that failed
             host.fail_batch(seqs, exc, "a speculative decode step")
@@ -320,9 +356,21 @@ class SpeculativeStep:
             self._metrics.grammar_mask_seconds.observe(time.monotonic() - started)
         return mx.concatenate(masked, axis=0)
 
+    def after_plain_decode(self, seqs: list[Sequence]) -> None:
+        """A plain decode step ran (one position per row) and its tokens are sampled but
+        not yet appended: keep each row's hidden state for its next MTP draft."""
+        if self._mtp is not None:
+            self._mtp.after_forward(
+                [seq.request_id for seq in seqs],
+                [0] * len(seqs),
+                [len(seq.generated) + 1 for seq in seqs],
+            )
+
     def forget_row(self, request_id: str) -> None:
         if self._drafter is not None:
             self._drafter.forget(request_id)
+        if self._mtp is not None:
+            self._mtp.forget(request_id)
         self.stats.per_row.pop(request_id, None)
 
 

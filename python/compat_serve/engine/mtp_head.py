@@ -1,0 +1,332 @@
+"""Multi-token prediction (`--speculative mtp`): a one-layer head drafts the next tokens
+from the main model's last hidden state.
+
+An MTP head (DeepSeek-V3's layout, which GLM-4.5 and llama.cpp's `nextn` tensors share)
+predicts token t+2 from the main model's hidden state at position t and the embedding of
+token t+1: `x = eh_proj(cat(enorm(embed(tok)), hnorm(hidden)))`, one decoder layer,
+`logits = head(shared_head.norm(x))`. The embedding and the vocabulary head are the main
+model's own modules (shared, not copied); the head's own weights are the norms, the
+projection and the layer. For k > 1 the head chains on its own output `x`.
+
+The hidden state handed over is the main model's final-norm output, the tensor its LM
+head reads (vllm's `DeepseekV2Model.forward` returns `self.norm(...)` and hands that to
+its MTP proposer). It is captured from the forward the engine already runs: the final
+norm's class is switched to a subclass that keeps its last output (`HiddenCapture`), so
+parameters, names and shapes stay as they were.
+
+This first version runs the head's layer over one position (no KV cache of its own): its
+attention sees only the current position. That is exact for verification (the main model
+verifies every draft) and costs one layer per drafted token; attending over the row's
+earlier positions, as the reference implementations do, needs the head's own per-row
+cache (next step of #45).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+import numpy as np
+from mlx.nn.layers.base import Module
+from mlx.nn.layers.linear import Linear
+from mlx.nn.layers.normalization import RMSNorm
+from mlx.utils import tree_flatten
+from mlx_lm.models import llama
+
+if TYPE_CHECKING:
+    from compat_serve.engine.sampling import RequestSampler
+    from compat_serve.engine.speculation import SpeculationConfig
+    from compat_serve.models.types import LoadedModel
+
+log = logging.getLogger("compat_serve.engine")
+
+# Families whose checkpoints ship MTP weights (issue #45), for the start-up error.
+MTP_FAMILIES = "DeepSeek-V3/R1, GLM-4.5/4.6/4.7, Qwen3-Next/Qwen3.5/Qwen3.6, MiMo"
+
+
+class MTPHeadError(ValueError):
+    """No MTP head for this model, or a head file that does not fit it."""
+
+
+class _Slot:
+    """Holds the last captured hidden state (a plain object: an `mx.array` attribute of a
+    module would become one of its parameters)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: mx.array | None = None
+
+
+_capturing_classes: dict[type, type] = {}
+
+
+def _capturing_class(cls: type) -> type:
+    made = _capturing_classes.get(cls)
+    if made is None:
+
+        def __call__(self: Any, x: mx.array) -> mx.array:  # noqa: N807
+            out: mx.array = cls.__call__(self, x)
+            self._mtp_slot.value = out
+            return out
+
+        made = type(f"Capturing{cls.__name__}", (cls,), {"__call__": __call__})
+        _capturing_classes[cls] = made
+    return made
+
+
+def final_norm(model: Module) -> Module | None:
+    """The inner model's final norm (`model.model.norm` in mlx-lm's text models)."""
+    inner = getattr(model, "model", None)
+    norm = getattr(inner, "norm", None)
+    return norm if isinstance(norm, Module) else None
+
+
+class HiddenCapture:
+    """Keeps the output of the main model's final norm from its latest forward:
+    `[rows, positions, hidden]`."""
+
+    def __init__(self, model: Module) -> None:
+        norm = final_norm(model)
+        if norm is None:
+            raise MTPHeadError("the model has no final norm to take hidden states from")
+        slot = getattr(norm, "_mtp_slot", None)
+        if slot is None:
+            slot = _Slot()
+            object.__setattr__(norm, "_mtp_slot", slot)
+            norm.__class__ = _capturing_class(type(norm))
+        self._slot: _Slot = slot
+
+    @property
+    def last(self) -> mx.array:
+        value = self._slot.value
+        assert value is not None, "no forward has run since the capture was installed"
+        return value
+
+
+class _SharedHead(Module):
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.norm = RMSNorm(hidden, eps=eps)
+
+
+class MTPLayer(llama.TransformerBlock):
+    """The head's own weights, named as in a DeepSeek-V3 MTP layer without its
+    `model.layers.{L}.` prefix: the decoder layer's tensors, `enorm`, `hnorm`, `eh_proj`
+    and `shared_head.norm` (the embedding and vocabulary head are the main model's)."""
+
+    def __init__(self, args: llama.ModelArgs) -> None:
+        super().__init__(args)
+        hidden, eps = args.hidden_size, args.rms_norm_eps
+        self.enorm = RMSNorm(hidden, eps=eps)
+        self.hnorm = RMSNorm(hidden, eps=eps)
+        self.eh_proj = Linear(2 * hidden, hidden, bias=False)
+        self.shared_head = _SharedHead(hidden, eps)
+
+
+def llama_head_args(model: Module) -> llama.ModelArgs:
+    """A one-layer llama config sized like the main model (its `args`)."""
+    args = model.args
+    return llama.ModelArgs(
+        model_type="llama",
+        hidden_size=args.hidden_size,
+        num_hidden_layers=1,
+        intermediate_size=args.intermediate_size,
+        num_attention_heads=args.num_attention_heads,
+        num_key_value_heads=args.num_key_value_heads,
+        rms_norm_eps=args.rms_norm_eps,
+        vocab_size=args.vocab_size,
+        head_dim=getattr(args, "head_dim", None),
+        rope_theta=getattr(args, "rope_theta", 10000.0),
+        rope_traditional=getattr(args, "rope_traditional", False),
+        tie_word_embeddings=True,
+    )
+
+
+def embedding_and_head(
+    model: Module,
+) -> tuple[Callable[[mx.array], mx.array], Callable[[mx.array], mx.array]]:
+    """The main model's token embedding and its vocabulary head (the tied embedding's
+    `as_linear` when the model ties them)."""
+    inner = model.model
+    embed = inner.embed_tokens
+    lm_head = getattr(model, "lm_head", None)
+    if lm_head is not None:
+        return embed, lm_head
+    return embed, embed.as_linear
+
+
+class MTPHead:
+    """One MTP step for a batch: `(hidden [B, H], tokens [B]) -> (logits [B, V], hidden)`."""
+
+    def __init__(self, layer: MTPLayer, model: Module) -> None:
+        self.layer = layer
+        self._embed, self._head = embedding_and_head(model)
+
+    def step(self, hidden: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array]:
+        layer = self.layer
+        e = layer.enorm(self._embed(tokens))
+        h = layer.hnorm(hidden.astype(e.dtype))
+        x = layer.eh_proj(mx.concatenate([e, h], axis=-1))[:, None, :]
+        x = layer(x)[:, 0, :]
+        return self._head(layer.shared_head.norm(x)), x
+
+
+def new_llama_head(model: Module) -> MTPLayer:
+    """A randomly initialised head for `model` (tests; the training bench's start)."""
+    layer = MTPLayer(llama_head_args(model))
+    mx.eval(layer.parameters())
+    return layer
+
+
+def load_head(path: str | Path, model: Module) -> MTPHead:
+    """The head saved at `path` (safetensors, `MTPLayer`'s tensor names) on `model`.
+    Raises `MTPHeadError` naming the first missing tensor or a wrong shape."""
+    layer = MTPLayer(llama_head_args(model))
+    try:
+        weights = mx.load(str(path))
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise MTPHeadError(f"--mtp-head {path}: cannot read it as safetensors ({exc})") from None
+    assert isinstance(weights, dict)
+    dtype = model.model.norm.weight.dtype
+    weights = dequantized(weights, dtype)
+    wanted = dict(tree_flatten(layer.parameters()))
+    for name, param in wanted.items():
+        got = weights.get(name)
+        if got is None:
+            raise MTPHeadError(f"--mtp-head {path}: the MTP head has no tensor {name!r}")
+        if tuple(got.shape) != tuple(param.shape):
+            raise MTPHeadError(
+                f"--mtp-head {path}: tensor {name!r} has shape {tuple(got.shape)}, "
+                f"this model's head needs {tuple(param.shape)}"
+            )
+    layer.load_weights([(name, weights[name].astype(dtype)) for name in wanted])
+    mx.eval(layer.parameters())
+    return MTPHead(layer, model)
+
+
+QUANT_GROUP = 64
+
+
+def quantize_head_weights(weights: dict[str, mx.array], bits: int) -> dict[str, mx.array]:
+    """Each projection's weight as mlx-lm stores a quantized linear (`weight`, `scales`,
+    `biases`; group 64); norms in float16."""
+    out: dict[str, mx.array] = {}
+    for name, value in weights.items():
+        if value.ndim == 2 and value.shape[-1] % QUANT_GROUP == 0:
+            stem = name.removesuffix("weight")
+            q, scales, biases = mx.quantize(value, group_size=QUANT_GROUP, bits=bits)
+            out[name], out[stem + "scales"], out[stem + "biases"] = q, scales, biases
+        else:
+            out[name] = value.astype(mx.float16)
+    return out
+
+
+def dequantized(weights: dict[str, mx.array], dtype: mx.Dtype) -> dict[str, mx.array]:
+    """`weights` with every quantized linear (`scales` and `biases` beside its `weight`)
+    turned back into a dense weight, all in `dtype`."""
+    out: dict[str, mx.array] = {}
+    for name, value in weights.items():
+        if name.endswith(("scales", "biases")):
+            continue
+        stem = name.removesuffix("weight")
+        scales, biases = weights.get(stem + "scales"), weights.get(stem + "biases")
+        if name.endswith("weight") and scales is not None and biases is not None:
+            bits = value.shape[-1] * 32 // (scales.shape[-1] * QUANT_GROUP)
+            dense = mx.dequantize(value, scales, biases, group_size=QUANT_GROUP, bits=bits)
+            out[name] = dense.astype(dtype)
+        else:
+            out[name] = value.astype(dtype)
+    return out
+
+
+def head_for(loaded: LoadedModel, path: str | None) -> MTPHead:
+    """The MTP head `--speculative mtp` drafts with: the file `--mtp-head` names. A model
+    without one fails here, at start, in one line."""
+    if path:
+        return load_head(path, loaded.model)
+    raise MTPHeadError(
+        f"--speculative mtp: {loaded.name} has no MTP weights (the families whose "
+        f"checkpoints ship them: {MTP_FAMILIES}); give a trained head with --mtp-head FILE"
+    )
+
+
+@dataclass
+class _Hidden:
+    generated: int  # the row's output length when its next draft may use `value`
+    value: mx.array  # [H]: the hidden state at the position that produced its last token
+
+
+class MTPDrafter:
+    """Per row, the main model's hidden state at its last emitted token's position, and
+    drafts chained through the head for all rows at once."""
+
+    def __init__(self, head: MTPHead, capture: HiddenCapture) -> None:
+        self.head = head
+        self.capture = capture
+        self._rows: dict[str, _Hidden] = {}
+
+    def ready(self, request_id: str, generated: int) -> bool:
+        row = self._rows.get(request_id)
+        return row is not None and row.generated == generated
+
+    def after_forward(
+        self, request_ids: Sequence[str], positions: Sequence[int | None], generated: Sequence[int]
+    ) -> None:
+        """The forward just run (decode or verify) produced each row's last token at
+        `positions[i]` (None: the row keeps no hidden state); the row will have
+        `generated[i]` output tokens when it drafts next."""
+        last = self.capture.last
+        for i, (request_id, position) in enumerate(zip(request_ids, positions, strict=True)):
+            if position is None:
+                self._rows.pop(request_id, None)
+                continue
+            self._rows[request_id] = _Hidden(generated[i], last[i, position])
+
+    def propose(
+        self,
+        request_ids: Sequence[str],
+        last_tokens: Sequence[int],
+        lengths: Sequence[int],
+        samplers: Sequence[RequestSampler | None],
+        vocab: int,
+    ) -> tuple[list[list[int]], list[np.ndarray | None]]:
+        """Up to `lengths[i]` drafts per row (rows with 0 draft nothing); sampled rows also
+        get the head's distribution at each drafted position."""
+        from compat_serve.engine.draft_model import DraftModel
+
+        rows = [i for i, n in enumerate(lengths) if n > 0]
+        drafts: list[list[int]] = [[] for _ in request_ids]
+        probs: list[list[np.ndarray]] = [[] for _ in request_ids]
+        if not rows:
+            return drafts, [None] * len(request_ids)
+        hidden = mx.stack([self._rows[request_ids[i]].value for i in rows])
+        tokens = mx.array([last_tokens[i] for i in rows], dtype=mx.uint32)
+        chosen_samplers = [samplers[i] for i in rows]
+        for _ in range(max(lengths)):
+            logits, hidden = self.head.step(hidden, tokens)
+            chosen = DraftModel.pick(logits, chosen_samplers, vocab)
+            for (token, q), i in zip(chosen, rows, strict=True):
+                drafts[i].append(token)
+                if q is not None:
+                    probs[i].append(q)
+            tokens = mx.array([t for t, _ in chosen], dtype=mx.uint32)
+        cut = [d[:n] for d, n in zip(drafts, lengths, strict=True)]
+        dists = [np.stack(p[:n]) if p and n else None for p, n in zip(probs, lengths, strict=True)]
+        return cut, dists
+
+    def forget(self, request_id: str) -> None:
+        self._rows.pop(request_id, None)
+
+
+def with_mtp_head(config: SpeculationConfig, loaded: LoadedModel) -> SpeculationConfig:
+    """`config` with its MTP head built (from `--mtp-head`); unchanged unless the mode is
+    `mtp`. Raises `MTPHeadError` (one line) when the model has no head."""
+    if config.mode != "mtp" or config.mtp is not None:
+        return config
+    return dataclasses.replace(config, mtp=head_for(loaded, config.mtp_head))
