@@ -334,10 +334,6 @@ class PrefixCache:
         """The live pins, earliest expiry first: `(hash of the last block, tokens,
         ttl_secs, expires_at)`."""
 
-    def pinned_blocks(self) -> list[tuple[bytes, float]]:
-        """Every pinned block's hash (RAM pins, and pins RAM dropped to make room, which
-        hold on disk until they expire) with the latest expiry of the pins covering it."""
-
     def pin_counts(self) -> tuple[int, int]:
         """Blocks covered by at least one pin, and pins dropped before expiry to make
         room."""

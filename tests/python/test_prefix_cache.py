@@ -55,11 +55,7 @@ _ids = iter(range(10**9))
 
 
 def run(
-    engine: Engine,
-    prompt: tuple[int, ...],
-    max_tokens: int = 8,
-    salt: bytes | None = None,
-    pins: tuple[tuple[int, int], ...] = (),
+    engine: Engine, prompt: tuple[int, ...], max_tokens: int = 8, salt: bytes | None = None
 ) -> tuple[list[int], Usage]:
     async def go() -> tuple[list[int], Usage]:
         request = EngineRequest(
@@ -67,7 +63,6 @@ def run(
             prompt,
             SamplingParams(max_tokens=max_tokens, temperature=0),
             cache_salt=salt,
-            cache_pins=pins,
         )
         events = [e async for e in engine.submit(request)]
         assert events[-1].finish_reason is not FinishReason.ERROR, events[-1].error

@@ -334,16 +334,6 @@ impl PrefixCache {
             .collect())
     }
 
-    /// Every pinned block's hash (RAM pins, and pins RAM dropped to make room that hold
-    /// on disk until they expire) with the latest expiry of the pins covering it.
-    fn pinned_blocks<'py>(&self, py: Python<'py>) -> PyResult<Vec<(Bound<'py, PyBytes>, f64)>> {
-        let (kind, blocks) = self.with(py, 0, |c| (c.hash_kind(), c.pinned_block_expiries()))?;
-        Ok(blocks
-            .into_iter()
-            .map(|(hash, expires_at)| (PyBytes::new(py, hash.digest(kind)), expires_at))
-            .collect())
-    }
-
     /// Blocks covered by at least one pin, and pins dropped before expiry to make room.
     fn pin_counts(&self, py: Python<'_>) -> PyResult<(usize, u64)> {
         self.with(py, 0, |c| (c.pinned_blocks(), c.dropped_pins()))

@@ -133,11 +133,8 @@ class PrefixCaching:
         self.points = PointStore(snapshot_budget_bytes) if hybrid else None
         self.partial_hit_tokens = 0  # read from child blocks and tails
         self.faults = 0
-        # The disk tier (blocks, tails, and state snapshots of hybrid models). Its
-        # eviction asks this cache's pin table which block files are pinned.
+        # The disk tier (blocks, tails, and state snapshots of hybrid models).
         self.disk = disk
-        if disk is not None:
-            disk.pinned = self._pinned_keys
         # Python's view of the RAM blocks: content and place in the chain, for partial
         # matches inside child blocks and for promotion from disk.
         self._meta: dict[int, _BlockMeta] = {}
@@ -152,10 +149,6 @@ class PrefixCaching:
         # Distributed: whether every rank found what a `Stage` of a disk entry read.
         self.vote: Callable[[bool], bool] | None = None
         self._staged = False
-
-    def _pinned_keys(self) -> dict[str, float]:
-        """The disk keys (block hashes) of pinned blocks, with their expiry."""
-        return {digest.hex(): expires_at for digest, expires_at in self.cache.pinned_blocks()}
 
     def _op(self, op: PlanOp) -> None:
         if self.record is not None:

@@ -23,11 +23,6 @@ eviction from RAM and restarts.
 - **Index.** Rebuilt at startup from the file names alone (one directory scan), least
   recently modified first; a hit touches its file. Past the size cap, the least recently
   used files are deleted.
-- **Pins** (`cache_control` breakpoints). Past the cap, files of pinned blocks go only
-  after every unpinned one, or first when pinned files exceed `pin_fraction` of the cap;
-  among them, the pin that expires first goes first. The pins are the RAM side's (its
-  Rust pin table, asked through `pinned`), never a copy, so a restart keeps none: the
-  files are plain LRU entries again.
 """
 
 from __future__ import annotations
@@ -45,7 +40,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -120,12 +115,7 @@ def open_disk_tier(
         config.cache_hash,
         *([config.kv_format.tag] if config.kv_format.quantized else []),
     )
-    return DiskStore(
-        config.cache_dir,
-        fingerprint,
-        config.cache_disk_bytes,
-        pin_fraction=config.cache_pin_fraction,
-    )
+    return DiskStore(config.cache_dir, fingerprint, config.cache_disk_bytes)
 
 
 def weights_digest(model: Any) -> str:
@@ -318,23 +308,12 @@ def decode(data: bytes | bytearray) -> DiskEntry:
 class DiskStore:
     """The files of one model fingerprint under `root`, with a background writer."""
 
-    def __init__(
-        self,
-        root: Path | str,
-        fingerprint: str,
-        capacity_bytes: int | None,
-        *,
-        pin_fraction: float = 0.5,
-    ) -> None:
+    def __init__(self, root: Path | str, fingerprint: str, capacity_bytes: int | None) -> None:
         self.dir = Path(root) / fingerprint
         self.dir.mkdir(parents=True, exist_ok=True)
         if capacity_bytes is None:
             capacity_bytes = int(_free_bytes(self.dir) * DEFAULT_DISK_SHARE)
         self.capacity_bytes = capacity_bytes
-        self.pin_fraction = pin_fraction
-        # The keys pinned now, with their expiry (time.time()): the RAM tier sets this to
-        # its pin table's `pinned_blocks` (asked only when the cap is passed).
-        self.pinned: Callable[[], dict[str, float]] = dict
         self._lock = threading.Lock()
         self._index: collections.OrderedDict[str, _Indexed] = collections.OrderedDict()
         self._children: dict[str, dict[str, None]] = {}
@@ -574,32 +553,9 @@ class DiskStore:
             self._add(entry.key, entry.parent, size)
             self._tokens[entry.key] = entry.tokens
             self.writes += 1
-            if self.bytes_in_use > self.capacity_bytes:
-                self._evict(self.pinned())
-
-    def _evict(self, pinned: dict[str, float], now: float | None = None) -> None:
-        """Deletes files until under the cap (keeping at least one): the least recently
-        used unpinned file first; pinned files when none is left, or while pinned files
-        exceed `pin_fraction` of the cap, the pin that expires first first (pins expired
-        at `now` count as unpinned). Under the lock."""
-        now = time.time() if now is None else now
-        live = {key: at for key, at in pinned.items() if at > now and key in self._index}
-        unpinned = (key for key in list(self._index) if key not in live)
-        # Stable: the least recently used first among equal expiries.
-        by_expiry = sorted((key for key in self._index if key in live), key=live.__getitem__)
-        pinned_bytes = sum(self._index[key].size for key in live)
-        pinned_cap = self.pin_fraction * self.capacity_bytes
-        while self.bytes_in_use > self.capacity_bytes and len(self._index) > 1:
-            victim = None if pinned_bytes > pinned_cap else next(unpinned, None)
-            if victim is None:
-                if not by_expiry:
-                    victim = next(unpinned, None)
-                    if victim is None:
-                        return
-                else:
-                    victim = by_expiry.pop(0)
-                    pinned_bytes -= self._index[victim].size
-            self._remove(victim)
+            while self.bytes_in_use > self.capacity_bytes and len(self._index) > 1:
+                oldest = next(iter(self._index))
+                self._remove(oldest)
 
     def clear(self) -> None:
         self.flush()

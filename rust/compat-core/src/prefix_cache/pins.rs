@@ -8,11 +8,6 @@
 //! first and takes its blocks. Pins that together cover more than `pin_fraction` of the
 //! pool are dropped the same way, earliest expiry first, so pins never starve requests
 //! of blocks. Time is the caller's clock (seconds), so the module stays deterministic.
-//!
-//! A pin dropped to make room in RAM still holds on disk until it expires: it is kept
-//! as a spilled pin (its block hashes and expiry, no RAM blocks), listed by
-//! `pinned_block_expiries` for the disk tier's eviction, and becomes a RAM pin again
-//! when a request carrying the breakpoint pins the prefix read back.
 use std::collections::HashMap;
 
 use super::hash::BlockHash;
@@ -41,16 +36,6 @@ pub struct PinInfo {
 #[derive(Debug)]
 pub(super) struct Pin {
     pub blocks: Vec<BlockId>,
-    /// The chained hashes of `blocks`, in order (what the disk tier's files are named by).
-    pub hashes: Vec<BlockHash>,
-    pub ttl_secs: u32,
-    pub expires_at: f64,
-}
-
-/// A pin whose RAM blocks were taken to make room: it holds on disk until it expires.
-#[derive(Debug)]
-pub(super) struct SpilledPin {
-    pub hashes: Vec<BlockHash>,
     pub ttl_secs: u32,
     pub expires_at: f64,
 }
@@ -59,8 +44,6 @@ pub(super) struct SpilledPin {
 #[derive(Debug, Default)]
 pub(super) struct PinTable {
     pub pins: HashMap<BlockHash, Pin>,
-    /// Pins dropped from RAM to make room, by the hash of their last block.
-    pub spilled: HashMap<BlockHash, SpilledPin>,
     /// Pinned blocks may cover at most this many pool blocks.
     pub max_pinned: usize,
     /// Pins dropped before expiry to make room (allocation or the cap).
@@ -114,31 +97,17 @@ impl PrefixCache {
             let Some(hash) = self.pool.blocks[blocks[blocks.len() - 1].index()].hash else {
                 continue;
             };
-            let mut expires_at = now + f64::from(spec.ttl_secs);
-            let mut ttl_secs = spec.ttl_secs;
+            let expires_at = now + f64::from(spec.ttl_secs);
             if let Some(pin) = self.pins.pins.get_mut(&hash) {
                 pin.expires_at = pin.expires_at.max(expires_at);
                 pin.ttl_secs = pin.ttl_secs.max(spec.ttl_secs);
             } else {
-                let hashes: Option<Vec<BlockHash>> = blocks
-                    .iter()
-                    .map(|id| self.pool.blocks[id.index()].hash)
-                    .collect();
-                let Some(hashes) = hashes else {
-                    continue;
-                };
-                // Read back after RAM dropped it: a RAM pin again, keeping its expiry.
-                if let Some(spilled) = self.pins.spilled.remove(&hash) {
-                    expires_at = expires_at.max(spilled.expires_at);
-                    ttl_secs = ttl_secs.max(spilled.ttl_secs);
-                }
                 for &id in &blocks {
                     self.pool.pin(id);
                 }
                 let pin = Pin {
                     blocks,
-                    hashes,
-                    ttl_secs,
+                    ttl_secs: spec.ttl_secs,
                     expires_at,
                 };
                 self.pins.pins.insert(hash, pin);
@@ -162,31 +131,8 @@ impl PrefixCache {
         for hash in &expired {
             self.pins.drop_pin(&mut self.pool, hash);
         }
-        self.pins.spilled.retain(|_, pin| pin.expires_at > now);
         self.debug_check();
         expired.len()
-    }
-
-    /// Every block covered by a pin, in RAM or spilled to disk only, with the latest
-    /// expiry of the pins covering it (by block hash). The disk tier evicts these files
-    /// last.
-    pub fn pinned_block_expiries(&self) -> Vec<(BlockHash, f64)> {
-        let mut latest: HashMap<BlockHash, f64> = HashMap::new();
-        let ram = self.pins.pins.values().map(|p| (&p.hashes, p.expires_at));
-        let spilled = self
-            .pins
-            .spilled
-            .values()
-            .map(|p| (&p.hashes, p.expires_at));
-        for (hashes, expires_at) in ram.chain(spilled) {
-            for &hash in hashes {
-                let entry = latest.entry(hash).or_insert(expires_at);
-                *entry = entry.max(expires_at);
-            }
-        }
-        let mut out: Vec<(BlockHash, f64)> = latest.into_iter().collect();
-        out.sort_by_key(|a| a.0);
-        out
     }
 
     /// The live pins, earliest expiry first.
@@ -226,7 +172,6 @@ impl PrefixCache {
         for hash in &all {
             self.pins.drop_pin(&mut self.pool, hash);
         }
-        self.pins.spilled.clear();
     }
 
     fn enforce_pin_cap(&mut self) {
@@ -259,24 +204,17 @@ impl PinTable {
         let Some(hash) = first else {
             return false;
         };
-        if let Some(pin) = self.drop_pin(pool, &hash) {
-            let spilled = SpilledPin {
-                hashes: pin.hashes,
-                ttl_secs: pin.ttl_secs,
-                expires_at: pin.expires_at,
-            };
-            self.spilled.insert(hash, spilled);
-        }
+        self.drop_pin(pool, &hash);
         self.dropped += 1;
         true
     }
 
-    fn drop_pin(&mut self, pool: &mut BlockPool, hash: &BlockHash) -> Option<Pin> {
-        let pin = self.pins.remove(hash)?;
-        // Last block first, as `release` does: a chain's tail goes before its head.
-        for &id in pin.blocks.iter().rev() {
-            pool.unpin(id);
+    fn drop_pin(&mut self, pool: &mut BlockPool, hash: &BlockHash) {
+        if let Some(pin) = self.pins.remove(hash) {
+            // Last block first, as `release` does: a chain's tail goes before its head.
+            for &id in pin.blocks.iter().rev() {
+                pool.unpin(id);
+            }
         }
-        Some(pin)
     }
 }
