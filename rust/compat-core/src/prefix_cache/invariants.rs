@@ -115,7 +115,9 @@ impl PrefixCache {
             for (&id, want) in pin.blocks.iter().zip(&pin.hashes) {
                 pins[id.index()] += 1;
                 if pool.blocks[id.index()].hash.as_ref() != Some(want) {
-                    return Err(format!("pin {hash:?} covers {id}, which holds another block"));
+                    return Err(format!(
+                        "pin {hash:?} covers {id}, which holds another block"
+                    ));
                 }
             }
         }

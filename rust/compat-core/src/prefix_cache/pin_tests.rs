@@ -147,7 +147,11 @@ fn nested_breakpoints_share_blocks_and_clear_drops_pins() {
     assert!(c.set_pin_fraction(1.5).is_err());
     c.clear();
     assert_eq!(
-        (c.pins().len(), c.num_pinned_blocks(), c.stats().cached_blocks),
+        (
+            c.pins().len(),
+            c.num_pinned_blocks(),
+            c.stats().cached_blocks
+        ),
         (0, 0, 0)
     );
     c.check_invariants().unwrap();
@@ -162,12 +166,20 @@ fn a_pin_ram_let_go_of_still_lists_its_blocks_for_the_disk_tier() {
     turn(&mut c, "b", &b, &[spec(8, 300)], 0.0); // 2 blocks, 5m
     let (ha, hb) = (hashes(&c, &a), hashes(&c, &b));
     // Earliest expiry first; within a pin, the chain's last block first.
-    let listed = [(hb[1], 300.0), (hb[0], 300.0), (ha[1], 3600.0), (ha[0], 3600.0)];
+    let listed = [
+        (hb[1], 300.0),
+        (hb[0], 300.0),
+        (ha[1], 3600.0),
+        (ha[0], 3600.0),
+    ];
     assert_eq!(c.pinned_blocks(), listed);
     // RAM needs b's blocks: b leaves RAM (and the status list) but holds on disk.
     turn(&mut c, "c", &toks(200, 9), &[], 1.0);
     assert_eq!(c.lookup(&[&b[..], &[9]].concat(), b"").unwrap(), 0);
-    assert_eq!((c.pins().len(), c.num_pinned_blocks(), c.dropped_pins()), (1, 2, 1));
+    assert_eq!(
+        (c.pins().len(), c.num_pinned_blocks(), c.dropped_pins()),
+        (1, 2, 1)
+    );
     assert_eq!(c.pinned_blocks(), listed);
     // Read back (the engine promotes it from disk into RAM blocks) and pinned again: RAM
     // holds it again, with the refreshed expiry.
@@ -183,7 +195,12 @@ fn a_pin_ram_let_go_of_still_lists_its_blocks_for_the_disk_tier() {
     turn(&mut c, "e", &toks(0, 5), &[spec(4, 300)], 200.0); // a's first block, 5m
     assert_eq!(
         c.pinned_blocks(),
-        [(hb[1], 400.0), (hb[0], 400.0), (ha[1], 3600.0), (ha[0], 3600.0)]
+        [
+            (hb[1], 400.0),
+            (hb[0], 400.0),
+            (ha[1], 3600.0),
+            (ha[0], 3600.0)
+        ]
     );
     // Expiry ends a pin in both tiers (b at 400, e at 500).
     assert_eq!(c.expire_pins(500.0), 2);

@@ -207,11 +207,7 @@ impl PrefixCache {
             .into_iter()
             .map(|(hash, (expires_at, depth))| (hash, expires_at, depth))
             .collect();
-        out.sort_by(|a, b| {
-            a.1.total_cmp(&b.1)
-                .then(b.2.cmp(&a.2))
-                .then(a.0.cmp(&b.0))
-        });
+        out.sort_by(|a, b| a.1.total_cmp(&b.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)));
         out.into_iter().map(|(hash, at, _)| (hash, at)).collect()
     }
 

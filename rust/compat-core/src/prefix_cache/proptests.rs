@@ -177,7 +177,10 @@ impl Harness {
         assert_eq!(hashes.len(), listed.len(), "a block listed twice");
         for block in &self.c.pool.blocks {
             if block.pins > 0 {
-                assert!(hashes.contains(&block.hash.unwrap()), "a RAM pin is not listed");
+                assert!(
+                    hashes.contains(&block.hash.unwrap()),
+                    "a RAM pin is not listed"
+                );
             }
         }
         assert!(listed.windows(2).all(|w| w[0].1 <= w[1].1), "not by expiry");
