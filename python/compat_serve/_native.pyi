@@ -342,6 +342,10 @@ class PrefixCache:
         pins covering it)`, earliest expiry first and, within one expiry, the chain's
         last block first."""
 
+    def pin_generation(self) -> int:
+        """Changes whenever what `pinned_blocks` lists may change (a pin made, refreshed
+        or dropped)."""
+
     def pin_counts(self) -> tuple[int, int]:
         """Pool blocks covered by at least one pin, and pins RAM let go of before expiry
         to make room."""

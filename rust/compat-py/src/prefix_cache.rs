@@ -345,6 +345,12 @@ impl PrefixCache {
             .collect())
     }
 
+    /// Changes whenever what `pinned_blocks` lists may change (a pin made, refreshed or
+    /// dropped).
+    fn pin_generation(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, 0, |c| c.pin_generation())
+    }
+
     /// Pool blocks covered by at least one pin, and pins RAM let go of before expiry to
     /// make room.
     fn pin_counts(&self, py: Python<'_>) -> PyResult<(usize, u64)> {

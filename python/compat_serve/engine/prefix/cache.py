@@ -141,6 +141,7 @@ class PrefixCaching:
         # The disk tier (blocks, tails, and state snapshots of hybrid models); it asks the
         # pin table which files to keep.
         self.disk = disk
+        self._disk_pin_view: tuple[int, dict[str, float]] | None = None
         if disk is not None:
             disk.pinned = self._disk_pins
         # Python's view of the RAM blocks: content and place in the chain, for partial
@@ -160,8 +161,15 @@ class PrefixCaching:
 
     def _disk_pins(self) -> dict[str, float]:
         """The disk keys of the blocks live pins cover (and, on hybrid models, of their
-        state snapshots) with their expiry, in the order to let go of them (any thread)."""
-        return disk_pins(self.cache.pinned_blocks(), hybrid=self.hybrid)
+        state snapshots) with their expiry, in the order to let go of them (any thread).
+        Rebuilt only when the pin table changed (else ~1 ms per disk write past the cap
+        with 1.6k pinned blocks)."""
+        generation = self.cache.pin_generation()
+        known = self._disk_pin_view
+        if known is None or known[0] != generation:
+            known = (generation, disk_pins(self.cache.pinned_blocks(), hybrid=self.hybrid))
+            self._disk_pin_view = known
+        return known[1]
 
     def _op(self, op: PlanOp) -> None:
         if self.record is not None:

@@ -173,8 +173,11 @@ fn a_pin_ram_let_go_of_still_lists_its_blocks_for_the_disk_tier() {
         (ha[0], 3600.0),
     ];
     assert_eq!(c.pinned_blocks(), listed);
-    // RAM needs b's blocks: b leaves RAM (and the status list) but holds on disk.
+    // RAM needs b's blocks: b leaves RAM (and the status list) but holds on disk, so
+    // what the disk tier is told is unchanged.
+    let generation = c.pin_generation();
     turn(&mut c, "c", &toks(200, 9), &[], 1.0);
+    assert_eq!(c.pin_generation(), generation);
     assert_eq!(c.lookup(&[&b[..], &[9]].concat(), b"").unwrap(), 0);
     assert_eq!(
         (c.pins().len(), c.num_pinned_blocks(), c.dropped_pins()),
@@ -188,6 +191,7 @@ fn a_pin_ram_let_go_of_still_lists_its_blocks_for_the_disk_tier() {
     c.append("d", &b[..8]).unwrap();
     c.pin("d", &[spec(8, 300)], 100.0).unwrap();
     c.release("d");
+    assert_ne!(c.pin_generation(), generation);
     assert_eq!(c.pins().len(), 2);
     assert_eq!(c.pins()[0].expires_at.to_bits(), 400.0_f64.to_bits());
     assert_eq!(c.lookup(&[&b[..], &[9]].concat(), b"").unwrap(), 8);
@@ -203,7 +207,9 @@ fn a_pin_ram_let_go_of_still_lists_its_blocks_for_the_disk_tier() {
         ]
     );
     // Expiry ends a pin in both tiers (b at 400, e at 500).
+    let generation = c.pin_generation();
     assert_eq!(c.expire_pins(500.0), 2);
+    assert_ne!(c.pin_generation(), generation);
     assert_eq!(c.pinned_blocks(), [(ha[1], 3600.0), (ha[0], 3600.0)]);
     c.check_invariants().unwrap();
 }

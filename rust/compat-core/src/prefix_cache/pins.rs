@@ -57,6 +57,9 @@ pub(super) struct PinTable {
     pub max_pinned: usize,
     /// Pins RAM let go of before expiry to make room (allocation or the cap).
     pub dropped: u64,
+    /// Moves on whenever what `pinned_blocks` lists may change (a pin made, refreshed
+    /// or dropped), so the disk tier rebuilds its view only then.
+    pub generation: u64,
 }
 
 impl Pin {
@@ -143,6 +146,9 @@ impl PrefixCache {
             }
             count += 1;
         }
+        if count > 0 {
+            self.pins.generation += 1;
+        }
         self.enforce_pin_cap();
         self.debug_check();
         Ok(count)
@@ -211,6 +217,11 @@ impl PrefixCache {
         out.into_iter().map(|(hash, at, _)| (hash, at)).collect()
     }
 
+    /// Changes whenever what [`Self::pinned_blocks`] lists may change.
+    pub fn pin_generation(&self) -> u64 {
+        self.pins.generation
+    }
+
     /// Pins dropped before their expiry to make room.
     pub fn dropped_pins(&self) -> u64 {
         self.pins.dropped
@@ -265,6 +276,7 @@ impl PinTable {
     fn drop_pin(&mut self, pool: &mut BlockPool, hash: &BlockHash) {
         if let Some(pin) = self.pins.remove(hash) {
             unpin_blocks(pool, &pin.blocks);
+            self.generation += 1;
         }
     }
 }
