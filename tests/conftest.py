@@ -58,8 +58,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"tests/users_path_lane.py lists unknown tests: {missing}")
     if USERS_PATH:
         return
-    from tests.extended import EXTENDED
+    from tests.extended import EXTENDED, EXTENDED_ONLY
 
+    _mark_extended_only(items, EXTENDED_ONLY, whole_files)
     dropped = [
         item
         for item in items
@@ -70,6 +71,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=dropped)
         gone = set(map(id, dropped))
         items[:] = [item for item in items if id(item) not in gone]
+
+
+def _mark_extended_only(items: list[pytest.Item], ids: tuple[str, ...], whole: bool) -> None:
+    """Marks `extended` the tests tests/extended.py lists by id (exact, or the name without
+    parameters); a listed id in a collected file that matches nothing is an error."""
+    listed, matched = set(ids), set()
+    for item in items:
+        for key in (item.nodeid, item.nodeid.split("[")[0]):
+            if key in listed:
+                item.add_marker(pytest.mark.extended)
+                matched.add(key)
+    if whole:
+        files = {item.nodeid.split("::")[0] for item in items}
+        stale = sorted(k for k in listed - matched if k.split("::")[0] in files)
+        if stale:
+            raise pytest.UsageError(f"tests/extended.py lists unknown tests: {stale}")
 
 
 def free_port() -> int:
