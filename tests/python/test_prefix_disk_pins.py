@@ -16,6 +16,7 @@ import pytest
 
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.prefix.disk import DiskStore
+from compat_serve.engine.prefix.pins import disk_pins
 from compat_serve.engine.types import EngineRequest, SamplingParams, Usage
 from tests.python.test_prefix_cache import started
 from tests.tiny_models import tiny_llama
@@ -99,6 +100,17 @@ def test_with_only_pinned_files_left_the_first_to_expire_goes(tmp_path: Path) ->
     _write(store, "k6")
     assert _kept(store) == {"k0", "k1", "k4", "k6"}
     store.close()
+
+
+def test_the_pin_tables_blocks_as_disk_keys() -> None:
+    blocks = [(b"\x0b", 50.0), (b"\x0a", 150.0), (b"\x0c", 150.0)]
+    # Expired pins (not dropped until the next admission) hold nothing; order is kept.
+    assert list(disk_pins(blocks, hybrid=False, now=100.0).items()) == [
+        ("0a", 150.0),
+        ("0c", 150.0),
+    ]
+    # A hybrid model's hit at a block needs its state snapshot too.
+    assert disk_pins(blocks[:1], hybrid=True, now=0.0) == {"0b": 50.0, "s0b": 50.0}
 
 
 @pytest.fixture(scope="module")
