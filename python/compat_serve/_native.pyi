@@ -319,24 +319,36 @@ class PrefixCache:
     def stats(self) -> PrefixCacheStats: ...
     def set_pin_fraction(self, fraction: float) -> None:
         """The share of the pool `cache_control` pins may cover (`--cache-pin-fraction`,
-        0 to 1): past it, the pins that expire first are dropped."""
+        0 to 1): past it, RAM lets go of the pins that expire first."""
 
     def pin(self, id: str, pins: Sequence[tuple[int, int]], now: float) -> int:
         """Pins, for each `(end_token, ttl_secs)` breakpoint, the full blocks request `id`
-        holds up to `end_token` until `now + ttl_secs` (refreshing a pin already there).
-        Pinned blocks are evicted only after every unpinned one. Returns how many pins
-        were created or refreshed."""
+        holds up to `end_token` until `now + ttl_secs` (refreshing a pin already there,
+        and holding it in RAM again if RAM had let go of it). Pinned blocks are evicted
+        only after every unpinned one. Returns how many pins were created or
+        refreshed."""
 
     def expire_pins(self, now: float) -> int:
-        """Drops the pins expired at `now`; returns how many."""
+        """Drops the pins expired at `now`, in RAM and for the disk tier; returns how
+        many."""
 
     def pins(self) -> list[tuple[bytes, int, int, float]]:
-        """The live pins, earliest expiry first: `(hash of the last block, tokens,
-        ttl_secs, expires_at)`."""
+        """The live pins RAM holds, earliest expiry first: `(hash of the last block,
+        tokens, ttl_secs, expires_at)`."""
+
+    def pinned_blocks(self) -> list[tuple[bytes, float]]:
+        """Every block a live pin covers, held in RAM or not (a pin RAM let go of still
+        holds in the disk tier until it expires): `(chained hash, latest expiry of the
+        pins covering it)`, earliest expiry first and, within one expiry, the chain's
+        last block first."""
+
+    def pin_generation(self) -> int:
+        """Changes whenever what `pinned_blocks` lists may change (a pin made, refreshed
+        or dropped)."""
 
     def pin_counts(self) -> tuple[int, int]:
-        """Blocks covered by at least one pin, and pins dropped before expiry to make
-        room."""
+        """Pool blocks covered by at least one pin, and pins RAM let go of before expiry
+        to make room."""
 
     def block_hashes(
         self,

@@ -226,9 +226,9 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "--cache-pin-fraction",
         type=_pin_fraction,
         default=0.5,
-        help="the share of the prefix cache that cache_control breakpoints may pin "
-        "(default 0.5): pinned blocks are evicted only after unpinned ones, and past "
-        "this share the pin that expires first goes",
+        help="the share of the prefix cache (RAM, and the disk tier's cap) that "
+        "cache_control breakpoints may pin (default 0.5): pinned blocks are evicted only "
+        "after unpinned ones, and past this share the pin that expires first goes",
     )
     p.add_argument(
         "--cache-dir",

@@ -317,8 +317,8 @@ impl PrefixCache {
         self.with(py, 0, |c| c.expire_pins(now))
     }
 
-    /// The live pins, earliest expiry first: `(hash of the last block, tokens, ttl_secs,
-    /// expires_at)`.
+    /// The live pins RAM holds, earliest expiry first: `(hash of the last block, tokens,
+    /// ttl_secs, expires_at)`.
     fn pins<'py>(&self, py: Python<'py>) -> PyResult<Vec<PyPin<'py>>> {
         let (kind, pins) = self.with(py, 0, |c| (c.hash_kind(), c.pins()))?;
         Ok(pins
@@ -334,9 +334,27 @@ impl PrefixCache {
             .collect())
     }
 
-    /// Blocks covered by at least one pin, and pins dropped before expiry to make room.
+    /// Every block a live pin covers, held in RAM or not (what the disk tier keeps):
+    /// `(chained hash, latest expiry of the pins covering it)`, earliest expiry first and,
+    /// within one expiry, the chain's last block first.
+    fn pinned_blocks<'py>(&self, py: Python<'py>) -> PyResult<Vec<(Bound<'py, PyBytes>, f64)>> {
+        let (kind, blocks) = self.with(py, 0, |c| (c.hash_kind(), c.pinned_blocks()))?;
+        Ok(blocks
+            .into_iter()
+            .map(|(hash, expires_at)| (PyBytes::new(py, hash.digest(kind)), expires_at))
+            .collect())
+    }
+
+    /// Changes whenever what `pinned_blocks` lists may change (a pin made, refreshed or
+    /// dropped).
+    fn pin_generation(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, 0, |c| c.pin_generation())
+    }
+
+    /// Pool blocks covered by at least one pin, and pins RAM let go of before expiry to
+    /// make room.
     fn pin_counts(&self, py: Python<'_>) -> PyResult<(usize, u64)> {
-        self.with(py, 0, |c| (c.pinned_blocks(), c.dropped_pins()))
+        self.with(py, 0, |c| (c.num_pinned_blocks(), c.dropped_pins()))
     }
 
     /// Raises `SchedulerError` if an internal invariant is broken (for tests).

@@ -22,7 +22,8 @@ eviction from RAM and restarts.
   served.
 - **Index.** Rebuilt at startup from the file names alone (one directory scan), least
   recently modified first; a hit touches its file. Past the size cap, the least recently
-  used files are deleted.
+  used files are deleted, pinned blocks (`cache_control` breakpoints, asked of the RAM
+  side's pin table) after the others (disk_evict.py).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -50,6 +51,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from compat_serve.engine.kv_quant import components, nbytes
+from compat_serve.engine.prefix.disk_evict import next_victim
+from compat_serve.engine.prefix.pins import DEFAULT_PIN_FRACTION
 from compat_serve.engine.prefix.store import BlockKV
 
 if TYPE_CHECKING:
@@ -115,7 +118,9 @@ def open_disk_tier(
         config.cache_hash,
         *([config.kv_format.tag] if config.kv_format.quantized else []),
     )
-    return DiskStore(config.cache_dir, fingerprint, config.cache_disk_bytes)
+    return DiskStore(
+        config.cache_dir, fingerprint, config.cache_disk_bytes, config.cache_pin_fraction
+    )
 
 
 def weights_digest(model: Any) -> str:
@@ -308,12 +313,22 @@ def decode(data: bytes | bytearray) -> DiskEntry:
 class DiskStore:
     """The files of one model fingerprint under `root`, with a background writer."""
 
-    def __init__(self, root: Path | str, fingerprint: str, capacity_bytes: int | None) -> None:
+    def __init__(
+        self,
+        root: Path | str,
+        fingerprint: str,
+        capacity_bytes: int | None,
+        pin_fraction: float = DEFAULT_PIN_FRACTION,
+    ) -> None:
         self.dir = Path(root) / fingerprint
         self.dir.mkdir(parents=True, exist_ok=True)
         if capacity_bytes is None:
             capacity_bytes = int(_free_bytes(self.dir) * DEFAULT_DISK_SHARE)
         self.capacity_bytes = capacity_bytes
+        # Pinned keys and their expiry, asked of the RAM side's pin table when files must
+        # go (the prefix cache sets it; called on the writer thread).
+        self.pinned: Callable[[], Mapping[str, float]] | None = None
+        self.pin_fraction = pin_fraction
         self._lock = threading.Lock()
         self._index: collections.OrderedDict[str, _Indexed] = collections.OrderedDict()
         self._children: dict[str, dict[str, None]] = {}
@@ -549,13 +564,17 @@ class DiskStore:
                 self.write_drops += 1
                 log.warning("prefix cache disk: write of %s failed (%s)", entry.key, exc)
             return
+        # Only this thread adds bytes: no eviction needed now means none after. The pins
+        # are asked for outside the lock (the engine thread reads under it).
+        over = self.bytes_in_use + size > self.capacity_bytes
+        pinned = self.pinned() if over and self.pinned is not None else {}
         with self._lock:
             self._add(entry.key, entry.parent, size)
             self._tokens[entry.key] = entry.tokens
             self.writes += 1
+            pin_bytes = self.pin_fraction * self.capacity_bytes
             while self.bytes_in_use > self.capacity_bytes and len(self._index) > 1:
-                oldest = next(iter(self._index))
-                self._remove(oldest)
+                self._remove(next_victim(self._index, pinned, pin_bytes))
 
     def clear(self) -> None:
         self.flush()

@@ -1,9 +1,11 @@
 """`cache_control` breakpoints as prefix-cache pins (the bookkeeping is Rust's
-`PrefixCache.pin`: pinned blocks are evicted only after every unpinned one).
+`PrefixCache.pin`: pinned blocks are evicted only after every unpinned one, in RAM and
+in the disk tier).
 
 A request's breakpoints are `(end_token, ttl_seconds)`: the full blocks up to each one
-are pinned when the request is admitted (a hit refreshes the pin) and again when it
-is released (the blocks it computed). Expired pins are dropped at each admission.
+are pinned when the request is admitted (a hit refreshes the pin, read back from disk or
+not) and again when it is released (the blocks it computed). Expired pins are dropped at
+each admission.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from compat_serve._native import PrefixCache
+from compat_serve.engine.prefix.keys import snapshot_key
 
 if TYPE_CHECKING:
     from compat_serve.engine.sequence import Sequence as EngineSequence
@@ -34,6 +37,24 @@ def retention_breakpoints(retention: str | None, messages: int) -> list[tuple[in
 
 
 DEFAULT_PIN_FRACTION = 0.5
+
+
+def disk_pins(
+    blocks: Sequence[tuple[bytes, float]], *, hybrid: bool, now: float | None = None
+) -> dict[str, float]:
+    """`PrefixCache.pinned_blocks()` as the disk tier's keys (a block's file, and on a
+    hybrid model the state snapshot a hit there needs) and their expiry, in the same
+    order; pins expired by `now` (not dropped yet: that happens at admission) hold
+    nothing."""
+    now = time.time() if now is None else now
+    out: dict[str, float] = {}
+    for digest, expires_at in blocks:
+        if expires_at <= now:
+            continue
+        out[digest.hex()] = expires_at
+        if hybrid:
+            out[snapshot_key(digest)] = expires_at
+    return out
 
 
 def pin_request(cache: PrefixCache, seq: EngineSequence, now: float | None = None) -> None:

@@ -96,23 +96,29 @@ impl PrefixCache {
         Ok(on_free_list)
     }
 
-    /// Every block's pin count is the number of pins covering it, and pinned blocks stay
-    /// within the cap.
+    /// Every block's pin count is the number of pins holding it in RAM, each such pin
+    /// holds all its blocks (with the hashes it lists), and pinned blocks stay within the
+    /// cap.
     fn check_pins(&self) -> Result<(), String> {
         let pool = &self.pool;
         let mut pins = vec![0u32; pool.len()];
         for (hash, pin) in &self.pins.pins {
-            if pin.blocks.is_empty() {
-                return Err(format!("pin {hash:?} covers no block"));
-            }
-            for &id in &pin.blocks {
-                pins[id.index()] += 1;
-                if pool.blocks[id.index()].hash.is_none() {
-                    return Err(format!("pin {hash:?} covers {id}, which is not cached"));
-                }
-            }
-            if pool.blocks[pin.blocks[pin.blocks.len() - 1].index()].hash != Some(*hash) {
+            if pin.hashes.last() != Some(hash) {
                 return Err(format!("pin {hash:?} is not keyed by its last block"));
+            }
+            if !pin.in_ram() {
+                continue; // held in the disk tier only
+            }
+            if pin.blocks.len() != pin.hashes.len() {
+                return Err(format!("pin {hash:?} holds some of its blocks in RAM"));
+            }
+            for (&id, want) in pin.blocks.iter().zip(&pin.hashes) {
+                pins[id.index()] += 1;
+                if pool.blocks[id.index()].hash.as_ref() != Some(want) {
+                    return Err(format!(
+                        "pin {hash:?} covers {id}, which holds another block"
+                    ));
+                }
             }
         }
         for (i, block) in pool.blocks.iter().enumerate() {

@@ -42,7 +42,7 @@ fn a_pinned_prefix_outlives_unpinned_traffic() {
         &[spec(14, 300)],
         0.0,
     );
-    assert_eq!(c.pinned_blocks(), 3);
+    assert_eq!(c.num_pinned_blocks(), 3);
     // Unrelated prompts churn through the other 5 blocks many times over.
     for i in 0..10 {
         turn(&mut c, &format!("u{i}"), &toks(100 * (i + 1), 21), &[], 1.0);
@@ -70,7 +70,7 @@ fn when_only_pinned_blocks_are_free_the_first_to_expire_goes() {
     let mut c = cache(4, 1.0);
     turn(&mut c, "a", &toks(0, 9), &[spec(8, 3600)], 0.0); // 2 blocks, 1h
     turn(&mut c, "b", &toks(100, 9), &[spec(8, 300)], 0.0); // 2 blocks, 5m
-    assert_eq!((c.pinned_blocks(), c.stats().free_blocks), (4, 4));
+    assert_eq!((c.num_pinned_blocks(), c.stats().free_blocks), (4, 4));
     // A new request needs a block: b's pin (expires first) is dropped, a's stays.
     turn(&mut c, "c", &toks(200, 5), &[], 1.0);
     assert_eq!(c.lookup(&toks(0, 9), b"").unwrap(), 8);
@@ -79,7 +79,7 @@ fn when_only_pinned_blocks_are_free_the_first_to_expire_goes() {
         4,
         "b's tail went first"
     );
-    assert_eq!((c.pinned_blocks(), c.dropped_pins()), (2, 1));
+    assert_eq!((c.num_pinned_blocks(), c.dropped_pins()), (2, 1));
     c.check_invariants().unwrap();
 }
 
@@ -88,13 +88,13 @@ fn pins_past_the_cap_drop_the_earliest_expiry() {
     let mut c = cache(8, 0.5); // at most 4 pinned blocks
     turn(&mut c, "a", &toks(0, 9), &[spec(8, 300)], 0.0);
     turn(&mut c, "b", &toks(100, 9), &[spec(8, 3600)], 0.0);
-    assert_eq!(c.pinned_blocks(), 4);
+    assert_eq!(c.num_pinned_blocks(), 4);
     turn(&mut c, "c", &toks(200, 9), &[spec(8, 300)], 10.0);
     // a expired first (at 300), so a goes; b (3600) and c (310) stay.
     let left: Vec<(usize, u32)> = c.pins().iter().map(|p| (p.tokens, p.ttl_secs)).collect();
     assert_eq!(left, [(8, 300), (8, 3600)]);
     assert_eq!(c.pins()[0].expires_at.to_bits(), 310.0_f64.to_bits());
-    assert_eq!(c.pinned_blocks(), 4);
+    assert_eq!(c.num_pinned_blocks(), 4);
     // Lowering the fraction drops the earliest again.
     c.set_pin_fraction(0.25).unwrap();
     assert_eq!(c.pins().len(), 1);
@@ -120,7 +120,7 @@ fn a_hit_refreshes_and_expiry_unpins() {
     );
     assert_eq!(c.expire_pins(3849.0), 0);
     assert_eq!(c.expire_pins(3850.0), 1);
-    assert_eq!(c.pinned_blocks(), 0);
+    assert_eq!(c.num_pinned_blocks(), 0);
     // Still cached, now on the ordinary LRU.
     assert_eq!(c.lookup(&prompt, b"").unwrap(), 8);
     c.check_invariants().unwrap();
@@ -137,7 +137,7 @@ fn nested_breakpoints_share_blocks_and_clear_drops_pins() {
         &[spec(4, 3600), spec(9, 3600), spec(12, 300)],
         0.0,
     );
-    assert_eq!((c.pins().len(), c.pinned_blocks()), (3, 3));
+    assert_eq!((c.pins().len(), c.num_pinned_blocks()), (3, 3));
     // A breakpoint in the first block or past what the table holds pins nothing.
     let a = c.admit("b", &toks(0, 13), b"").unwrap();
     assert_eq!(a.cached_tokens, 12);
@@ -147,8 +147,69 @@ fn nested_breakpoints_share_blocks_and_clear_drops_pins() {
     assert!(c.set_pin_fraction(1.5).is_err());
     c.clear();
     assert_eq!(
-        (c.pins().len(), c.pinned_blocks(), c.stats().cached_blocks),
+        (
+            c.pins().len(),
+            c.num_pinned_blocks(),
+            c.stats().cached_blocks
+        ),
         (0, 0, 0)
     );
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn a_pin_ram_let_go_of_still_lists_its_blocks_for_the_disk_tier() {
+    let hashes = |c: &PrefixCache, tokens: &[u32]| c.block_hashes(tokens, b"").unwrap();
+    let mut c = cache(4, 1.0);
+    let (a, b) = (toks(0, 9), toks(100, 9));
+    turn(&mut c, "a", &a, &[spec(8, 3600)], 0.0); // 2 blocks, 1h
+    turn(&mut c, "b", &b, &[spec(8, 300)], 0.0); // 2 blocks, 5m
+    let (ha, hb) = (hashes(&c, &a), hashes(&c, &b));
+    // Earliest expiry first; within a pin, the chain's last block first.
+    let listed = [
+        (hb[1], 300.0),
+        (hb[0], 300.0),
+        (ha[1], 3600.0),
+        (ha[0], 3600.0),
+    ];
+    assert_eq!(c.pinned_blocks(), listed);
+    // RAM needs b's blocks: b leaves RAM (and the status list) but holds on disk, so
+    // what the disk tier is told is unchanged.
+    let generation = c.pin_generation();
+    turn(&mut c, "c", &toks(200, 9), &[], 1.0);
+    assert_eq!(c.pin_generation(), generation);
+    assert_eq!(c.lookup(&[&b[..], &[9]].concat(), b"").unwrap(), 0);
+    assert_eq!(
+        (c.pins().len(), c.num_pinned_blocks(), c.dropped_pins()),
+        (1, 2, 1)
+    );
+    assert_eq!(c.pinned_blocks(), listed);
+    // Read back (the engine promotes it from disk into RAM blocks) and pinned again: RAM
+    // holds it again, with the refreshed expiry.
+    let r = c.admit("d", &b, b"").unwrap();
+    assert_eq!(r.cached_tokens, 0);
+    c.append("d", &b[..8]).unwrap();
+    c.pin("d", &[spec(8, 300)], 100.0).unwrap();
+    c.release("d");
+    assert_ne!(c.pin_generation(), generation);
+    assert_eq!(c.pins().len(), 2);
+    assert_eq!(c.pins()[0].expires_at.to_bits(), 400.0_f64.to_bits());
+    assert_eq!(c.lookup(&[&b[..], &[9]].concat(), b"").unwrap(), 8);
+    // A shared block takes the latest expiry of the pins covering it.
+    turn(&mut c, "e", &toks(0, 5), &[spec(4, 300)], 200.0); // a's first block, 5m
+    assert_eq!(
+        c.pinned_blocks(),
+        [
+            (hb[1], 400.0),
+            (hb[0], 400.0),
+            (ha[1], 3600.0),
+            (ha[0], 3600.0)
+        ]
+    );
+    // Expiry ends a pin in both tiers (b at 400, e at 500).
+    let generation = c.pin_generation();
+    assert_eq!(c.expire_pins(500.0), 2);
+    assert_ne!(c.pin_generation(), generation);
+    assert_eq!(c.pinned_blocks(), [(ha[1], 3600.0), (ha[0], 3600.0)]);
     c.check_invariants().unwrap();
 }

@@ -8,6 +8,11 @@
 //! first and takes its blocks. Pins that together cover more than `pin_fraction` of the
 //! pool are dropped the same way, earliest expiry first, so pins never starve requests
 //! of blocks. Time is the caller's clock (seconds), so the module stays deterministic.
+//!
+//! A pin RAM had to let go of still holds in the disk tier until it expires: it keeps
+//! its blocks' hashes, which [`PrefixCache::pinned_blocks`] lists for the disk tier's
+//! eviction, and a later request that pins the same prefix again (a hit read back from
+//! disk) holds it in RAM once more.
 use std::collections::HashMap;
 
 use super::hash::BlockHash;
@@ -35,6 +40,10 @@ pub struct PinInfo {
 
 #[derive(Debug)]
 pub(super) struct Pin {
+    /// The chained hashes of the pinned blocks, block 0 first (what the disk tier keeps).
+    pub hashes: Vec<BlockHash>,
+    /// The pool blocks holding them while the pin holds them in RAM (one per hash);
+    /// empty once RAM needed them back: the pin then holds in the disk tier only.
     pub blocks: Vec<BlockId>,
     pub ttl_secs: u32,
     pub expires_at: f64,
@@ -46,8 +55,18 @@ pub(super) struct PinTable {
     pub pins: HashMap<BlockHash, Pin>,
     /// Pinned blocks may cover at most this many pool blocks.
     pub max_pinned: usize,
-    /// Pins dropped before expiry to make room (allocation or the cap).
+    /// Pins RAM let go of before expiry to make room (allocation or the cap).
     pub dropped: u64,
+    /// Moves on whenever what `pinned_blocks` lists may change (a pin made, refreshed
+    /// or dropped), so the disk tier rebuilds its view only then.
+    pub generation: u64,
+}
+
+impl Pin {
+    /// Whether it holds its blocks in RAM (else only in the disk tier).
+    pub fn in_ram(&self) -> bool {
+        !self.blocks.is_empty()
+    }
 }
 
 impl PrefixCache {
@@ -101,11 +120,24 @@ impl PrefixCache {
             if let Some(pin) = self.pins.pins.get_mut(&hash) {
                 pin.expires_at = pin.expires_at.max(expires_at);
                 pin.ttl_secs = pin.ttl_secs.max(spec.ttl_secs);
+                if !pin.in_ram() {
+                    // Read back (from disk): RAM holds it again.
+                    for &id in &blocks {
+                        self.pool.pin(id);
+                    }
+                    pin.blocks = blocks;
+                }
             } else {
+                // A request holds only cached blocks (checked by the invariants).
+                let hashes: Vec<BlockHash> = blocks
+                    .iter()
+                    .filter_map(|id| self.pool.blocks[id.index()].hash)
+                    .collect();
                 for &id in &blocks {
                     self.pool.pin(id);
                 }
                 let pin = Pin {
+                    hashes,
                     blocks,
                     ttl_secs: spec.ttl_secs,
                     expires_at,
@@ -113,6 +145,9 @@ impl PrefixCache {
                 self.pins.pins.insert(hash, pin);
             }
             count += 1;
+        }
+        if count > 0 {
+            self.pins.generation += 1;
         }
         self.enforce_pin_cap();
         self.debug_check();
@@ -135,12 +170,13 @@ impl PrefixCache {
         expired.len()
     }
 
-    /// The live pins, earliest expiry first.
+    /// The live pins that hold their blocks in RAM, earliest expiry first.
     pub fn pins(&self) -> Vec<PinInfo> {
         let mut out: Vec<PinInfo> = self
             .pins
             .pins
             .iter()
+            .filter(|(_, pin)| pin.in_ram())
             .map(|(&hash, pin)| PinInfo {
                 hash,
                 tokens: pin.blocks.len() * self.block_size,
@@ -156,9 +192,34 @@ impl PrefixCache {
         out
     }
 
-    /// Blocks covered by at least one pin.
-    pub fn pinned_blocks(&self) -> usize {
+    /// Pool blocks covered by at least one pin.
+    pub fn num_pinned_blocks(&self) -> usize {
         self.pool.num_pinned
+    }
+
+    /// Every block a live pin covers, in RAM or not (what the disk tier keeps), with the
+    /// latest expiry of the pins covering it, in the order the disk tier lets them go:
+    /// earliest expiry first and, within one expiry, the chain's last block first (what
+    /// stays is still a reachable prefix).
+    pub fn pinned_blocks(&self) -> Vec<(BlockHash, f64)> {
+        let mut latest: HashMap<BlockHash, (f64, usize)> = HashMap::new();
+        for pin in self.pins.pins.values() {
+            for (depth, &hash) in pin.hashes.iter().enumerate() {
+                let entry = latest.entry(hash).or_insert((pin.expires_at, depth));
+                entry.0 = entry.0.max(pin.expires_at);
+            }
+        }
+        let mut out: Vec<(BlockHash, f64, usize)> = latest
+            .into_iter()
+            .map(|(hash, (expires_at, depth))| (hash, expires_at, depth))
+            .collect();
+        out.sort_by(|a, b| a.1.total_cmp(&b.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)));
+        out.into_iter().map(|(hash, at, _)| (hash, at)).collect()
+    }
+
+    /// Changes whenever what [`Self::pinned_blocks`] lists may change.
+    pub fn pin_generation(&self) -> u64 {
+        self.pins.generation
     }
 
     /// Pins dropped before their expiry to make room.
@@ -195,26 +256,34 @@ impl PinTable {
         }
     }
 
+    /// RAM lets go of the pin that expires first among those it holds (its blocks go
+    /// to the ordinary free list); the pin keeps holding in the disk tier. `false` when
+    /// RAM holds none.
     fn drop_earliest(&mut self, pool: &mut BlockPool) -> bool {
         let first = self
             .pins
-            .iter()
-            .min_by(|a, b| a.1.expires_at.total_cmp(&b.1.expires_at).then(a.0.cmp(b.0)))
-            .map(|(&hash, _)| hash);
-        let Some(hash) = first else {
+            .iter_mut()
+            .filter(|(_, pin)| pin.in_ram())
+            .min_by(|a, b| a.1.expires_at.total_cmp(&b.1.expires_at).then(a.0.cmp(b.0)));
+        let Some((_, pin)) = first else {
             return false;
         };
-        self.drop_pin(pool, &hash);
+        unpin_blocks(pool, &std::mem::take(&mut pin.blocks));
         self.dropped += 1;
         true
     }
 
     fn drop_pin(&mut self, pool: &mut BlockPool, hash: &BlockHash) {
         if let Some(pin) = self.pins.remove(hash) {
-            // Last block first, as `release` does: a chain's tail goes before its head.
-            for &id in pin.blocks.iter().rev() {
-                pool.unpin(id);
-            }
+            unpin_blocks(pool, &pin.blocks);
+            self.generation += 1;
         }
+    }
+}
+
+fn unpin_blocks(pool: &mut BlockPool, blocks: &[BlockId]) {
+    // Last block first, as `release` does: a chain's tail goes before its head.
+    for &id in blocks.iter().rev() {
+        pool.unpin(id);
     }
 }

@@ -151,6 +151,7 @@ impl Harness {
                 self.now += f64::from(dt);
                 self.c.expire_pins(self.now);
                 assert!(self.c.pins().iter().all(|p| p.expires_at > self.now));
+                assert!(self.c.pinned_blocks().iter().all(|&(_, at)| at > self.now));
             }
             Op::PinFraction { eighths } => {
                 self.c.set_pin_fraction(f64::from(eighths) / 8.0).unwrap();
@@ -165,6 +166,24 @@ impl Harness {
             .filter(|&i| self.c.pool.blocks[i as usize].hash.is_some())
             .collect();
         assert_eq!(cached, self.store.keys().copied().collect::<HashSet<u32>>());
+        self.check_pinned_blocks();
+    }
+
+    /// What the disk tier is told: each block once, every block RAM holds pinned among
+    /// them, earliest expiry first.
+    fn check_pinned_blocks(&self) {
+        let listed = self.c.pinned_blocks();
+        let hashes: HashSet<BlockHash> = listed.iter().map(|&(h, _)| h).collect();
+        assert_eq!(hashes.len(), listed.len(), "a block listed twice");
+        for block in &self.c.pool.blocks {
+            if block.pins > 0 {
+                assert!(
+                    hashes.contains(&block.hash.unwrap()),
+                    "a RAM pin is not listed"
+                );
+            }
+        }
+        assert!(listed.windows(2).all(|w| w[0].1 <= w[1].1), "not by expiry");
     }
 
     fn admit(&mut self, slot: usize, stem: usize, stem_len: usize, tail: Vec<u32>, salt: usize) {
