@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ import mlx.core as mx
 import pytest
 
 from compat_serve.engine.engine import Engine
+from compat_serve.engine.prefix.cache import PrefixCaching
 from compat_serve.engine.prefix.disk import DiskStore
 from compat_serve.engine.prefix.pins import disk_pins
 from compat_serve.engine.types import EngineRequest, SamplingParams, Usage
@@ -111,6 +113,34 @@ def test_the_pin_tables_blocks_as_disk_keys() -> None:
     ]
     # A hybrid model's hit at a block needs its state snapshot too.
     assert disk_pins(blocks[:1], hybrid=True, now=0.0) == {"0b": 50.0, "s0b": 50.0}
+
+
+class _PinTable:
+    """Stands for the native pin table's two calls the disk view makes (one generation:
+    no pin made, refreshed or dropped)."""
+
+    def __init__(self, blocks: list[tuple[bytes, float]]) -> None:
+        self.blocks = blocks
+
+    def pin_generation(self) -> int:
+        return 1
+
+    def pinned_blocks(self) -> list[tuple[bytes, float]]:
+        return self.blocks
+
+
+def test_the_disk_view_of_the_pins_lets_go_of_a_pin_once_it_expires(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    prefix = PrefixCaching(block_size=BLOCK, num_blocks=8, hybrid=False, snapshot_budget_bytes=0)
+    clock = [1000.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    prefix.cache = _PinTable([(b"\x0a", 1010.0), (b"\x0b", 4600.0)])  # type: ignore[assignment]
+    assert prefix._disk_pins() == {"0a": 1010.0, "0b": 4600.0}
+    # Past the first expiry, before any admission drops it from the table (the same
+    # generation): the view is rebuilt, and the expired pin holds nothing on disk.
+    clock[0] = 1011.0
+    assert prefix._disk_pins() == {"0b": 4600.0}
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ never fatal.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -162,11 +163,14 @@ class PrefixCaching:
     def _disk_pins(self) -> dict[str, float]:
         """The disk keys of the blocks live pins cover (and, on hybrid models, of their
         state snapshots) with their expiry, in the order to let go of them (any thread).
-        Rebuilt only when the pin table changed (else ~1 ms per disk write past the cap
-        with 1.6k pinned blocks)."""
+        Rebuilt only when the pin table changed or its earliest pin expired (else ~1 ms
+        per disk write past the cap with 1.6k pinned blocks): a pin past its expiry holds
+        nothing even before admission drops it from the table."""
         generation = self.cache.pin_generation()
         known = self._disk_pin_view
-        if known is None or known[0] != generation:
+        earliest = next(iter(known[1].values()), None) if known is not None else None
+        stale = earliest is not None and earliest <= time.time()
+        if known is None or known[0] != generation or stale:
             known = (generation, disk_pins(self.cache.pinned_blocks(), hybrid=self.hybrid))
             self._disk_pin_view = known
         return known[1]
