@@ -43,6 +43,7 @@ from compat_serve.engine.mtp_head import (  # noqa: E402
 )
 from compat_serve.engine.types import EngineRequest, SamplingParams  # noqa: E402
 from compat_serve.models.loader import load_model  # noqa: E402
+from compat_serve.models.weights import param_shapes  # noqa: E402
 
 TASKS = [
     "Explain in a few sentences how {}.",
@@ -173,7 +174,7 @@ def main() -> None:
     weights = dict(tree_flatten(layer.parameters()))
     if args.bits:
         weights = quantize_head_weights(weights, args.bits)
-        layer.load_weights(list(dequantized(weights, mx.float32).items()))
+        layer.load_weights(list(dequantized(weights, param_shapes(layer), mx.float32).items()))
         print(f"held-out top-1 agreement ({args.bits}-bit): {agreement(test_x):.3f}")
     else:
         weights = {k: v.astype(mx.float16) for k, v in weights.items()}

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +37,9 @@ from mlx.nn.layers.linear import Linear
 from mlx.nn.layers.normalization import RMSNorm
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
+
+from compat_serve.models.errors import ModelLoadError
+from compat_serve.models.weights import dequantize, infer_quant_params, param_shapes
 
 if TYPE_CHECKING:
     from compat_serve.engine.sampling import RequestSampler
@@ -194,8 +197,11 @@ def load_head(path: str | Path, model: Module) -> MTPHead:
         raise MTPHeadError(f"--mtp-head {path}: cannot read it as safetensors ({exc})") from None
     assert isinstance(weights, dict)
     dtype = model.model.norm.weight.dtype
-    weights = dequantized(weights, dtype)
     wanted = dict(tree_flatten(layer.parameters()))
+    try:
+        weights = dequantized(weights, param_shapes(layer), dtype)
+    except ModelLoadError as exc:
+        raise MTPHeadError(f"--mtp-head {path}: {exc}") from None
     for name, param in wanted.items():
         got = weights.get(name)
         if got is None:
@@ -227,19 +233,22 @@ def quantize_head_weights(weights: dict[str, mx.array], bits: int) -> dict[str, 
     return out
 
 
-def dequantized(weights: dict[str, mx.array], dtype: mx.Dtype) -> dict[str, mx.array]:
+def dequantized(
+    weights: dict[str, mx.array], shapes: Mapping[str, tuple[int, ...]], dtype: mx.Dtype
+) -> dict[str, mx.array]:
     """`weights` with every quantized linear (`scales` and `biases` beside its `weight`)
-    turned back into a dense weight, all in `dtype`."""
+    turned back into a dense weight, all in `dtype`: bits and group size inferred from the
+    dense shape the head needs (`shapes`, its parameters') as the model loaders do.
+    Raises `ModelLoadError` when a packed weight fits no quantization of that shape."""
     out: dict[str, mx.array] = {}
     for name, value in weights.items():
         if name.endswith(("scales", "biases")):
             continue
         stem = name.removesuffix("weight")
         scales, biases = weights.get(stem + "scales"), weights.get(stem + "biases")
-        if name.endswith("weight") and scales is not None and biases is not None:
-            bits = value.shape[-1] * 32 // (scales.shape[-1] * QUANT_GROUP)
-            dense = mx.dequantize(value, scales, biases, group_size=QUANT_GROUP, bits=bits)
-            out[name] = dense.astype(dtype)
+        if scales is not None and biases is not None and name in shapes:
+            params = infer_quant_params(value, scales, shapes[name][-1], name=name)
+            out[name] = dequantize(value, scales, biases, params, dtype)
         else:
             out[name] = value.astype(dtype)
     return out
