@@ -102,7 +102,7 @@ serve: build
 # CI's run (.ci/run) on a fresh machine, in two stages. First two streams side by side: the
 # Rust checks need no venv, so they compile while setup mostly waits on downloads (pip,
 # apt, npm, the Go proxy); the Python checks follow setup. Then the pytest passes: the
-# whole suite on both cores, and the two single-process lanes beside each other.
+# whole suite on both cores, then the three single-process lanes side by side.
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=recurse checks-rust checks-python
 	$(MAKE) --no-print-directory -j1 test-python
@@ -131,7 +131,7 @@ test-python: build
 	$(PYTEST_THREADS) $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Everything, with the slower second views CI leaves out (tests/extended.py: tests marked
-# `extended`, every chat template where CI takes one per tool format).
+# or listed `extended`, every chat template where CI takes eight formats' templates).
 test-extended: build
 	COMPAT_SERVE_TEST_EXTENDED=1 $(MAKE) --no-print-directory test-python
 
