@@ -28,7 +28,6 @@ class ModelRunner:
 
     def __init__(self, loaded: LoadedModel, kv_format: KVFormat | None = None) -> None:
         self._model = loaded.model
-        self.model = loaded.model  # read-only use: the MTP drafter's hidden-state capture
         # How attention K/V is stored (engine/kv_quant.py); the model's dtype by default.
         self.kv_format = kv_format or KVFormat()
         # Width of the model's logits (may exceed the tokenizer's vocabulary); measured by
@@ -46,6 +45,12 @@ class ModelRunner:
             self.features = FeatureCache(self._model)
         # LoRA adapters (compat_serve/adapters): installed by the engine on the first one.
         self.adapters: AdapterBank | None = None
+
+    @property
+    def model(self) -> Any:
+        """The model the runner calls (the MTP drafter installs its hidden-state capture
+        on its final norm)."""
+        return self._model
 
     def _rows(self, adapters: RowAdapters) -> contextlib.AbstractContextManager[None]:
         """Around building a forward: each row's adapter slot (nothing without a bank or
