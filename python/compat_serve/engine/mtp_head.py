@@ -164,20 +164,35 @@ def embedding_and_head(
     return embed, embed.as_linear
 
 
-class MTPHead:
-    """One MTP step for a batch: `(hidden [B, H], tokens [B]) -> (logits [B, V], hidden)`."""
+# (the head's module, the embedded tokens [B, H], the hidden state [B, H]) -> (the
+# vocabulary head's input, the hidden state the next step chains on)
+Compose = Callable[[Module, mx.array, mx.array], tuple[mx.array, mx.array]]
 
-    def __init__(self, layer: MTPLayer, model: Module) -> None:
+
+def deepseek_compose(
+    layer: Module, embedded: mx.array, hidden: mx.array
+) -> tuple[mx.array, mx.array]:
+    """DeepSeek-V3's MTP step on an `MTPLayer`: chains on the layer's un-normed output."""
+    e = layer.enorm(embedded)
+    h = layer.hnorm(hidden.astype(e.dtype))
+    x = layer.eh_proj(mx.concatenate([e, h], axis=-1))[:, None, :]
+    x = layer(x)[:, 0, :]
+    return layer.shared_head.norm(x), x
+
+
+class MTPHead:
+    """One MTP step for a batch: `(hidden [B, H], tokens [B]) -> (logits [B, V], hidden)`.
+    `layer` holds the head's own weights; `compose` is its family's step
+    (engine/mtp_families.py), DeepSeek-V3's by default."""
+
+    def __init__(self, layer: Module, model: Module, compose: Compose | None = None) -> None:
         self.layer = layer
+        self._compose = compose or deepseek_compose
         self._embed, self._head = embedding_and_head(model)
 
     def step(self, hidden: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array]:
-        layer = self.layer
-        e = layer.enorm(self._embed(tokens))
-        h = layer.hnorm(hidden.astype(e.dtype))
-        x = layer.eh_proj(mx.concatenate([e, h], axis=-1))[:, None, :]
-        x = layer(x)[:, 0, :]
-        return self._head(layer.shared_head.norm(x)), x
+        normed, chained = self._compose(self.layer, self._embed(tokens), hidden)
+        return self._head(normed), chained
 
 
 def new_llama_head(model: Module) -> MTPLayer:
@@ -255,10 +270,16 @@ def dequantized(
 
 
 def head_for(loaded: LoadedModel, path: str | None) -> MTPHead:
-    """The MTP head `--speculative mtp` drafts with: the file `--mtp-head` names. A model
-    without one fails here, at start, in one line."""
+    """The MTP head `--speculative mtp` drafts with: the file `--mtp-head` names, else the
+    checkpoint's own (engine/mtp_families.py). A model without one fails here, at start,
+    in one line."""
     if path:
         return load_head(path, loaded.model)
+    from compat_serve.engine.mtp_families import load_family_head
+
+    own = load_family_head(loaded)
+    if own is not None:
+        return own
     raise MTPHeadError(
         f"--speculative mtp: {loaded.name} has no MTP weights (the families whose "
         f"checkpoints ship them: {MTP_FAMILIES}); give a trained head with --mtp-head FILE"

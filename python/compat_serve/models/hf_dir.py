@@ -26,6 +26,7 @@ from compat_serve.models.load_steps import (
     host,
     run_inline,
 )
+from compat_serve.models.mtp_weights import without_mtp_classes
 from compat_serve.models.types import LoadedModel
 from compat_serve.models.weights import (
     cast_floating,
@@ -106,7 +107,7 @@ def load_hf_dir_steps(
     lazily loaded safetensors in one host slice, the weights are evaluated a slice at a
     time, the tokenizer is read off the host. A vision-language model (mlx-vlm) loads in
     one host slice."""
-    from mlx_lm.utils import load_model
+    from mlx_lm.utils import _get_classes, load_model
 
     model_dir = Path(path)
     if not (model_dir / "config.json").is_file():
@@ -130,7 +131,9 @@ def load_hf_dir_steps(
     logger.info("loading model directory %s", model_dir)
     yield host("build the model")
     try:
-        model, config = load_model(model_dir, lazy=True)
+        model, config = load_model(
+            model_dir, lazy=True, get_model_classes=without_mtp_classes(_get_classes)
+        )
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelLoadError(f"cannot load {model_dir} with mlx-lm: {exc}") from exc
     quantization = config.get("quantization")

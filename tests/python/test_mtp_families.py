@@ -1,0 +1,173 @@
+"""`--speculative mtp` with the MTP weights a checkpoint ships (engine/mtp_families.py):
+DeepSeek-V3/R1, GLM-4.5-4.7, MiMo and Qwen3-Next, from tiny random checkpoints written with
+those weights under their real names and shapes (tests/tiny_mtp.py).
+
+The head's one-step logits are checked against the step composed here from vllm's
+formula (`deepseek_mtp.py`/`glm4_moe_mtp.py`: `eh_proj(cat(enorm(e), hnorm(h)))`, the
+block, `shared_head.norm`; `mimo_mtp.py`: hidden state first, `final_layernorm`;
+`qwen3_next_mtp.py`: `fc`, `pre_fc_norm_*`, `norm`), on the decoder layer the weights were
+written from; greedy output with the head drafting equals plain decoding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import pytest
+
+from compat_serve.engine.config import EngineConfig
+from compat_serve.engine.engine import Engine
+from compat_serve.engine.mtp_head import MTPHeadError, head_for
+from compat_serve.engine.speculation import SpeculationConfig
+from compat_serve.engine.types import EngineRequest
+from compat_serve.models.loader import load_model
+from tests.chat_prompts import chat_ids
+from tests.greedy_ties import assert_same_or_near_tie
+from tests.python.test_batching import greedy
+from tests.python.test_speculative import COPY_PROMPTS, outputs, tokens
+from tests.tiny_mtp import OWN_NAMES, Source, write_mtp_dir
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
+
+MAX_TOKENS = 16
+
+
+def rms(x: mx.array, weight: mx.array, eps: float) -> mx.array:
+    return x * mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def reference_step(
+    model_type: str, source: Source, main: LoadedModel, hidden: mx.array, tokens: mx.array
+) -> tuple[mx.array, mx.array]:
+    """One MTP step as the reference implementations write it: (logits, chained hidden)."""
+    embed_norm, hidden_norm, proj, out_norm = OWN_NAMES[model_type]
+    own, eps = source.own, float(main.model.args.rms_norm_eps)
+    e = rms(main.model.model.embed_tokens.weight[tokens], own[f"{embed_norm}.weight"], eps)
+    h = rms(hidden, own[f"{hidden_norm}.weight"], eps)
+    joined = mx.concatenate([h, e] if model_type == "mimo" else [e, h], axis=-1)
+    x = source.block((joined @ own[f"{proj}.weight"].T)[:, None, :])[:, 0, :]
+    normed = rms(x, own[f"{out_norm}.weight"], eps)
+    logits = normed @ main.model.lm_head.weight.T
+    return logits, x if model_type in ("deepseek_v3", "glm4_moe") else normed
+
+
+# float32 epsilon (1.2e-7) x the longest reduction (2 x hidden = 128) x ~8 reductions in a
+# chain (norms, projection, attention, MoE, head), relative to the logits' scale.
+BOUND = 1.2e-7 * 128 * 8
+
+
+@pytest.mark.parametrize(
+    ("model_type", "bits"),
+    [
+        ("deepseek_v3", None),
+        ("glm4_moe", None),
+        ("glm4_moe", 4),
+        ("mimo", None),
+        ("qwen3_next", None),
+    ],
+)
+def test_a_family_checkpoint_s_mtp_head_loads_and_steps_as_the_reference(
+    embedded_model: LoadedModel, tmp_path: Path, model_type: str, bits: int | None
+) -> None:
+    source = write_mtp_dir(tmp_path / model_type, model_type, embedded_model, seed=5, bits=bits)
+    main = load_model(str(tmp_path / model_type))
+    head = head_for(main, None)
+    mx.random.seed(9)
+    hidden = mx.random.normal((3, 64))
+    toks = mx.array([5, 300, 4000], dtype=mx.uint32)
+    logits, chained = head.step(hidden, toks)
+    want_logits, want_chained = reference_step(model_type, source, main, hidden, toks)
+    scale = float(mx.abs(want_logits).max())
+    assert float(mx.abs(logits - want_logits).max()) <= BOUND * (1 + scale)
+    assert float(mx.abs(chained - want_chained).max()) <= BOUND * (
+        1 + float(mx.abs(want_chained).max())
+    )
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "glm4_moe", "mimo"])
+def test_drafting_with_the_checkpoint_s_head_leaves_greedy_output_unchanged(
+    embedded_model: LoadedModel, tmp_path: Path, model_type: str
+) -> None:
+    write_mtp_dir(tmp_path / model_type, model_type, embedded_model, seed=7)
+    main = load_model(str(tmp_path / model_type))
+    requests = [
+        EngineRequest(f"r{i}", chat_ids(main, text), greedy(MAX_TOKENS))
+        for i, text in enumerate(COPY_PROMPTS[:2])
+    ]
+    got = {}
+    for mode in ("off", "mtp"):
+        spec = SpeculationConfig(mode, num_tokens=3, cost_aware=False)
+        engine = Engine(main, EngineConfig(prefill_chunk=128, max_num_seqs=4, speculation=spec))
+        engine.start()
+        try:
+            got[mode] = [tokens(e) for e in outputs(engine, requests)]
+            status = engine.speculation_status()
+        finally:
+            engine.shutdown()
+    assert status["mode"] == "mtp", status
+    assert int(status["draft_tokens"]) > 0, status  # type: ignore[call-overload]
+    for request, want, have in zip(requests, got["off"], got["mtp"], strict=True):
+        assert_same_or_near_tie(main, request.prompt_ids, want, have)
+
+
+def test_a_hybrid_family_loads_its_head_but_does_not_speculate(
+    embedded_model: LoadedModel, tmp_path: Path
+) -> None:
+    """Qwen3-Next's recurrent layers cannot roll back rejected drafts: the head loads (the
+    check above steps it) and the engine decodes without drafts, saying why."""
+    write_mtp_dir(tmp_path / "qn", "qwen3_next", embedded_model, seed=7)
+    main = load_model(str(tmp_path / "qn"))
+    spec = SpeculationConfig("mtp", num_tokens=3, cost_aware=False)
+    engine = Engine(main, EngineConfig(prefill_chunk=128, max_num_seqs=4, speculation=spec))
+    engine.start()
+    try:
+        request = EngineRequest("r", chat_ids(main, COPY_PROMPTS[0]), greedy(4))
+        assert len(tokens(outputs(engine, [request])[0])) == 4
+        status = engine.speculation_status()
+    finally:
+        engine.shutdown()
+    assert "cannot be rolled back" in str(status["disabled_reason"]), status
+
+
+@pytest.mark.parametrize(
+    ("model_type", "dropped"),
+    [
+        ("deepseek_v3", "model.layers.2.hnorm.weight"),
+        ("glm4_moe", "model.layers.2.mlp.experts.3.up_proj.weight"),
+        ("mimo", "model.mtp_layers.0.self_attn.o_proj.weight"),
+        ("qwen3_next", "mtp.pre_fc_norm_hidden.weight"),
+    ],
+)
+def test_a_checkpoint_missing_one_mtp_tensor_names_it_at_start(
+    embedded_model: LoadedModel, tmp_path: Path, model_type: str, dropped: str
+) -> None:
+    from compat_serve.bootstrap import ServeOptions, build_state
+
+    write_mtp_dir(tmp_path / model_type, model_type, embedded_model, drop=(dropped,))
+    main = load_model(str(tmp_path / model_type))
+    with pytest.raises(MTPHeadError) as caught:
+        build_state(ServeOptions(speculative="mtp", prefix_cache=False), main)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"no tensor {dropped!r}" in message and main.name in message
+
+
+def test_a_family_model_without_mtp_weights_fails_at_start_in_one_line(
+    embedded_model: LoadedModel, tmp_path: Path
+) -> None:
+    """A config that declares no MTP layer, and one that declares a layer its checkpoint
+    dropped (an mlx-lm conversion), both get the start-up error naming the families."""
+    for name, layers in (("none", 0), ("dropped", 1)):
+        out = tmp_path / name
+        write_mtp_dir(out, "glm4_moe", embedded_model, mtp_layers=layers)
+        if layers:
+            (out / "model-mtp.safetensors").unlink()
+        main = load_model(str(out))
+        with pytest.raises(MTPHeadError) as caught:
+            head_for(main, None)
+        message = str(caught.value)
+        assert "\n" not in message and main.name in message
+        assert "has no MTP weights" in message and "GLM-4.5" in message
