@@ -19,13 +19,13 @@ import mlx.core as mx
 from mlx import nn
 from mlx.utils import tree_flatten
 
-from tests.tiny_models import write_model_dir
+from tests.tiny_models import FAMILY_CONFIGS, write_model_dir
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
 
 # The MTP families' tiny configs: FAMILY_CONFIGS' (tests/tiny_models.py) plus the MTP count.
-MTP_FAMILY_TYPES = ("deepseek_v3", "glm4_moe", "mimo", "qwen3_next")
+QWEN_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 MIMO_CONFIG: dict[str, Any] = {
     "hidden_size": 64,
@@ -38,6 +38,29 @@ MIMO_CONFIG: dict[str, Any] = {
     "max_position_embeddings": 4096,
     "tie_word_embeddings": False,
 }
+
+
+# Qwen3.5-MoE (Qwen3.6's 35B-A3B shape): Qwen3.5's hybrid layers with sparse MoE blocks.
+QWEN3_5_MOE_CONFIG: dict[str, Any] = {
+    **FAMILY_CONFIGS["qwen3_5"],
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 64,
+}
+EXTRA_CONFIGS = {"mimo": MIMO_CONFIG, "qwen3_5_moe": QWEN3_5_MOE_CONFIG}
+
+
+def text_args(model_type: str, config: dict[str, Any]) -> Any:
+    """The mlx-lm args the decoder layers take (Qwen3.5's text args)."""
+    import importlib
+
+    if model_type in ("qwen3_5", "qwen3_5_moe"):
+        from mlx_lm.models import qwen3_5
+
+        return qwen3_5.TextModelArgs.from_dict(config)
+    module: Any = importlib.import_module(f"mlx_lm.models.{model_type}")
+    return module.ModelArgs.from_dict(config)
 
 
 @dataclass
@@ -61,14 +84,18 @@ def _block(model_type: str, args: Any) -> nn.Module:
         return module.DecoderLayer(args, args.num_hidden_layers)
     if model_type == "mimo":
         return module.TransformerBlock(args)
-    return module.Qwen3NextDecoderLayer(args, args.full_attention_interval - 1)
+    if model_type == "qwen3_next":
+        return module.Qwen3NextDecoderLayer(args, args.full_attention_interval - 1)
+    from mlx_lm.models import qwen3_5
+
+    return qwen3_5.DecoderLayer(args, args.full_attention_interval - 1)
 
 
 OWN_NAMES = {
     "deepseek_v3": ("enorm", "hnorm", "eh_proj", "shared_head.norm"),
     "glm4_moe": ("enorm", "hnorm", "eh_proj", "shared_head.norm"),
     "mimo": ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm"),
-    "qwen3_next": ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "fc", "norm"),
+    **{t: ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "fc", "norm") for t in QWEN_TYPES},
 }
 
 
@@ -77,8 +104,16 @@ def hf_block_tensors(model_type: str, block: nn.Module, args: Any) -> dict[str, 
     DeepSeek-V3's `embed_q`/`unembed_out` joined back into `kv_b_proj`, Qwen3-Next's norm
     weights zero-centred."""
     out: dict[str, mx.array] = {}
-    for name, value in tree_flatten(block.parameters()):
-        if ".switch_mlp." in name:
+    flat = dict(tree_flatten(block.parameters()))
+    for name, value in flat.items():
+        if model_type == "qwen3_5_moe" and ".switch_mlp." in name:  # fused, gate then up
+            stem, rest = name.split(".switch_mlp.")
+            if rest == "down_proj.weight":
+                out[f"{stem}.experts.down_proj"] = value
+            elif rest == "gate_proj.weight":
+                up = flat[f"{stem}.switch_mlp.up_proj.weight"]
+                out[f"{stem}.experts.gate_up_proj"] = mx.concatenate([value, up], axis=-2)
+        elif ".switch_mlp." in name:
             stem, rest = name.split(".switch_mlp.")
             for e in range(value.shape[0]):
                 out[f"{stem}.experts.{e}.{rest}"] = value[e]
@@ -89,7 +124,7 @@ def hf_block_tensors(model_type: str, block: nn.Module, args: Any) -> dict[str, 
             out["self_attn.kv_b_proj.weight"] = joined.reshape(-1, joined.shape[-1])
         elif name == "self_attn.unembed_out.weight":
             continue
-        elif model_type == "qwen3_next" and name.endswith("norm.weight"):
+        elif model_type in QWEN_TYPES and name.endswith("norm.weight"):
             out[name] = value - 1.0
         else:
             out[name] = value
@@ -110,23 +145,16 @@ def write_mtp_dir(
     the tensors named in `drop`, full names); `mtp_layers` 0 writes none and says so in
     config.json. With `bits`, the model and the MTP layer's linear layers are quantized
     (group 32, mlx-lm's layout)."""
-    import importlib
-
-    if model_type == "mimo":
-        from tests import tiny_models
-
-        tiny_models.FAMILY_CONFIGS.setdefault("mimo", MIMO_CONFIG)
+    if model_type in EXTRA_CONFIGS:
+        FAMILY_CONFIGS.setdefault(model_type, EXTRA_CONFIGS[model_type])
     model = write_model_dir(out, model_type, like, seed=seed, bits=bits)
     config = json.loads((out / "config.json").read_text())
-    count_key = (
-        "mtp_num_hidden_layers" if model_type == "qwen3_next" else "num_nextn_predict_layers"
-    )
+    count_key = "mtp_num_hidden_layers" if model_type in QWEN_TYPES else "num_nextn_predict_layers"
     config[count_key] = mtp_layers
     (out / "config.json").write_text(json.dumps(config))
     if not mtp_layers:
         return Source(model, nn.Identity(), {}, "", {})
-    module: Any = importlib.import_module(f"mlx_lm.models.{model_type}")
-    args = module.ModelArgs.from_dict(config)
+    args = text_args(model_type, config)
     mx.random.seed(seed + 1)
     block = _block(model_type, args)
     hidden = args.hidden_size
@@ -142,7 +170,7 @@ def write_mtp_dir(
         if name.endswith("norm.weight"):
             block.update(_nested(name, 1.0 + 0.1 * mx.random.normal(value.shape)))
     mx.eval(block.parameters(), *own.values())
-    if model_type == "qwen3_next":
+    if model_type in QWEN_TYPES:
         prefix, block_prefix = "mtp.", "mtp.layers.0."
         zero_centred = {k: v - 1.0 for k, v in own.items() if "norm" in k}
         own_written = {**own, **zero_centred}

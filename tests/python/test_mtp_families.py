@@ -44,13 +44,14 @@ def reference_step(
 ) -> tuple[mx.array, mx.array]:
     """One MTP step as the reference implementations write it: (logits, chained hidden)."""
     embed_norm, hidden_norm, proj, out_norm = OWN_NAMES[model_type]
-    own, eps = source.own, float(main.model.args.rms_norm_eps)
+    language = getattr(main.model, "language_model", main.model)  # Qwen3.5 nests it
+    own, eps = source.own, float(language.args.rms_norm_eps)
     e = rms(main.model.model.embed_tokens.weight[tokens], own[f"{embed_norm}.weight"], eps)
     h = rms(hidden, own[f"{hidden_norm}.weight"], eps)
     joined = mx.concatenate([h, e] if model_type == "mimo" else [e, h], axis=-1)
     x = source.block((joined @ own[f"{proj}.weight"].T)[:, None, :])[:, 0, :]
     normed = rms(x, own[f"{out_norm}.weight"], eps)
-    logits = normed @ main.model.lm_head.weight.T
+    logits = normed @ language.lm_head.weight.T
     return logits, x if model_type in ("deepseek_v3", "glm4_moe") else normed
 
 
@@ -67,6 +68,8 @@ BOUND = 1.2e-7 * 128 * 8
         ("glm4_moe", 4),
         ("mimo", None),
         ("qwen3_next", None),
+        ("qwen3_5", None),
+        ("qwen3_5_moe", None),
     ],
 )
 def test_a_family_checkpoint_s_mtp_head_loads_and_steps_as_the_reference(

@@ -1,8 +1,9 @@
-"""The MTP heads that checkpoints ship: DeepSeek-V3/R1, GLM-4.5/4.6/4.7, MiMo, Qwen3-Next.
+"""The MTP heads that checkpoints ship: DeepSeek-V3/R1, GLM-4.5/4.6/4.7, MiMo, Qwen3-Next,
+Qwen3.5/3.6.
 
 Each family's MTP module is built from the family's own mlx-lm decoder layer (MLA and MoE
 for DeepSeek-V3, GLM-4.5's MoE layer, MiMo's Qwen2-style block, a full-attention MoE
-Qwen3-Next layer) plus the family's norms and projection, named as in its checkpoint, and
+Qwen3-Next or Qwen3.5 layer) plus the family's norms and projection, named as in its checkpoint, and
 composed as vllm composes it (`deepseek_mtp.py`, `glm4_moe_mtp.py`, `mimo_mtp.py`,
 `qwen3_next_mtp.py`): the embedding of the token and the main model's hidden state, each
 normalized, joined by the projection, one decoder layer, a final norm, the main model's
@@ -167,6 +168,12 @@ def _qwen3_next_block(args: Any) -> Module:
     return qwen3_next.Qwen3NextDecoderLayer(args, args.full_attention_interval - 1)
 
 
+def _qwen3_5_block(args: Any) -> Module:
+    from mlx_lm.models import qwen3_5
+
+    return qwen3_5.DecoderLayer(args, args.full_attention_interval - 1)
+
+
 def _own_and_block(
     layout: Layout, tensors: dict[str, mx.array]
 ) -> tuple[dict[str, mx.array], dict[str, mx.array]]:
@@ -217,7 +224,15 @@ def _qwen3_next_prepare(module: Module, tensors: dict[str, mx.array]) -> dict[st
     experts = _attr(module, QWEN3_NEXT.block).mlp
     count = int(getattr(experts, "num_experts", 0))
     stem = f"{QWEN3_NEXT.block}.mlp"
-    if count and f"{stem}.experts.0.up_proj.weight" in out:
+    if f"{stem}.experts.gate_up_proj" in out:  # Qwen3.5-MoE's fused experts, as mlx-lm splits them
+        gate_up = out.pop(f"{stem}.experts.gate_up_proj")
+        mid = gate_up.shape[-2] // 2
+        out[f"{stem}.switch_mlp.gate_proj.weight"] = gate_up[..., :mid, :]
+        out[f"{stem}.switch_mlp.up_proj.weight"] = gate_up[..., mid:, :]
+        if f"{stem}.experts.down_proj" not in out:
+            raise _Missing(f"{stem}.experts.down_proj")
+        out[f"{stem}.switch_mlp.down_proj.weight"] = out.pop(f"{stem}.experts.down_proj")
+    elif count and f"{stem}.experts.0.up_proj.weight" in out:
         for name in ("gate_proj", "up_proj", "down_proj"):
             parts = []
             for e in range(count):
@@ -245,6 +260,8 @@ def family_for(model: Module, model_type: str) -> Family | None:
         return Family(MIMO, _mimo_block, _mimo_prepare)
     if model_type == "qwen3_next":
         return Family(QWEN3_NEXT, _qwen3_next_block, _qwen3_next_prepare)
+    if model_type in ("qwen3_5", "qwen3_5_moe"):
+        return Family(QWEN3_NEXT, _qwen3_5_block, _qwen3_next_prepare)
     return None
 
 
@@ -293,7 +310,8 @@ def load_family_head(loaded: LoadedModel) -> MTPHead | None:
     tensors = read_mtp_tensors(model_dir, config)
     if not tensors:
         return None
-    args = model.args
+    # Qwen3.5's language model keeps its own args (the outer ones hold `text_config`).
+    args = getattr(getattr(model, "language_model", None), "args", None) or model.args
     eps = float(getattr(args, "rms_norm_eps", 1e-6))
     module = mtp_module(family.layout, family.block(args), int(args.hidden_size), eps)
     where = f"{loaded.name}: the MTP weights are incomplete"

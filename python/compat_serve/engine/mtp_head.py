@@ -158,7 +158,8 @@ def embedding_and_head(
     `as_linear` when the model ties them)."""
     inner = model.model
     embed = inner.embed_tokens
-    lm_head = getattr(model, "lm_head", None)
+    # Qwen3.5's head sits on its language model (`model.language_model.lm_head`).
+    lm_head = getattr(getattr(model, "language_model", model), "lm_head", None)
     if lm_head is not None:
         return embed, lm_head
     return embed, embed.as_linear

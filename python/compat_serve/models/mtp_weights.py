@@ -9,7 +9,9 @@ reads them again from the safetensors files when `--speculative mtp` asks for th
 - DeepSeek-V3/R1 (`deepseek_v3`), GLM-4.5/4.6/4.7 (`glm4_moe`): `num_nextn_predict_layers`
   extra decoder layers after the last, `model.layers.{num_hidden_layers + i}.*`.
 - MiMo (`mimo`): `model.mtp_layers.{i}.*`, `num_nextn_predict_layers` of them.
-- Qwen3-Next (`qwen3_next`): `mtp.*`, `mtp_num_hidden_layers` layers under `mtp.layers.{i}`.
+- Qwen3-Next (`qwen3_next`), Qwen3.5/3.6 (`qwen3_5`, `qwen3_5_moe`): `mtp.*`, layers under
+  `mtp.layers.{i}`; vllm reads `mtp_num_hidden_layers` (Qwen3.5) or `num_nextn_predict_layers`
+  (Qwen3-Next), 1 when the config names neither.
 """
 
 from __future__ import annotations
@@ -20,16 +22,35 @@ from typing import Any
 
 import mlx.core as mx
 
-__all__ = ["MTP_MODEL_TYPES", "is_mtp_key", "mtp_layer_count", "mtp_prefix", "read_mtp_tensors"]
+__all__ = [
+    "MTP_MODEL_TYPES",
+    "is_mtp_key",
+    "mtp_layer_count",
+    "mtp_prefix",
+    "read_mtp_tensors",
+    "text_config",
+    "without_mtp_classes",
+]
 
 # mlx-lm model types whose checkpoints can carry MTP weights.
-MTP_MODEL_TYPES = ("deepseek_v3", "glm4_moe", "mimo", "qwen3_next")
+QWEN_MTP_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+MTP_MODEL_TYPES = ("deepseek_v3", "glm4_moe", "mimo", *QWEN_MTP_TYPES)
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config (Qwen3.5 nests it under `text_config`)."""
+    nested = config.get("text_config")
+    return {**config, **nested} if isinstance(nested, dict) else config
 
 
 def mtp_layer_count(config: dict[str, Any]) -> int:
     """How many MTP layers the config declares (0: none)."""
-    key = "mtp_num_hidden_layers" if config.get("model_type") == "qwen3_next" else None
-    value = config.get(key or "num_nextn_predict_layers", 0)
+    text = text_config(config)
+    if config.get("model_type") in QWEN_MTP_TYPES:
+        keys = ("mtp_num_hidden_layers", "num_nextn_predict_layers")
+        value = next((text[k] for k in keys if k in text), 1)
+    else:
+        value = text.get("num_nextn_predict_layers", 0)
     return value if isinstance(value, int) and value > 0 else 0
 
 
@@ -41,7 +62,7 @@ def mtp_prefix(config: dict[str, Any]) -> str | None:
         return f"model.layers.{int(config['num_hidden_layers'])}."
     if model_type == "mimo":
         return "model.mtp_layers.0."
-    if model_type == "qwen3_next":
+    if model_type in QWEN_MTP_TYPES:
         return "mtp."
     return None
 
@@ -59,7 +80,7 @@ def is_mtp_key(config: dict[str, Any], key: str) -> bool:
         )
     if model_type == "mimo":
         return key.startswith("model.mtp_layers.")
-    if model_type == "qwen3_next":
+    if model_type in QWEN_MTP_TYPES:
         return key.startswith("mtp.")
     return False
 
