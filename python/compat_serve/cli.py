@@ -148,7 +148,8 @@ def build_serve_parser() -> argparse.ArgumentParser:
         "followed an earlier occurrence of the last few tokens) and verifies them in one "
         "forward; fast when the output copies the prompt; 'draft' drafts with a small model "
         "(--draft-model); 'mtp' drafts with a multi-token-prediction head from the main "
-        "model's last hidden state (--mtp-head) (default off)",
+        "model's last hidden state: the checkpoint's own (DeepSeek-V3/R1, GLM-4.5/4.6/4.7, "
+        "Qwen3-Next/3.5/3.6, MiMo directories) or --mtp-head's (default off)",
     )
     p.add_argument(
         "--speculative-tokens",

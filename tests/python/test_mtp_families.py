@@ -11,11 +11,13 @@ written from; greedy output with the head drafting equals plain decoding.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import pytest
+from mlx.nn.layers.quantized import QuantizedLinear
 
 from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
@@ -46,12 +48,12 @@ def reference_step(
     embed_norm, hidden_norm, proj, out_norm = OWN_NAMES[model_type]
     language = getattr(main.model, "language_model", main.model)  # Qwen3.5 nests it
     own, eps = source.own, float(language.args.rms_norm_eps)
-    e = rms(main.model.model.embed_tokens.weight[tokens], own[f"{embed_norm}.weight"], eps)
+    e = rms(language.model.embed_tokens(tokens), own[f"{embed_norm}.weight"], eps)
     h = rms(hidden, own[f"{hidden_norm}.weight"], eps)
     joined = mx.concatenate([h, e] if model_type == "mimo" else [e, h], axis=-1)
     x = source.block((joined @ own[f"{proj}.weight"].T)[:, None, :])[:, 0, :]
     normed = rms(x, own[f"{out_norm}.weight"], eps)
-    logits = normed @ language.lm_head.weight.T
+    logits = language.lm_head(normed)
     return logits, x if model_type in ("deepseek_v3", "glm4_moe") else normed
 
 
@@ -61,23 +63,33 @@ BOUND = 1.2e-7 * 128 * 8
 
 
 @pytest.mark.parametrize(
-    ("model_type", "bits"),
+    ("model_type", "bits", "dtype"),
     [
-        ("deepseek_v3", None),
-        ("glm4_moe", None),
-        ("glm4_moe", 4),
-        ("mimo", None),
-        ("qwen3_next", None),
-        ("qwen3_5", None),
-        ("qwen3_5_moe", None),
+        ("deepseek_v3", None, None),
+        ("deepseek_v3", 4, "quantized"),  # kept quantized, as the model is
+        ("glm4_moe", None, None),
+        ("glm4_moe", 4, None),  # dequantized, as the model is on the CPU
+        ("mimo", None, None),
+        ("qwen3_next", None, None),
+        ("qwen3_5", None, None),
+        ("qwen3_5_moe", None, None),
     ],
 )
 def test_a_family_checkpoint_s_mtp_head_loads_and_steps_as_the_reference(
-    embedded_model: LoadedModel, tmp_path: Path, model_type: str, bits: int | None
+    embedded_model: LoadedModel,
+    tmp_path: Path,
+    model_type: str,
+    bits: int | None,
+    dtype: str | None,
 ) -> None:
     source = write_mtp_dir(tmp_path / model_type, model_type, embedded_model, seed=5, bits=bits)
-    main = load_model(str(tmp_path / model_type))
+    main = load_model(str(tmp_path / model_type), dtype=dtype)
     head = head_for(main, None)
+    language = getattr(main.model, "language_model", main.model)
+    kept = isinstance(language.lm_head, QuantizedLinear)
+    assert kept == (dtype == "quantized")
+    if bits is not None:  # the head's projection as the model's own layers
+        assert isinstance(head.layer.eh_proj, QuantizedLinear) == kept
     mx.random.seed(9)
     hidden = mx.random.normal((3, 64))
     toks = mx.array([5, 300, 4000], dtype=mx.uint32)
@@ -174,3 +186,19 @@ def test_a_family_model_without_mtp_weights_fails_at_start_in_one_line(
         message = str(caught.value)
         assert "\n" not in message and main.name in message
         assert "has no MTP weights" in message and "GLM-4.5" in message
+
+
+def test_mtp_weights_of_a_model_mlx_vlm_loaded_are_refused_in_one_line(
+    embedded_model: LoadedModel, tmp_path: Path
+) -> None:
+    """A Qwen3.5 checkpoint with a vision tower loads through mlx-vlm, whose model classes
+    the heads are not built on: refused at start, saying so (the directory is a text-only
+    one here, relabelled as mlx-vlm's loader labels its models)."""
+    write_mtp_dir(tmp_path / "q", "qwen3_5", embedded_model)
+    main = load_model(str(tmp_path / "q"))
+    as_vlm = dataclasses.replace(main, extra={**main.extra, "format": "mlx-vlm-dir"})
+    with pytest.raises(MTPHeadError) as caught:
+        head_for(as_vlm, None)
+    message = str(caught.value)
+    assert "\n" not in message and main.name in message
+    assert "only for text models loaded with mlx-lm" in message

@@ -195,18 +195,18 @@ def _own_and_block(
 def _through_sanitize(
     model: Module,
 ) -> Callable[[Module, dict[str, mx.array]], dict[str, mx.array]]:
-    """The block's tensors through the main model's own `sanitize`, as layer 0's."""
+    """The layer's tensors through the main model's own `sanitize`, as layer 0's (fp8
+    blocks dequantized, experts stacked, `kv_b_proj` split)."""
 
     def prepare(_module: Module, tensors: dict[str, mx.array]) -> dict[str, mx.array]:
         own, block = _own_and_block(DEEPSEEK, tensors)
-        renamed = {f"model.layers.0.{k}": v for k, v in block.items()}
+        renamed = {f"model.layers.0.{k}": v for k, v in {**own, **block}.items()}
         try:
             sanitized = model.sanitize(renamed)
         except KeyError as exc:  # a missing expert or partner tensor of a transform
             missing = str(exc.args[0]).removeprefix("model.layers.0.")
             raise _Missing(missing) from None
-        out = {k.removeprefix("model.layers.0."): v for k, v in sanitized.items()}
-        return {**own, **out}
+        return {k.removeprefix("model.layers.0."): v for k, v in sanitized.items()}
 
     return prepare
 
@@ -302,6 +302,11 @@ def load_family_head(loaded: LoadedModel) -> MTPHead | None:
     model_dir = loaded.extra.get("model_dir")
     if not isinstance(config, dict) or not model_dir or not mtp_layer_count(config):
         return None
+    if loaded.extra.get("format") != "mlx-dir":
+        raise MTPHeadError(
+            f"--speculative mtp: {loaded.name}'s MTP weights are read only for text models "
+            f"loaded with mlx-lm (this one loaded as {loaded.extra.get('format')})"
+        )
     model = loaded.model
     family = family_for(model, str(config.get("model_type")))
     prefix = mtp_prefix(config)
