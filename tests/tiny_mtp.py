@@ -145,9 +145,14 @@ def write_mtp_dir(
     the tensors named in `drop`, full names); `mtp_layers` 0 writes none and says so in
     config.json. With `bits`, the model and the MTP layer's linear layers are quantized
     (group 32, mlx-lm's layout)."""
-    if model_type in EXTRA_CONFIGS:
-        FAMILY_CONFIGS.setdefault(model_type, EXTRA_CONFIGS[model_type])
-    model = write_model_dir(out, model_type, like, seed=seed, bits=bits)
+    extra = model_type in EXTRA_CONFIGS and model_type not in FAMILY_CONFIGS
+    if extra:  # only while writing: tests/python/test_families.py runs every FAMILY_CONFIGS
+        FAMILY_CONFIGS[model_type] = EXTRA_CONFIGS[model_type]
+    try:
+        model = write_model_dir(out, model_type, like, seed=seed, bits=bits)
+    finally:
+        if extra:
+            del FAMILY_CONFIGS[model_type]
     config = json.loads((out / "config.json").read_text())
     count_key = "mtp_num_hidden_layers" if model_type in QWEN_TYPES else "num_nextn_predict_layers"
     config[count_key] = mtp_layers
