@@ -12,6 +12,7 @@ written from; greedy output with the head drafting equals plain decoding.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,10 +26,12 @@ from compat_serve.engine.mtp_head import MTPHeadError, head_for
 from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest
 from compat_serve.models.loader import load_model
+from compat_serve.models.weights import resolve_dtype
 from tests.chat_prompts import chat_ids
 from tests.greedy_ties import assert_same_or_near_tie
 from tests.python.test_batching import greedy
 from tests.python.test_speculative import COPY_PROMPTS, outputs, tokens
+from tests.tiny_models import write_model_dir
 from tests.tiny_mtp import OWN_NAMES, Source, write_mtp_dir
 
 if TYPE_CHECKING:
@@ -68,7 +71,7 @@ BOUND = 1.2e-7 * 128 * 8
         ("deepseek_v3", None, None),
         ("deepseek_v3", 4, "quantized"),  # kept quantized, as the model is
         ("glm4_moe", None, None),
-        ("glm4_moe", 4, None),  # dequantized, as the model is on the CPU
+        ("glm4_moe", 4, None),  # dequantized on the CPU, as the model is (kept on a GPU)
         ("mimo", None, None),
         ("qwen3_next", None, None),
         ("qwen3_5", None, None),
@@ -87,7 +90,7 @@ def test_a_family_checkpoint_s_mtp_head_loads_and_steps_as_the_reference(
     head = head_for(main, None)
     language = getattr(main.model, "language_model", main.model)
     kept = isinstance(language.lm_head, QuantizedLinear)
-    assert kept == (dtype == "quantized")
+    assert kept == (bits is not None and resolve_dtype(dtype).keep_quantized)
     if bits is not None:  # the head's projection as the model's own layers
         assert isinstance(head.layer.eh_proj, QuantizedLinear) == kept
     mx.random.seed(9)
@@ -202,3 +205,21 @@ def test_mtp_weights_of_a_model_mlx_vlm_loaded_are_refused_in_one_line(
     message = str(caught.value)
     assert "\n" not in message and main.name in message
     assert "only for text models loaded with mlx-lm" in message
+
+
+def test_mtp_layers_of_a_family_not_read_are_refused_naming_the_model_type(
+    embedded_model: LoadedModel, tmp_path: Path
+) -> None:
+    """A config that declares MTP layers for a model type whose head is not built here
+    (DeepSeek-V3.2, GLM-4.7-Flash...; a llama config stands in) says so, not "no MTP
+    weights"."""
+    out = tmp_path / "llama"
+    write_model_dir(out, "llama", embedded_model)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    main = load_model(str(out))
+    with pytest.raises(MTPHeadError) as caught:
+        head_for(main, None)
+    message = str(caught.value)
+    assert "\n" not in message and main.name in message and "(llama)" in message
+    assert "declares MTP layers" in message and "--mtp-head" in message

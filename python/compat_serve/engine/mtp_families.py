@@ -295,9 +295,10 @@ def _quantize_like(module: Module, weights: dict[str, mx.array], config: dict[st
 
 
 def load_family_head(loaded: LoadedModel) -> MTPHead | None:
-    """The MTP head of `loaded`'s own checkpoint; None when its family ships none or its
-    directory has none (a conversion that dropped them). Raises `MTPHeadError` naming the
-    first missing tensor of an incomplete one, or a tensor of the wrong shape."""
+    """The MTP head of `loaded`'s own checkpoint; None when its config declares no MTP
+    layer or its directory has none (a conversion that dropped them). Raises `MTPHeadError`
+    naming the first missing tensor of an incomplete one or a tensor of the wrong shape,
+    and for MTP layers of a model type (or a loader) the heads are not built for."""
     config = loaded.extra.get("config")
     model_dir = loaded.extra.get("model_dir")
     if not isinstance(config, dict) or not model_dir or not mtp_layer_count(config):
@@ -308,10 +309,14 @@ def load_family_head(loaded: LoadedModel) -> MTPHead | None:
             f"loaded with mlx-lm (this one loaded as {loaded.extra.get('format')})"
         )
     model = loaded.model
-    family = family_for(model, str(config.get("model_type")))
+    model_type = str(config.get("model_type"))
+    family = family_for(model, model_type)
     prefix = mtp_prefix(config)
     if family is None or prefix is None:
-        return None
+        raise MTPHeadError(
+            f"--speculative mtp: {loaded.name} ({model_type}) declares MTP layers, but they "
+            f"are read only for {MTP_FAMILIES}; give a trained head with --mtp-head FILE"
+        )
     tensors = read_mtp_tensors(model_dir, config)
     if not tensors:
         return None
