@@ -52,14 +52,13 @@ def engine_for(
 ) -> Engine:
     """Drafting with `head` on every step it can (None: no speculation)."""
     spec = SpeculationConfig("mtp", num_tokens=3, mtp=head, cost_aware=False)
+    settings: dict[str, object] = {"prefill_chunk": 128, "max_num_seqs": 8, **config}
     engine = Engine(
         loaded,
         EngineConfig(
-            prefill_chunk=128,
-            max_num_seqs=8,
             prefix_cache=prefix_cache,
             speculation=spec if head is not None else SpeculationConfig(),
-            **config,  # type: ignore[arg-type]
+            **settings,  # type: ignore[arg-type]
         ),
     )
     engine.start()
