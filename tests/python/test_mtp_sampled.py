@@ -7,7 +7,8 @@ row drafts 2 tokens at its first verify; the head's hidden state exists only aft
 first plain decode step, so tokens 1-2 are never drafted).
 
 Each such token `t`, drawn from the engine, is compared with the distribution `p` a plain
-forward of the model (mlx-lm's own module, no cache) gives at its position, by the
+forward of the model (its module called once on whole sequences: no engine, no KV cache,
+no batching of rows of different lengths) gives at its position, by the
 randomised probability integral transform: with tokens ordered by falling `p`,
 `u = P(tokens before t) + V * p(t)` (V uniform on [0, 1), seeded) is uniform on [0, 1)
 exactly when `t ~ p`, whatever `p` is, and the transforms of a row's successive tokens are
