@@ -2,7 +2,8 @@
 for token against plain decoding with the same feature (tie-aware, tests/greedy_ties.py),
 a random-weight head drafting on every step it can (test_mtp.py's `engine_for`).
 
-The embedded SmolLM2: a JSON-schema grammar (the grammar masks drafts), a thinking budget
+The embedded SmolLM2: a JSON-schema grammar and a forced tool call (the grammar masks
+drafts), a thinking budget
 (drafts stop short of the forced close) and 4-bit KV, each against a plain engine with
 the same configuration. A tiny random llama (cheap long prompts): the prefix cache's disk
 tier after RAM is flooded, and LoRA rows mixed with base rows. Drafting is checked to have
@@ -26,6 +27,11 @@ from compat_serve.engine.mtp_head import MTPHead, new_llama_head
 from compat_serve.engine.reasoning_budget import ReasoningBudget
 from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest, Grammar, Usage
+from compat_serve.parsers.events import ToolCallArgsDelta, ToolCallStart
+from compat_serve.parsers.registry import TOOL_FORMATS
+from compat_serve.parsers.request_tools import RequestTools
+from compat_serve.parsers.tool_calls import ToolCallParser
+from compat_serve.parsers.tool_grammar import tool_call_grammar
 from tests.chat_prompts import chat_ids
 from tests.greedy_ties import assert_same_as_engine_or_near_tie, assert_same_or_near_tie
 from tests.python.test_batching import greedy
@@ -92,6 +98,37 @@ def test_a_json_schema_masks_mtp_drafts_and_decodes_as_plain(
         return  # parted on a near tie: the texts after it are not comparable
     reply = json.loads("".join(e.text for e in got))
     assert set(reply) == {"city", "days"} and isinstance(reply["days"], int), reply
+
+
+def test_a_forced_tool_call_masks_mtp_drafts_and_decodes_as_plain(
+    engines: tuple[Engine, Engine], embedded_model: LoadedModel
+) -> None:
+    """tool_choice forcing a call: the whole output is the format's call grammar
+    (hermes, SmolLM2's), one call to the one tool; the call parses."""
+    plain, mtp = engines
+    fmt = TOOL_FORMATS["hermes"]
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 16}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    tools = RequestTools({"get_weather": schema}, max_calls=1)
+    source = tool_call_grammar(fmt, tools, mode="required")
+    assert source is not None
+    prompt = chat_ids(embedded_model, "What is the weather like in Paris today?")
+    req = EngineRequest("c", prompt, greedy(40), grammar=Grammar("lark", source))
+    before = drafted(mtp)
+    want, got = outputs(plain, [req])[0], outputs(mtp, [req])[0]
+    assert drafted(mtp) > before
+    if assert_same_as_engine_or_near_tie(plain, req, tokens(want), tokens(got)):
+        return  # parted on a near tie: the texts after it are not comparable
+    parser = ToolCallParser(fmt, dict(tools.schemas), new_id=lambda: "call_0")
+    parsed = [o for e in got for o in parser.feed(e.text)] + parser.finish()
+    starts = [o for o in parsed if isinstance(o, ToolCallStart)]
+    assert [s.name for s in starts] == ["get_weather"], parsed
+    arguments = json.loads("".join(o.fragment for o in parsed if isinstance(o, ToolCallArgsDelta)))
+    assert set(arguments) == {"city"} and isinstance(arguments["city"], str), arguments
 
 
 def test_a_thinking_budget_closes_at_the_same_token_with_mtp(
