@@ -125,7 +125,7 @@ def test_mtp_drafts_leave_greedy_output_unchanged_batched_alone_and_on_a_cache_r
         )
         batched = outputs(engine, [*reqs, sampled])
         alone, usage = run_one(engine, dataclasses.replace(reqs[0], request_id="alone"))
-        status = engine.speculation_status()
+        status, metrics = engine.speculation_status(), engine.metrics.render()
     finally:
         engine.shutdown()
     for request, want, events in zip(reqs, plain.outputs, batched, strict=False):
@@ -136,7 +136,7 @@ def test_mtp_drafts_leave_greedy_output_unchanged_batched_alone_and_on_a_cache_r
     assert tokens(batched[-1])  # the sampled row ran to its end
     assert status["mode"] == "mtp", status
     assert int(status["draft_tokens"]) > 10, status  # type: ignore[call-overload]
-    assert_telemetry_adds_up(status, 3)
+    assert_telemetry_adds_up(status, 3, metrics)
 
 
 def test_mtp_with_8_bit_kv_decodes_as_plain_8_bit_kv(
