@@ -144,7 +144,7 @@ test-python: $(BUILT)
 	$(PYTEST_THREADS) $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Everything, with the slower second views CI leaves out (tests/extended.py: tests marked
-# or listed `extended`, every chat template where CI takes eight formats' templates).
+# or listed `extended`, every chat template where CI takes four formats' templates).
 test-extended: build
 	COMPAT_SERVE_TEST_EXTENDED=1 $(MAKE) --no-print-directory test-python
 

@@ -2,7 +2,7 @@
 CI's time budget and run by `make test-extended` (COMPAT_SERVE_TEST_EXTENDED=1).
 
 A test marked `extended` is deselected unless the variable is set (tests/conftest.py); a
-test that samples a set in CI (the chat templates of eight tool formats, say) takes the
+test that samples a set in CI (the chat templates of four tool formats, say) takes the
 whole set when `EXTENDED` is true. Each use says beside it what CI keeps of it.
 """
 
