@@ -5,15 +5,18 @@ flag's parsing, and `auto` in the engine: greedy-exact, its chosen depth reporte
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from compat_serve.bootstrap import ServeOptions
 from compat_serve.cli import build_serve_parser
 from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.speculation import SpeculationConfig, StepCosts
 from compat_serve.engine.speculation_depth import DepthTuner, choose_depth, expected_tokens
+from compat_serve.serve_models import ModelFlags, build_hub, entry_options
 from tests.greedy_ties import assert_same_or_near_tie
 from tests.python.test_speculative import outputs, requests, tokens
 
@@ -105,13 +108,22 @@ def test_speculative_tokens_takes_a_positive_integer_or_auto(
     ]
 
 
-def test_a_models_file_speculative_tokens_other_than_a_positive_integer_or_auto_is_refused() -> (
-    None
-):
-    SpeculationConfig("ngram", "auto").validate()
-    for bad in ("fast", 0, True):
-        with pytest.raises(ValueError, match="must be a positive integer or auto"):
-            SpeculationConfig("ngram", bad).validate()  # type: ignore[arg-type]
+def test_a_models_file_takes_speculative_tokens_auto_and_refuses_other_words(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "a.gguf").write_bytes(b"GGUF")
+    models = tmp_path / "models.yaml"
+    entry = "models:\n  - id: a\n    path: a.gguf\n    speculative: ngram\n"
+    models.write_text(entry + "    speculative_tokens: auto\n")
+    hub = build_hub(ServeOptions(), ModelFlags(models_file=str(models)))
+    assert entry_options(ServeOptions(), hub.slots["a"].entry).speculative_tokens == "auto"
+    models.write_text(entry + "    speculative_tokens: fast\n")
+    with pytest.raises(
+        ValueError,
+        match=rf"{models}:2: model 'a': --speculative-tokens must be a positive integer or "
+        "auto, not 'fast'",
+    ):
+        build_hub(ServeOptions(), ModelFlags(models_file=str(models)))
 
 
 def test_auto_depth_decodes_greedy_exact_and_reports_its_chosen_depth(
