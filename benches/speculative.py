@@ -102,7 +102,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--speculative-tokens", type=int, default=4)
+    parser.add_argument(
+        "--speculative-tokens", type=lambda t: t if t == "auto" else int(t), default=4
+    )
     parser.add_argument("--only", default="", help="run the workloads whose name has this")
     parser.add_argument("--concurrency", default="1,4", help="comma-separated (1,4)")
     args = parser.parse_args()
@@ -152,9 +154,12 @@ def main() -> None:
                 )  # fmt: skip
                 print(line.format(*row), flush=True)
         print(f"load average after: {os.getloadavg()[0]:.2f}")
+        final = spec.speculation_status()
+        print("measured step costs (ms, rows x positions):", final["step_costs_ms"])
+        print("draft depth:", final["draft_depth"])
         print(
-            "measured step costs (ms, rows x positions):",
-            spec.speculation_status()["step_costs_ms"],
+            "acceptance by position:",
+            [(p["position"], p["acceptance_rate"], p["draft_tokens"]) for p in final["positions"]],
         )
     finally:
         plain.shutdown()

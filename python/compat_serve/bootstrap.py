@@ -54,7 +54,7 @@ class ServeOptions:
     decode_prefill_chunk: int | None = None
     max_num_seqs: int = 16
     speculative: str = "off"
-    speculative_tokens: int = 4
+    speculative_tokens: int | str = 4  # or "auto"
     ngram_min: int = 2
     ngram_max: int = 4
     draft_model: str | None = None

@@ -183,7 +183,9 @@ def test_speculative_decoding_reports_the_verified_tokens_logprobs(
         "top_logprobs": 5,
     }
     plain = _post(server, "/v1/chat/completions", body).json()
+    before = _metrics(speculative_server)
     spec = _post(speculative_server, "/v1/chat/completions", body).json()
+    after = _metrics(speculative_server)
     # The same tokens up to a near tie (verifying drafts sums in another order).
     tie = assert_chat_same_or_near_tie(plain, spec)
     spec_items = spec["choices"][0]["logprobs"]["content"]
@@ -194,6 +196,63 @@ def test_speculative_decoding_reports_the_verified_tokens_logprobs(
     spec_status = httpx.get(f"{speculative_server.base_url}/v1/status").json()["speculation"]
     # Drafted tokens were accepted, so some logprobs came from the verify pass.
     assert spec_status["accepted_tokens"] > 0, spec_status
+    _assert_telemetry_matches(speculative_server, spec["usage"], before, after, spec_status)
+
+
+def _metrics(server: RunningServer) -> dict[str, float]:
+    """`/metrics` samples by name and labels, each label set's own: `name{a="1"}`."""
+    text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def _sum(samples: dict[str, float], name: str) -> float:
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+
+
+def _assert_telemetry_matches(
+    server: RunningServer,
+    usage: dict[str, int],
+    before: dict[str, float],
+    after: dict[str, float],
+    status: dict[str, Any],
+) -> None:
+    """Speculation telemetry in /v1/status, /metrics and the dashboard agrees, and with
+    what the engine did for the one request: its first token came from the prefill, then
+    one per plain decode step, and what the verify steps emitted: per step the accepted
+    drafts plus the model's own token, less that token once if an accepted draft ended
+    the request (a stop token)."""
+
+    def delta(name: str) -> float:
+        return _sum(after, name) - _sum(before, name)
+
+    steps = delta("compat_decode_step_batch_size_count")
+    verify = delta("compat_spec_verify_steps_total")
+    emitted = delta("compat_spec_emitted_tokens_total")
+    accepted = delta("compat_spec_accepted_tokens_total")
+    assert usage["completion_tokens"] == 1 + (steps - verify) + emitted, (usage, after)
+    assert emitted - verify <= accepted <= emitted - verify + 1, (emitted, verify, accepted)
+    positions = status["positions"]
+    assert sum(p["draft_tokens"] for p in positions) == status["draft_tokens"]
+    assert sum(p["accepted_tokens"] for p in positions) == status["accepted_tokens"]
+    for p in positions:
+        label = f'{{position="{p["position"]}"}}'
+        assert after[f"compat_spec_position_draft_tokens_total{label}"] == p["draft_tokens"]
+        assert after[f"compat_spec_position_accepted_tokens_total{label}"] == p["accepted_tokens"]
+    assert after["compat_spec_draft_tokens_total"] == status["draft_tokens"]
+    assert after["compat_spec_draft_depth"] == status["draft_depth"]["max"] == 4
+    assert after["compat_spec_drafting_rows_total"] == positions[0]["draft_tokens"]
+    costs = {(c["rows"], c["width"]): c["ms"] for c in status["step_costs"]}
+    assert (1, 1) in costs and any(width > 1 for _, width in costs), costs
+    for (rows, width), ms in costs.items():
+        seconds = after[f'compat_spec_step_cost_seconds{{rows="{rows}",width="{width}"}}']
+        assert seconds * 1000 == pytest.approx(ms, abs=0.006), (rows, width)
+    dashboard = httpx.get(f"{server.base_url}/v1/dashboard", timeout=30).json()
+    assert dashboard["models"][0]["speculation"] == status
 
 
 @pytest.fixture(scope="module")

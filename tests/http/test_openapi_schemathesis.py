@@ -41,8 +41,8 @@ pytestmark = pytest.mark.model
 load_all_checks()
 ALL_CHECKS = list(CHECKS.get_all())
 SEEDS = (1, 2)
-# Examples per operation: 12 in CI, 50 in the extended run (tests/extended.py).
-EXAMPLES = 50 if EXTENDED else 12
+# Examples per operation: 6 in CI, 50 in the extended run (tests/extended.py).
+EXAMPLES = 50 if EXTENDED else 6
 
 # The 400s (and 404s) for rules the document states in words, per path: full messages.
 _TEMPLATE = (

@@ -32,7 +32,13 @@ from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParam
 from tests.chat_prompts import chat_ids
 from tests.greedy_ties import Q8_KV_TIE, assert_same_or_near_tie
 from tests.python.test_batching import greedy
-from tests.python.test_speculative import COPY_PROMPTS, FREE_PROMPT, outputs, tokens
+from tests.python.test_speculative import (
+    COPY_PROMPTS,
+    FREE_PROMPT,
+    assert_telemetry_adds_up,
+    outputs,
+    tokens,
+)
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -118,7 +124,7 @@ def test_mtp_drafts_leave_greedy_output_unchanged_batched_alone_and_on_a_cache_r
         )
         batched = outputs(engine, [*reqs, sampled])
         alone, usage = run_one(engine, dataclasses.replace(reqs[0], request_id="alone"))
-        status = engine.speculation_status()
+        status, metrics = engine.speculation_status(), engine.metrics.render()
     finally:
         engine.shutdown()
     for request, want, events in zip(reqs, plain.outputs, batched, strict=False):
@@ -129,6 +135,7 @@ def test_mtp_drafts_leave_greedy_output_unchanged_batched_alone_and_on_a_cache_r
     assert tokens(batched[-1])  # the sampled row ran to its end
     assert status["mode"] == "mtp", status
     assert int(status["draft_tokens"]) > 10, status  # type: ignore[call-overload]
+    assert_telemetry_adds_up(status, 3, metrics)
 
 
 def test_mtp_with_8_bit_kv_decodes_as_plain_8_bit_kv(

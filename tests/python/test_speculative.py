@@ -102,6 +102,34 @@ def requests(loaded: LoadedModel, tag: str, max_tokens: int = 48, **extra: Any) 
     ]
 
 
+def assert_telemetry_adds_up(status: dict[str, Any], depth: int, metrics: str) -> None:
+    """The per-position counts add up to the totals, a verified row emitted its accepted
+    drafts plus one token (less what followed its request's end: the model's token after
+    an accepted stop token, drafts after a stop string), and the depths stay within
+    `depth`."""
+    positions = status["positions"]
+    assert [p["position"] for p in positions] == list(range(1, len(positions) + 1))
+    assert sum(p["draft_tokens"] for p in positions) == status["draft_tokens"], status
+    assert sum(p["accepted_tokens"] for p in positions) == status["accepted_tokens"], status
+    assert all(0 <= p["accepted_tokens"] <= p["draft_tokens"] for p in positions), status
+    emitted = status["emitted_tokens"]
+    assert status["verified_rows"] <= emitted <= status["accepted_tokens"] + status["verified_rows"]
+    assert 1 <= len(positions) <= depth, status
+    drafted = status["draft_depth"]
+    assert drafted["max"] == depth and 1 <= drafted["last"] <= depth, status
+    # Each drafting row proposed position 1: the mean depth is drafted over those rows.
+    assert drafted["mean"] == round(status["draft_tokens"] / positions[0]["draft_tokens"], 3)
+    widths = {c["width"] for c in status["step_costs"]}
+    assert widths and max(widths) <= depth + 1, status
+    # /metrics has the same counts per position.
+    lines = set(metrics.splitlines())
+    for p in positions:
+        label = f'{{position="{p["position"]}"}}'
+        assert f"compat_spec_position_draft_tokens_total{label} {p['draft_tokens']}" in lines
+        assert f"compat_spec_position_accepted_tokens_total{label} {p['accepted_tokens']}" in lines
+    assert f"compat_spec_draft_depth {depth}" in lines
+
+
 def test_greedy_output_is_the_same_alone_and_batched_with_mixed_rows(
     engines: tuple[Engine, Engine], embedded_model: LoadedModel
 ) -> None:
@@ -115,7 +143,7 @@ def test_greedy_output_is_the_same_alone_and_batched_with_mixed_rows(
         assert_same_or_near_tie(embedded_model, request.prompt_ids, want, got)
     status = spec.speculation_status()
     assert status["accepted_tokens"] > 20, status  # the copy prompts were drafted
-    assert "compat_spec_accepted_tokens_total" in spec.metrics.render()
+    assert_telemetry_adds_up(status, 4, spec.metrics.render())
     # Usage counts every emitted token once; /v1/status shows the request's own counters.
     again = EngineRequest("g-status", reqs[0].prompt_ids, reqs[0].sampling)
 

@@ -24,6 +24,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from compat_serve.engine.speculation_depth import AUTO, AUTO_MAX_DEPTH, DepthTuner
+
 if TYPE_CHECKING:
     from compat_serve.engine.mtp_head import MTPHead
     from compat_serve.models.types import LoadedModel
@@ -36,8 +38,9 @@ MODES = ("off", "ngram", "draft", "mtp")
 @dataclass(frozen=True)
 class SpeculationConfig:
     mode: str = "off"
-    # Most tokens drafted per row per step.
-    num_tokens: int = 4
+    # Most tokens drafted per row per step, or "auto" (engine/speculation_depth.py: the
+    # depth chosen from measured acceptance and step cost, at most AUTO_MAX_DEPTH).
+    num_tokens: int | str = 4
     # Suffix lengths prompt lookup tries, longest first.
     ngram_min: int = 2
     ngram_max: int = 4
@@ -53,6 +56,15 @@ class SpeculationConfig:
     mtp_head: str | None = None
     mtp: MTPHead | None = field(default=None, compare=False, repr=False)
 
+    @property
+    def auto_depth(self) -> bool:
+        return self.num_tokens == AUTO
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest draft a row may ever be given."""
+        return self.num_tokens if isinstance(self.num_tokens, int) else AUTO_MAX_DEPTH
+
     def validate(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"--speculative must be one of {', '.join(MODES)}")
@@ -63,8 +75,14 @@ class SpeculationConfig:
             raise ValueError("--draft-model is only used with --speculative draft")
         if self.mode != "mtp" and (self.mtp_head or self.mtp is not None):
             raise ValueError("--mtp-head is only used with --speculative mtp")
-        if self.num_tokens < 1:
-            raise ValueError("--speculative-tokens must be at least 1")
+        if self.num_tokens != AUTO and (
+            not isinstance(self.num_tokens, int)
+            or isinstance(self.num_tokens, bool)
+            or self.num_tokens < 1
+        ):
+            raise ValueError(
+                f"--speculative-tokens must be a positive integer or auto, not {self.num_tokens!r}"
+            )
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("--ngram-min must be at least 1 and at most --ngram-max")
 
@@ -274,6 +292,10 @@ class StepCosts:
             return min(widths, key=lambda w: self._seen.get((rows, w), -1)) - 1
         return 0
 
+    def measured(self) -> dict[tuple[int, int], float]:
+        """Each measured (rows, width)'s cost in seconds (the median of its window)."""
+        return dict(self._mean)
+
     def status(self) -> dict[str, float]:
         """Measured costs in ms by shape, e.g. `{"4x1": 61.2, "4x5": 118.0}`."""
         return {f"{r}x{w}": round(c * 1000, 1) for (r, w), c in sorted(self._mean.items())}
@@ -281,7 +303,11 @@ class StepCosts:
 
 @dataclass
 class SpeculationStats:
-    """Counters for /metrics and /v1/status (written by the engine thread)."""
+    """Counters for /metrics, /v1/status and the dashboard (written by the engine
+    thread). Per draft position i (1-based): `proposed_at[i - 1]` drafts proposed a
+    token there, `accepted_at[i - 1]` of them had it accepted; they add up to `drafted`
+    and `accepted`. `depth` is the deepest draft in use (`--speculative-tokens`, or the
+    one `auto` chose: `tuner`), `last_depth` the longest draft of the last verify step."""
 
     mode: str
     steps: int = 0
@@ -290,9 +316,61 @@ class SpeculationStats:
     drafted: int = 0
     accepted: int = 0
     emitted: int = 0
+    # Verified rows that had a draft (the mean draft depth is `drafted` over these).
+    drafting_rows: int = 0
+    depth: int = 0
+    last_depth: int = 0
+    proposed_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    tuner: DepthTuner | None = None
     disabled_reason: str | None = None
     per_row: dict[str, RowState] = field(default_factory=dict)
     costs: StepCosts = field(default_factory=StepCosts)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """One verified row: `drafted` tokens proposed, the first `accepted` kept (what it
+        emitted is counted as it is handed on: `emitted`)."""
+        self.drafted += drafted
+        self.accepted += accepted
+        if not drafted:
+            return
+        self.drafting_rows += 1
+        while len(self.proposed_at) < drafted:
+            self.proposed_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(drafted):
+            self.proposed_at[i] += 1
+            self.accepted_at[i] += i < accepted
+        if self.tuner is not None:
+            self.tuner.record(drafted, accepted)
+
+    def positions(self) -> list[dict[str, object]]:
+        return [
+            {
+                "position": i + 1,
+                "draft_tokens": proposed,
+                "accepted_tokens": accepted,
+                "acceptance_rate": round(accepted / proposed, 4) if proposed else None,
+            }
+            for i, (proposed, accepted) in enumerate(
+                zip(self.proposed_at, self.accepted_at, strict=True)
+            )
+        ]
+
+    def step_costs(self) -> list[dict[str, object]]:
+        """Each measured shape's cost, and against a plain step of as many rows."""
+        out: list[dict[str, object]] = []
+        for (rows, width), seconds in sorted(self.costs.measured().items()):
+            plain = self.costs.estimate(rows, 1)
+            out.append(
+                {
+                    "rows": rows,
+                    "width": width,
+                    "ms": round(seconds * 1000, 2),
+                    "vs_plain": round(seconds / plain, 3) if plain else None,
+                }
+            )
+        return out
 
     def status(self) -> dict[str, object]:
         rate = self.accepted / self.drafted if self.drafted else None
@@ -309,7 +387,18 @@ class SpeculationStats:
             "tokens_per_verified_row": (
                 round(self.emitted / self.row_steps, 3) if self.row_steps else None
             ),
+            "draft_depth": {
+                "max": self.depth,
+                "auto": self.tuner is not None,
+                "auto_choices": self.tuner.choices if self.tuner is not None else None,
+                "last": self.last_depth,
+                "mean": (
+                    round(self.drafted / self.drafting_rows, 3) if self.drafting_rows else None
+                ),
+            },
+            "positions": self.positions(),
             "step_costs_ms": self.costs.status(),
+            "step_costs": self.step_costs(),
         }
 
     def render(self) -> list[str]:
@@ -324,16 +413,51 @@ class SpeculationStats:
             ),
             (
                 "compat_spec_emitted_tokens_total",
-                "Tokens produced by verify steps (accepted plus one per row).",
+                "Tokens verify steps emitted (accepted plus one per row, less what "
+                "followed the end of a request).",
                 self.emitted,
+            ),
+            (
+                "compat_spec_drafting_rows_total",
+                "Verified rows that had a draft (mean draft depth: draft tokens over these).",
+                self.drafting_rows,
             ),
         ):
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]
+        for name, help_text, values in (
+            (
+                "compat_spec_position_draft_tokens_total",
+                "Drafts that proposed a token at this draft position (1: the first).",
+                self.proposed_at,
+            ),
+            (
+                "compat_spec_position_accepted_tokens_total",
+                "Drafts whose token at this draft position was accepted.",
+                self.accepted_at,
+            ),
+        ):
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+            lines += [f'{name}{{position="{i + 1}"}} {v}' for i, v in enumerate(values)]
         rate = self.accepted / self.drafted if self.drafted else 0.0
-        name = "compat_spec_acceptance_rate"
+        mean = self.drafted / self.drafting_rows if self.drafting_rows else 0.0
+        for name, help_text, gauge in (
+            ("compat_spec_acceptance_rate", "Accepted over drafted tokens since start.", rate),
+            (
+                "compat_spec_draft_depth",
+                "Deepest draft in use (--speculative-tokens, or the one auto chose).",
+                self.depth,
+            ),
+            ("compat_spec_draft_depth_mean", "Mean tokens per draft since start.", mean),
+        ):
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {gauge:.6g}"]
+        name = "compat_spec_step_cost_seconds"
         lines += [
-            f"# HELP {name} Accepted over drafted tokens since start.",
+            f"# HELP {name} Measured wall time of a decode step of rows x width positions "
+            "(width 1: a plain step; wider: a verify step, drafting included).",
             f"# TYPE {name} gauge",
-            f"{name} {rate:.6g}",
+        ]
+        lines += [
+            f'{name}{{rows="{rows}",width="{width}"}} {seconds:.6g}'
+            for (rows, width), seconds in sorted(self.costs.measured().items())
         ]
         return lines

@@ -33,6 +33,7 @@ from compat_serve.engine.speculation import (
     SpeculationConfig,
     SpeculationStats,
 )
+from compat_serve.engine.speculation_depth import DepthTuner
 from compat_serve.engine.status import StatusBoard
 
 log = logging.getLogger("compat_serve.engine")
@@ -68,6 +69,10 @@ class SpeculativeStep:
         self._status = status
         self._metrics = metrics
         self.stats = SpeculationStats(config.mode)
+        self.stats.depth = config.max_depth
+        if config.auto_depth:
+            self.stats.tuner = DepthTuner(config.max_depth)
+            self.stats.depth = self.stats.tuner.depth
         self._drafter: Drafter | None = None
         self._draft_model: DraftModel | None = None
         self._mtp: MTPDrafter | None = None
@@ -201,10 +206,11 @@ class SpeculativeStep:
         for seq in seqs:
             state = self.stats.per_row.get(seq.request_id)
             if state is None:
-                state = self.stats.per_row[seq.request_id] = RowState(self._spec.num_tokens)
+                state = self.stats.per_row[seq.request_id] = RowState(self._spec.max_depth)
             out = len(seq.generated)
             room = min(
                 state.k,
+                self.stats.depth,
                 seq.request.sampling.max_tokens - out - 1,
                 limit - (seq.prompt_len + out) - 1,
                 kv_free,
@@ -261,14 +267,13 @@ class SpeculativeStep:
         stats.costs.observe(len(seqs), width, time.perf_counter() - started)
         stats.steps += 1
         stats.row_steps += len(seqs)
+        stats.last_depth = max(len(draft) for draft in rows_drafts)
         for seq, draft, tokens in zip(seqs, rows_drafts, emitted, strict=True):
             if isinstance(tokens, GrammarError):
                 host.fail(seq, tokens)
                 continue
             accepted = len(tokens) - 1
-            stats.drafted += len(draft)
-            stats.accepted += accepted
-            stats.emitted += len(tokens)
+            stats.record(len(draft), accepted)
             row = stats.per_row[seq.request_id]
             row.record(len(draft), accepted)
             row.drafted += len(draft)
@@ -283,8 +288,14 @@ class SpeculativeStep:
                 assert token == verified or i == len(tokens) - 1, "a draft past the budget"
                 sampled.append((seq.request_id, token))
                 host.accept_token(seq, token)
+                stats.emitted += 1
                 if seq.phase is Phase.FINISHED or token in seq.stop_ids:
                     break
+        if stats.tuner is not None and stats.tuner.after_verify(stats.costs, len(seqs)):
+            stats.depth = stats.tuner.depth
+            log.info(
+                "speculative decoding: draft depth %d (--speculative-tokens auto)", stats.depth
+            )
 
     def _verify(
         self,

@@ -26,7 +26,7 @@ PER_MODEL_OPTIONS: dict[str, tuple[type, ...]] = {
     "decode_prefill_chunk": (int,),
     "max_num_seqs": (int,),
     "speculative": (str,),
-    "speculative_tokens": (int,),
+    "speculative_tokens": (int, str),
     "ngram_min": (int,),
     "ngram_max": (int,),
     "draft_model": (str,),

@@ -355,6 +355,33 @@ function kvFormat(model) {
   return `${text || "–"} (${fmtBytes(model.kv_bytes_per_token)} per token)`;
 }
 
+// Draft depth, acceptance per draft position and measured step costs (speculation).
+function speculationFacts(spec) {
+  if (!spec.mode || spec.mode === "off") return [];
+  const depth = spec.draft_depth || {};
+  const mean = depth.mean === null || depth.mean === undefined ? "–" : depth.mean;
+  const positions = (spec.positions || [])
+    .map((p) => {
+      const rate = p.acceptance_rate === null ? "–" : `${Math.round(p.acceptance_rate * 100)}%`;
+      return `${p.position}: ${rate} of ${fmtInt(p.draft_tokens)}`;
+    })
+    .join(", ");
+  const costs = (spec.step_costs || [])
+    .map((c) => {
+      const relative = c.width > 1 && c.vs_plain ? ` (${c.vs_plain}x plain)` : "";
+      return `${c.rows}x${c.width} ${c.ms} ms${relative}`;
+    })
+    .join(", ");
+  return [
+    [
+      "draft depth",
+      `max ${depth.max}${depth.auto ? " (auto)" : ""}, last ${depth.last}, mean ${mean}`,
+    ],
+    ["acceptance by position", positions || "–"],
+    ["step costs", costs || "–"],
+  ];
+}
+
 function renderModel(snap) {
   const model = snap.models[0];
   app.model = model.id;
@@ -378,6 +405,7 @@ function renderModel(snap) {
     ["tool calls", model.output_parsing.tool_calls],
     ["reasoning", model.output_parsing.reasoning],
     ["speculation", spec.mode || "off"],
+    ...speculationFacts(spec),
     ["sampling defaults", sampling || "–"],
   ];
   const nodes = [];
