@@ -32,7 +32,11 @@ from compat_serve.parsers.request_tools import RequestTools
 from compat_serve.parsers.tool_calls import ToolCallParser
 from compat_serve.parsers.tool_grammar import tool_call_grammar
 from tests.chat_prompts import chat_ids
-from tests.greedy_ties import assert_same_as_engine_or_near_tie, assert_same_or_near_tie
+from tests.greedy_ties import (
+    Q4_KV_TIE,
+    assert_same_as_engine_or_near_tie,
+    assert_same_or_near_tie,
+)
 from tests.python.test_batching import greedy
 from tests.python.test_lora_engine import (
     adapter_dirs,  # noqa: F401 (a fixture)
@@ -50,14 +54,6 @@ from tests.python.test_speculative import FREE_PROMPT, outputs, tokens
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
-
-
-# 4-bit KV: the verify forward and a plain decode step write the same K/V rows up to float
-# order, and a difference of one ulp moves a value across a 4-bit rounding boundary, a
-# whole step (1/15 of the group's range, 17 times an 8-bit step). tests/greedy_ties.py
-# records the top-two margin moving by up to 1.3 within 24 tokens under 4-bit KV
-# (benches/greedy_tie_tolerances.py); a departure on a margin beyond that is a bug.
-Q4_KV_TIE = 1.3
 
 
 def drafted(engine: Engine) -> int:
