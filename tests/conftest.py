@@ -75,8 +75,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # The files that take longest (pytest --durations, 2-core CI machine), in that order. Two
-# workers take whole files (`--dist loadfile`) in collection order: starting with these
-# leaves short files for the end, so neither worker waits long on the other's last file.
+# workers take whole files (`--dist loadfile --no-loadscope-reorder`) in collection
+# order: starting with these leaves short files for the end, so neither worker waits
+# long on the other's last file.
 HEAVIEST_FILES = (
     "tests/python/test_prefix_cache.py",
     "tests/http/test_multi_model.py",
@@ -93,6 +94,12 @@ HEAVIEST_FILES = (
     "tests/python/test_speculative.py",
     "tests/python/test_prefix_exact.py",
     "tests/python/test_families.py",
+    "tests/http/test_forced_calls_default_body.py",
+    "tests/e2e/test_claude_code.py",
+    "tests/e2e/test_opencode.py",
+    "tests/e2e/test_codex.py",
+    "tests/python/test_forced_calls_per_template.py",
+    "tests/python/test_vlm.py",
 )
 _WEIGHT = {path: rank for rank, path in enumerate(HEAVIEST_FILES)}
 
