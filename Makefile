@@ -10,7 +10,7 @@ PORT ?= 8000
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup system-libs build serve test checks-rust setup-and-build checks-python lint-rust lint-python test-rust test-python test-extended test-cpu-fallback test-users-path test-numeric-variants lint fmt bench bench-rust bench-python gpu-kit gpu-kit-check clean \
+.PHONY: setup system-libs build serve test checks-rust setup-and-build checks-python checks-and-lanes lint-rust lint-python test-rust test-python test-extended test-cpu-fallback test-users-path test-numeric-variants lint fmt bench bench-rust bench-python gpu-kit gpu-kit-check clean \
 	wheel check-installed docs cli-docs second-python
 
 # npm clients the end-to-end tests run (offline, in a network namespace), installed into a
@@ -104,20 +104,19 @@ cli-docs: setup
 serve: build
 	$(VENV)/bin/compat-serve --host $(HOST) --port $(PORT) $(ARGS)
 
-# CI's run (.ci/run) on a fresh machine, in three stages.
+# CI's run (.ci/run) on a fresh machine, in two stages.
 # 1. The Rust checks (they need no venv) compile while setup mostly waits on downloads (apt,
 #    PyPI, npm, the Go proxy), then the native module is built.
-# 2. The whole pytest suite on both cores, and beside it the Python checks (lint, docs, the
-#    installed product): they wait on uv and subprocesses more than they compute.
-# 3. The three single-process lanes side by side.
-# Stages 2 and 3 run on stage 1's build (BUILT= skips `build`): maturin rewriting the
-# native module while another process imports it is a race.
+# 2. The whole pytest suite on both cores, and beside it one stream of the rest: the Python
+#    checks (lint, docs, the installed product; they wait on uv and subprocesses more than
+#    they compute), then the three single-process lanes, one BLAS and one rayon thread each
+#    as pytest's workers have. That stream fills what the two workers leave idle.
+# Stage 2 runs on stage 1's build (BUILT= skips `build`): maturin rewriting the native
+# module while another process imports it is a race.
 BUILT ?= build
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=recurse checks-rust setup-and-build
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse BUILT= test-python checks-python
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse BUILT= test-users-path \
-	  test-numeric-variants test-cpu-fallback
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse BUILT= test-python checks-and-lanes
 
 checks-rust:
 	$(MAKE) --no-print-directory -j1 lint-rust test-rust
@@ -128,6 +127,10 @@ setup-and-build:
 
 checks-python:
 	$(MAKE) --no-print-directory -j1 lint-python docs check-installed
+
+checks-and-lanes:
+	OPENBLAS_NUM_THREADS=1 RAYON_NUM_THREADS=1 $(MAKE) --no-print-directory -j1 lint-python \
+	  docs check-installed test-users-path test-numeric-variants test-cpu-fallback
 
 test-rust:
 	cargo test --workspace --quiet

@@ -31,8 +31,10 @@ EXTENDED_ONLY: tuple[str, ...] = (
     "tests/e2e/test_claude_code_tools.py::test_the_embedded_model_calls_bash_through_the_envelope",
     "tests/e2e/test_launch_clients.py::test_claude_code_and_codex_run_on_the_launchers_settings_alone",
     "tests/http/test_envelope_example.py::test_opencode_prompts_answer_without_copying_the_example",
-    # SIGTERM: CI keeps in-flight requests finishing and the second signal exiting at once.
+    # SIGTERM: CI keeps in-flight requests finishing and the second signal exiting at once,
+    # and `launch` starting, passing the client's exit code and reporting a failed start.
     "tests/e2e/test_graceful_shutdown.py::test_sigterm_ends_what_is_left_at_the_timeout",
+    "tests/e2e/test_launch.py::test_sigterm_reaches_the_client_first_then_the_server_stops",
     # Greedy continuations equal llama.cpp's on the published Gemma file: CI keeps the
     # users' load (`--dtype quantized`) and the prompt token counts; the float32 load's
     # continuations, past the sliding window too, run here.
@@ -64,10 +66,11 @@ EXTENDED_ONLY: tuple[str, ...] = (
     "tests/python/test_resident_size.py::test_reported_size_is_the_measured_resident_size[embedded-quantized]",
     "tests/python/test_resident_size.py::test_reported_size_is_the_measured_resident_size[gemma-auto]",
     # Many samples at a temperature: CI keeps each default's and sampler's own test
-    # (default temperature only when unset, seeds, forced calls at temperature 0.8 through
+    # (tests/http/test_sampling_defaults.py, seeds, forced calls at temperature 0.8 through
     # OpenAI's `required` over five seeds).
     "tests/http/test_sampling_defaults.py::test_a_new_user_asking_for_the_capital_of_france_mostly_gets_paris",
     "tests/http/test_responses_api.py::test_forced_function_call_is_valid_five_times_at_temperature_0_8",
+    "tests/http/test_anthropic_api.py::test_default_temperature_applies_only_when_unset",
     "tests/python/test_constrained_engine.py::test_sampled_json_validates_in_a_batch_with_free_rows",
     # Output formats over HTTP: CI keeps Anthropic's output format, text completions',
     # `json_object`, OpenAI's named and required calls, and the SDKs rebuilding streamed
@@ -75,6 +78,13 @@ EXTENDED_ONLY: tuple[str, ...] = (
     # tests/python/test_tool_grammars.py.
     "tests/http/test_constrained_http.py::test_openai_json_schema_outputs_validate",
     "tests/http/test_constrained_http.py::test_streamed_forced_calls_rebuild_through_both_sdks",
+    # Gemma 4's forced call keeping to an enum on the embedded model: CI keeps the enum
+    # grammars of every format on scripted replies (test_argument_schemas_per_format.py).
+    "tests/python/test_argument_schemas_per_format.py::test_gemma4_forced_call_keeps_to_the_enum",
+    # Vision families over both APIs against mlx-vlm: CI keeps Qwen2.5-VL and Qwen3-VL (and
+    # every family's directory load and image tokens in tests/python/test_vlm.py).
+    "tests/http/test_vision_families_http.py::test_text_and_image_requests_in_both_apis_answer_as_mlx_vlm[qwen2_vl]",
+    "tests/http/test_vision_families_http.py::test_text_and_image_requests_in_both_apis_answer_as_mlx_vlm[qwen3_vl_moe]",
     # Eight greedy streams at once: CI keeps prompts prefilled together, a request joining
     # mid-batch, per-request sampling in one batch and preemption, and batched greedy in
     # the speculative, 8-bit KV and MTP tests.
