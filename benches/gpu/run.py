@@ -52,6 +52,7 @@ WEIGHTS = {
     "decode dense-4bit": 3.0,
     "ttft dense-4bit": 2.5,
     "kv dense-4bit": 2.0,
+    "mtp dense-4bit": 1.0,
     "load copier": 0.2,
     "greedy copier": 0.3,
     "spec copier": 2.0,
@@ -148,6 +149,7 @@ def main() -> None:
         step("decode dense-4bit", lambda: sections.decode(report, budget, d4, plan))
         step("ttft dense-4bit", lambda: sections.ttft(report, budget, d4, plan))
         step("kv dense-4bit", lambda: sections.kv_bits(report, budget, d4, plan))
+        step("mtp dense-4bit", lambda: sections.mtp_cost(report, budget, d4, plan))
         del d4  # the lambdas' cell too: the 8B leaves memory with `dense4` below
     held: dict[str, LoadedModel] = {}
 

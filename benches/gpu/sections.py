@@ -295,6 +295,61 @@ def speculation(
     free_memory()
 
 
+def mtp_cost(report: Report, budget: Budget, loaded: LoadedModel, plan: Plan) -> None:
+    """`--speculative mtp` with a random-weight one-layer head vs off, alternating, one
+    draft token per step (cost-aware choice off, so every step drafts and verifies). A
+    random head's drafts are rejected, so a step emits what a plain one does: the ratio is
+    the cost MTP adds per step on this device, and `break-even` the acceptance a trained
+    head needs to pay for it (k = 1 emits 1 + a tokens per step at `off / mtp` the cost)."""
+    from compat_serve.engine.mtp_head import MTPHead, new_llama_head
+
+    key = f"mtp:{loaded.name}"
+    report.table(
+        key,
+        f"MTP drafting cost, {loaded.name}: random head, 1 draft token, decode tok/s",
+        ["streams", "off", "mtp", "ratio", "break-even acceptance", "accepted", "rounds"],
+    )
+    mx.random.seed(45)
+    layer = new_llama_head(loaded.model)
+    layer.set_dtype(loaded.model.model.norm.weight.dtype)  # the model's float type  # type: ignore[union-attr]
+    mx.eval(layer.parameters())  # here: the engine's thread has no stream of this one's
+    head = MTPHead(layer, loaded.model)
+    mtp = SpeculationConfig("mtp", num_tokens=1, mtp=head, cost_aware=False)
+    with (
+        running_engine(loaded, EngineConfig(prefix_cache=False)) as plain,
+        running_engine(loaded, EngineConfig(prefix_cache=False, speculation=mtp)) as drafting,
+    ):
+        engines: dict[str, Any] = {"off": plain, "mtp": drafting}
+        prompt = random_prompt(loaded.tokenizer.vocab_size, plan.prompt_tokens, 45)
+        for width in plan.spec_widths:
+            before = drafting.speculation_status()
+            rates: dict[str, list[float]] = {"off": [], "mtp": []}
+            for rep in range(plan.repeats + 1):  # round 0 warms both up
+                if budget.section_left() <= 0 and rep > 1:
+                    break
+                if budget.left() <= 0:
+                    report.skip(f"{key} x{width}: budget")
+                    return
+                for mode, engine in engines.items():
+                    rate = decode_rate(engine_streams(engine, [prompt] * width, plan.spec_tokens))
+                    if rep:
+                        rates[mode].append(rate)
+            after = drafting.speculation_status()
+            drafted = _delta(before, after, "draft_tokens")
+            accepted = _delta(before, after, "accepted_tokens")
+            off, with_mtp = median(rates["off"]), median(rates["mtp"])
+            ratio = with_mtp / off if off > 0 else 0.0
+            break_even = off / with_mtp - 1 if with_mtp > 0 else float("inf")
+            report.row(
+                key,
+                [width, median_spread(rates["off"]), median_spread(rates["mtp"]),
+                 f"{ratio:.2f}x", f"{break_even:.0%}", f"{accepted}/{drafted}", len(rates["off"])],
+                model=loaded.name, streams=width, off=rates["off"], mtp=rates["mtp"],
+                ratio=ratio, break_even=break_even, drafted=drafted, accepted=accepted,
+            )  # fmt: skip
+    free_memory()
+
+
 def _delta(before: dict[str, Any], after: dict[str, Any], key: str) -> int:
     return int(after.get(key) or 0) - int(before.get(key) or 0)
 

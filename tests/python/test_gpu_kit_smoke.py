@@ -46,7 +46,7 @@ def test_every_section_ran_on_the_cpu_backend(smoke: dict[str, Any]) -> None:
     for model in ("tiny Llama-3.1-8B-shaped 4-bit", "tiny Llama-3.1-8B-shaped bf16",
                   "tiny Qwen3-30B-A3B-shaped 4-bit"):  # fmt: skip
         assert f"decode:{model}" in tables
-    for section in ("greedy", "ttft:", "kv:", "spec:"):
+    for section in ("greedy", "ttft:", "kv:", "spec:", "mtp:"):
         assert any(t.startswith(section) for t in tables), (section, tables)
     assert "| streams | compat-serve | mlx_lm BatchGenerator |" in smoke["markdown"]
 
@@ -87,3 +87,11 @@ def test_each_kv_format_and_speculation_mode_decodes(smoke: dict[str, Any]) -> N
         (w, s) for w in ("copy-heavy", "free") for s in (1, 2)
     }
     assert all(min(r["off"]) > 0 and min(r["ngram"]) > 0 for r in spec)
+
+
+def test_mtp_drafts_every_step_and_both_sides_decode(smoke: dict[str, Any]) -> None:
+    rows = records(smoke, "mtp:")
+    assert [r["streams"] for r in rows] == [1, 2]
+    for row in rows:
+        assert min(row["off"]) > 0 and min(row["mtp"]) > 0, row
+        assert row["drafted"] > 0, row  # cost-aware choice off: every step drafts
