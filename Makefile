@@ -10,7 +10,7 @@ PORT ?= 8000
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup system-libs build serve test checks-rust setup-and-build checks-python checks-and-lanes lint-rust lint-python test-rust test-python test-extended test-cpu-fallback test-users-path test-numeric-variants lint fmt bench bench-rust bench-python gpu-kit gpu-kit-check clean \
+.PHONY: setup system-libs build serve test checks-rust setup-and-build checks-python lint-rust lint-python test-rust test-python test-extended test-cpu-fallback test-users-path test-numeric-variants lint fmt bench bench-rust bench-python gpu-kit gpu-kit-check clean \
 	wheel check-installed docs cli-docs second-python
 
 # npm clients the end-to-end tests run (offline, in a network namespace), installed into a
@@ -104,19 +104,20 @@ cli-docs: setup
 serve: build
 	$(VENV)/bin/compat-serve --host $(HOST) --port $(PORT) $(ARGS)
 
-# CI's run (.ci/run) on a fresh machine, in two stages.
+# CI's run (.ci/run) on a fresh machine, in three stages.
 # 1. The Rust checks (they need no venv) compile while setup mostly waits on downloads (apt,
 #    PyPI, npm, the Go proxy), then the native module is built.
-# 2. The whole pytest suite on both cores, and beside it one stream of the rest: the Python
-#    checks (lint, docs, the installed product; they wait on uv and subprocesses more than
-#    they compute), then the three single-process lanes, one BLAS and one rayon thread each
-#    as pytest's workers have. That stream fills what the two workers leave idle.
-# Stage 2 runs on stage 1's build (BUILT= skips `build`): maturin rewriting the native
-# module while another process imports it is a race.
+# 2. The whole pytest suite on both cores, and beside it the Python checks (lint, docs, the
+#    installed product): they wait on uv and subprocesses more than they compute.
+# 3. The three single-process lanes side by side.
+# Stages 2 and 3 run on stage 1's build (BUILT= skips `build`): maturin rewriting the
+# native module while another process imports it is a race.
 BUILT ?= build
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=recurse checks-rust setup-and-build
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse BUILT= test-python checks-and-lanes
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse BUILT= test-python checks-python
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse BUILT= test-users-path \
+	  test-numeric-variants test-cpu-fallback
 
 checks-rust:
 	$(MAKE) --no-print-directory -j1 lint-rust test-rust
@@ -128,26 +129,19 @@ setup-and-build:
 checks-python:
 	$(MAKE) --no-print-directory -j1 lint-python docs check-installed
 
-checks-and-lanes:
-	OPENBLAS_NUM_THREADS=1 RAYON_NUM_THREADS=1 $(MAKE) --no-print-directory -j1 lint-python \
-	  docs check-installed test-users-path test-numeric-variants test-cpu-fallback
-
 test-rust:
 	cargo test --workspace --quiet
 
 # Two pytest workers (pytest-xdist), whole files each so a module's server fixture starts
-# once, the heaviest files first (tests/conftest.py `HEAVIEST_FILES`; xdist would
-# otherwise start with the files of most tests, which are quick). Much of the suite waits
-# on subprocesses, sockets and clients, and two workers overlap that waiting on two cores.
-# PYTEST_WORKERS=0 runs it in one process.
+# once: much of the suite waits on subprocesses, sockets and clients, and two workers
+# overlap that waiting on two cores. PYTEST_WORKERS=0 runs it in one process.
 # With two workers on two cores, each process (and the servers it starts) gets one BLAS and
 # one rayon thread: their idle threads spin, and spinning on a core another worker needs
 # cost a quarter of the time (four heavy files: 220 s -> 160 s, system time 91 s -> 16 s).
 PYTEST_WORKERS ?= 2
 PYTEST_THREADS := $(if $(filter 0 1,$(PYTEST_WORKERS)),,OPENBLAS_NUM_THREADS=1 RAYON_NUM_THREADS=1)
 test-python: $(BUILT)
-	$(PYTEST_THREADS) $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
-	  $(PYTEST_ARGS)
+	$(PYTEST_THREADS) $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Everything, with the slower second views CI leaves out (tests/extended.py: tests marked
 # or listed `extended`, every chat template where CI takes four formats' templates).

@@ -71,42 +71,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=dropped)
         gone = set(map(id, dropped))
         items[:] = [item for item in items if id(item) not in gone]
-    items.sort(key=_heaviest_first)
-
-
-# The files that take longest (pytest --durations, 2-core CI machine), in that order. Two
-# workers take whole files (`--dist loadfile --no-loadscope-reorder`) in collection
-# order: starting with these leaves short files for the end, so neither worker waits
-# long on the other's last file.
-HEAVIEST_FILES = (
-    "tests/python/test_prefix_cache.py",
-    "tests/http/test_multi_model.py",
-    "tests/llamacpp/test_gemma_vs_llamacpp.py",
-    "tests/python/test_distributed.py",
-    "tests/python/test_batching.py",
-    "tests/python/test_kv_quant_engine.py",
-    "tests/python/test_cli.py",
-    "tests/http/test_two_pass_replay.py",
-    "tests/http/test_constrained_http.py",
-    "tests/python/test_engine_host.py",
-    "tests/http/test_openapi_schemathesis.py",
-    "tests/python/test_tool_grammars.py",
-    "tests/python/test_speculative.py",
-    "tests/python/test_prefix_exact.py",
-    "tests/python/test_families.py",
-    "tests/http/test_forced_calls_default_body.py",
-    "tests/e2e/test_claude_code.py",
-    "tests/e2e/test_opencode.py",
-    "tests/e2e/test_codex.py",
-    "tests/python/test_forced_calls_per_template.py",
-    "tests/python/test_vlm.py",
-)
-_WEIGHT = {path: rank for rank, path in enumerate(HEAVIEST_FILES)}
-
-
-def _heaviest_first(item: pytest.Item) -> int:
-    """Sort key (stable: a file's tests keep their order and stay together)."""
-    return _WEIGHT.get(item.nodeid.split("::")[0], len(HEAVIEST_FILES))
 
 
 def _mark_extended_only(items: list[pytest.Item], ids: tuple[str, ...], whole: bool) -> None:

@@ -267,19 +267,10 @@ def speculation(
         for name, prompt in workloads.items():
             for width in plan.spec_widths:
                 before = spec.speculation_status()
-                rates: dict[str, list[float]] = {"off": [], "ngram": []}
-                for rep in range(plan.repeats + 1):  # round 0 warms both up
-                    if budget.section_left() <= 0 and rep > 1:
-                        break
-                    if budget.left() <= 0:
-                        report.skip(f"{key} {name} x{width}: budget")
-                        return
-                    for mode, engine in engines.items():
-                        rate = decode_rate(
-                            engine_streams(engine, [prompt] * width, plan.spec_tokens)
-                        )
-                        if rep:
-                            rates[mode].append(rate)
+                rates = _alternating_rates(budget, engines, [prompt] * width, plan)
+                if rates is None:
+                    report.skip(f"{key} {name} x{width}: budget")
+                    return
                 after = spec.speculation_status()
                 drafted = _delta(before, after, "draft_tokens")
                 accepted = _delta(before, after, "accepted_tokens")
@@ -311,8 +302,9 @@ def mtp_cost(report: Report, budget: Budget, loaded: LoadedModel, plan: Plan) ->
     )
     mx.random.seed(45)
     layer = new_llama_head(loaded.model)
-    layer.set_dtype(loaded.model.model.norm.weight.dtype)  # the model's float type  # type: ignore[union-attr]
-    mx.eval(layer.parameters())  # here: the engine's thread has no stream of this one's
+    # The model's float type; evaluated here: the engine's thread has no stream of this one's.
+    layer.set_dtype(loaded.model.model.norm.weight.dtype)  # type: ignore[union-attr]
+    mx.eval(layer.parameters())
     head = MTPHead(layer, loaded.model)
     mtp = SpeculationConfig("mtp", num_tokens=1, mtp=head, cost_aware=False)
     with (
@@ -323,17 +315,10 @@ def mtp_cost(report: Report, budget: Budget, loaded: LoadedModel, plan: Plan) ->
         prompt = random_prompt(loaded.tokenizer.vocab_size, plan.prompt_tokens, 45)
         for width in plan.spec_widths:
             before = drafting.speculation_status()
-            rates: dict[str, list[float]] = {"off": [], "mtp": []}
-            for rep in range(plan.repeats + 1):  # round 0 warms both up
-                if budget.section_left() <= 0 and rep > 1:
-                    break
-                if budget.left() <= 0:
-                    report.skip(f"{key} x{width}: budget")
-                    return
-                for mode, engine in engines.items():
-                    rate = decode_rate(engine_streams(engine, [prompt] * width, plan.spec_tokens))
-                    if rep:
-                        rates[mode].append(rate)
+            rates = _alternating_rates(budget, engines, [prompt] * width, plan)
+            if rates is None:
+                report.skip(f"{key} x{width}: budget")
+                return
             after = drafting.speculation_status()
             drafted = _delta(before, after, "draft_tokens")
             accepted = _delta(before, after, "accepted_tokens")
@@ -348,6 +333,25 @@ def mtp_cost(report: Report, budget: Budget, loaded: LoadedModel, plan: Plan) ->
                 ratio=ratio, break_even=break_even, drafted=drafted, accepted=accepted,
             )  # fmt: skip
     free_memory()
+
+
+def _alternating_rates(
+    budget: Budget, engines: dict[str, Any], prompts: list[tuple[int, ...]], plan: Plan
+) -> dict[str, list[float]] | None:
+    """Decode tok/s of each engine over `prompts` at once, in alternating rounds (round 0
+    warms each up and is not kept), until the section's share is spent; None when the
+    whole run's budget is."""
+    rates: dict[str, list[float]] = {mode: [] for mode in engines}
+    for rep in range(plan.repeats + 1):
+        if budget.section_left() <= 0 and rep > 1:
+            break
+        if budget.left() <= 0:
+            return None
+        for mode, engine in engines.items():
+            rate = decode_rate(engine_streams(engine, prompts, plan.spec_tokens))
+            if rep:
+                rates[mode].append(rate)
+    return rates
 
 
 def _delta(before: dict[str, Any], after: dict[str, Any], key: str) -> int:
