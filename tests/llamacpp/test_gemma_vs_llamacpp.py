@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
+from tests.extended import EXTENDED
 from tests.greedy_ties import assert_greedy_equal_up_to_tie
 from tests.llamacpp.corpus import LONG_TEXT, MULTILINGUAL, PROMPTS
 from tests.llamacpp.reference import Greedy, LlamaCpp
@@ -75,7 +76,9 @@ def test_prompt_token_counts_equal_llamacpp(
 def test_greedy_continuations_equal_llamacpp(
     llamacpp: LlamaCpp, gemma_server: RunningServer
 ) -> None:
-    for text in PROMPTS:
+    # CI: two of the four prompts (English, German) on the users' load, MLX's slow quantized
+    # CPU matmul; the extended run takes all four on both loads (tests/extended.py).
+    for text in PROMPTS if EXTENDED else PROMPTS[::2]:
         ids = llamacpp.tokenize(text)
         reference = llamacpp.greedy(ids, GREEDY_TOKENS)
         assert_like_llamacpp(reference, completion(gemma_server, ids, GREEDY_TOKENS), repr(text))
