@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import math
 import random
 import time
 from pathlib import Path
@@ -30,16 +31,20 @@ ensure_fast_blas()
 
 import mlx.core as mx  # noqa: E402
 import mlx.optimizers as optim  # noqa: E402
+import numpy as np  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
 from compat_serve.engine.config import EngineConfig  # noqa: E402
 from compat_serve.engine.engine import Engine  # noqa: E402
 from compat_serve.engine.mtp_head import (  # noqa: E402
+    DRAFT_VOCAB,
     HiddenCapture,
     MTPHead,
     dequantized,
+    head_rows,
     new_llama_head,
     quantize_head_weights,
+    vocabulary_rows,
 )
 from compat_serve.engine.types import EngineRequest, SamplingParams  # noqa: E402
 from compat_serve.models.loader import load_model  # noqa: E402
@@ -76,14 +81,17 @@ def chat_ids(loaded: Any, text: str) -> tuple[int, ...]:
     return tuple(loaded.tokenizer.encode(prompt))
 
 
-def greedy_replies(
-    loaded: Any, prompt_ids: list[tuple[int, ...]], max_tokens: int
+def replies(
+    loaded: Any, prompt_ids: list[tuple[int, ...]], max_tokens: int, temperature: float
 ) -> list[list[int]]:
-    engine = Engine(loaded, EngineConfig(max_num_seqs=8, prefix_cache=False))
+    """The model's own replies, 16 at a time (greedy, or sampled with a seed per prompt for
+    more varied contexts: the labels are the argmax at every position either way)."""
+    engine = Engine(loaded, EngineConfig(max_num_seqs=16, prefix_cache=False))
     engine.start()
 
     async def one(i: int, ids: tuple[int, ...]) -> list[int]:
-        request = EngineRequest(f"g{i}", ids, SamplingParams(max_tokens=max_tokens, temperature=0))
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i)
+        request = EngineRequest(f"g{temperature}-{i}", ids, params)
         return [t async for e in engine.submit(request) for t in e.token_ids]
 
     async def all_of() -> list[list[int]]:
@@ -95,89 +103,175 @@ def greedy_replies(
         engine.shutdown()
 
 
-def examples(loaded: Any, sequences: list[list[int]]) -> tuple[mx.array, mx.array, mx.array]:
-    """(hidden at t, token t+1, the model's argmax after t+1) for every position."""
+Data = dict[str, mx.array]
+
+
+def examples(loaded: Any, sequences: list[list[int]], rows: int = 8) -> Data:
+    """For every position t of every sequence: the final-norm hidden state at t (the head's
+    input), token t+1, the model's argmax after t+1 (the label a draft must match) and
+    the hidden state at t+1 (what the head's normed output is regressed on, as EAGLE
+    does). Teacher-forced, `rows` sequences per forward, right-padded (causal attention:
+    the padding never reaches a real position)."""
     model = loaded.model
     capture = HiddenCapture(model)
-    hiddens, tokens, labels = [], [], []
-    for seq in sequences:
-        logits = model(mx.array(seq, dtype=mx.uint32)[None])[0]
-        hidden = capture.last[0]
-        argmax = mx.argmax(logits, axis=-1)
-        hiddens.append(hidden[:-2])
-        tokens.append(mx.array(seq[1:-1], dtype=mx.uint32))
-        labels.append(argmax[1:-1])
-        mx.eval(hiddens[-1], labels[-1])
-    return mx.concatenate(hiddens), mx.concatenate(tokens), mx.concatenate(labels)
+    parts: dict[str, list[mx.array]] = {"hidden": [], "token": [], "label": [], "target": []}
+    ordered = sorted(sequences, key=len)
+    for start in range(0, len(ordered), rows):
+        chunk = ordered[start : start + rows]
+        width = max(len(seq) for seq in chunk)
+        padded = mx.array([seq + [0] * (width - len(seq)) for seq in chunk], dtype=mx.uint32)
+        logits = model(padded)
+        hidden, argmax = capture.last, mx.argmax(logits, axis=-1)
+        for row, seq in enumerate(chunk):
+            n = len(seq)
+            parts["hidden"].append(hidden[row, : n - 2].astype(mx.float16))
+            parts["token"].append(mx.array(seq[1 : n - 1], dtype=mx.uint32))
+            parts["label"].append(argmax[row, 1 : n - 1].astype(mx.uint32))
+            parts["target"].append(hidden[row, 1 : n - 1].astype(mx.float16))
+        mx.eval(*(part[-1] for part in parts.values()))
+    return {name: mx.concatenate(part) for name, part in parts.items()}
+
+
+def make_data(loaded: Any, args: argparse.Namespace) -> tuple[Data, Data]:
+    started = time.perf_counter()
+    ids = prompts(loaded)[: args.prompts]
+    held = max(4, len(ids) // 10)  # whole prompts held out, so no context leaks across
+    sequences: list[list[int]] = []
+    for temperature in args.temperatures:
+        got = replies(loaded, ids, args.reply_tokens, temperature)
+        sequences += [[*p, *r] for p, r in zip(ids, got, strict=True)]
+        print(f"replies at temperature {temperature}: {time.perf_counter() - started:.0f}s")
+    is_held = [i % len(ids) < held for i in range(len(sequences))]
+    train = examples(loaded, [s for s, h in zip(sequences, is_held, strict=True) if not h])
+    test = examples(loaded, [s for s, h in zip(sequences, is_held, strict=True) if h])
+    print(
+        f"data: {len(sequences)} sequences, {train['label'].shape[0]} train / "
+        f"{test['label'].shape[0]} held-out positions in {time.perf_counter() - started:.0f}s"
+    )
+    return train, test
+
+
+def frequent_labels(data: Data, n: int) -> mx.array:
+    """The `n` ids the model writes most often (its labels' counts), ascending."""
+    counts = np.bincount(np.asarray(data["label"]).astype(np.int64))
+    top = np.argsort(-counts, kind="stable")[:n]
+    return mx.array(np.sort(top).astype(np.uint32))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--minutes", type=float, default=6.0, help="training time")
-    parser.add_argument("--prompts", type=int, default=96)
+    parser.add_argument("--minutes", type=float, default=10.0, help="training time")
+    parser.add_argument("--prompts", type=int, default=192)
     parser.add_argument("--reply-tokens", type=int, default=96)
-    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument(
+        "--temperatures", type=lambda t: [float(x) for x in t.split(",")], default=[0.0, 0.8]
+    )
+    parser.add_argument("--data", help="cache of the examples (made once, read after)")
+    parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--regression", type=float, default=1.0, help="weight of the loss on "
+                        "the next hidden state (EAGLE's feature regression)")  # fmt: skip
+    parser.add_argument("--draft-vocab", type=int, default=8192, help="drafts are chosen "
+                        "among the N most frequent labels (FR-Spec); 0: every id")  # fmt: skip
     parser.add_argument("--bits", type=int, default=8, choices=[0, 8], help="0: float16")
     parser.add_argument("--out", default="mtp_head.safetensors")
     args = parser.parse_args()
 
     loaded = load_model(None)
     model = loaded.model
-    started = time.perf_counter()
-    ids = prompts(loaded)[: args.prompts]
-    replies = greedy_replies(loaded, ids, args.reply_tokens)
-    sequences = [[*p, *r] for p, r in zip(ids, replies, strict=True)]
-    held = max(4, len(sequences) // 10)
-    train_x = examples(loaded, sequences[held:])
-    test_x = examples(loaded, sequences[:held])
-    print(
-        f"data: {len(sequences)} replies, {train_x[0].shape[0]} train / {test_x[0].shape[0]} "
-        f"held-out positions in {time.perf_counter() - started:.0f}s"
-    )
+    if args.data and Path(args.data).exists():
+        saved = mx.load(args.data)
+        assert isinstance(saved, dict)
+        train = {k.removeprefix("train."): v for k, v in saved.items() if k.startswith("train.")}
+        test = {k.removeprefix("test."): v for k, v in saved.items() if k.startswith("test.")}
+        print(f"data from {args.data}: {train['label'].shape[0]} / {test['label'].shape[0]}")
+    else:
+        train, test = make_data(loaded, args)
+        if args.data:
+            mx.save_safetensors(
+                args.data,
+                {
+                    f"{part}.{k}": v
+                    for part, d in (("train", train), ("test", test))
+                    for k, v in d.items()
+                },
+            )
 
     mx.random.seed(0)
     layer = new_llama_head(model)
-    head = MTPHead(layer, model)
+    # Start the head's output norm as the main model's final norm: its output is read by
+    # the same vocabulary head.
+    layer.shared_head.norm.weight = mx.array(model.model.norm.weight)
+    draft_vocab = frequent_labels(train, args.draft_vocab) if args.draft_vocab else None
+    head = MTPHead(layer, model, draft_vocab=draft_vocab)
     model.freeze()
+    # The loss scores the ids drafts are chosen among (all of them without a draft vocab);
+    # a label outside them cannot be drafted and only its regression term counts.
+    ids = draft_vocab if draft_vocab is not None else mx.arange(vocabulary_rows(model))
+    rows = head_rows(model, ids)
+    slot = np.full(vocabulary_rows(model), -1, dtype=np.int32)
+    slot[np.asarray(ids)] = np.arange(ids.size)
+    train["slot"] = mx.array(slot)[train["label"]]
+    if draft_vocab is not None:
+        covered = float(np.mean(np.asarray(train["slot"]) >= 0))
+        print(f"draft vocabulary: {ids.size} ids cover {covered:.1%} of the training labels")
 
-    def loss_fn(layer_: Any, hidden: mx.array, tokens: mx.array, labels: mx.array) -> mx.array:
-        head.layer = layer_
-        logits, _ = head.step(hidden, tokens)
-        return mx.mean(
-            mx.logsumexp(logits, axis=-1) - mx.take_along_axis(logits, labels[:, None], -1)[:, 0]
-        )
+    def loss_fn(layer_: Any, batch: Data) -> tuple[mx.array, mx.array]:
+        normed, _ = head._compose(layer_, head._embed(batch["token"]), batch["hidden"])
+        logits = (normed @ rows.T).astype(mx.float32)
+        inside = batch["slot"] >= 0
+        picked = mx.take_along_axis(logits, mx.maximum(batch["slot"], 0)[:, None], -1)[:, 0]
+        per_row = mx.where(inside, mx.logsumexp(logits, axis=-1) - picked, 0.0)
+        ce = mx.sum(per_row) / mx.maximum(mx.sum(inside), 1)
+        diff = mx.abs(normed.astype(mx.float32) - batch["target"].astype(mx.float32))
+        smooth_l1 = mx.mean(mx.where(diff < 1.0, 0.5 * diff * diff, diff - 0.5))
+        return ce + args.regression * smooth_l1, ce
 
     step_fn = mx.value_and_grad(loss_fn)
+    n = train["label"].shape[0]
+    deadline = time.perf_counter() + args.minutes * 60
     optimizer = optim.AdamW(learning_rate=args.lr, weight_decay=0.0)
 
-    def agreement(data: tuple[mx.array, mx.array, mx.array]) -> float:
-        head.layer = layer  # the loss swapped in the traced one
-        hits = 0
-        for start in range(0, data[0].shape[0], 512):
-            logits, _ = head.step(data[0][start : start + 512], data[1][start : start + 512])
-            hits += int(mx.sum(mx.argmax(logits, axis=-1) == data[2][start : start + 512]).item())
-        return hits / data[0].shape[0]
+    def agreement(data: Data) -> float:
+        head.layer = layer
+        hits = mx.array(0)
+        for start in range(0, data["label"].shape[0], 512):
+            part = slice(start, start + 512)
+            logits, _ = head.step(data["hidden"][part], data["token"][part])
+            hits = hits + mx.sum(mx.argmax(logits, axis=-1) == data["label"][part])
+        return int(np.asarray(hits)) / data["label"].shape[0]
 
-    n = train_x[0].shape[0]
-    deadline = time.perf_counter() + args.minutes * 60
     step = 0
-    while time.perf_counter() < deadline:
-        batch = mx.random.randint(0, n, (args.batch,))
-        loss, grads = step_fn(layer, train_x[0][batch], train_x[1][batch], train_x[2][batch])
+    started = time.perf_counter()
+    while (now := time.perf_counter()) < deadline:
+        # Cosine decay over the time given (the number of steps is not known up front).
+        optimizer.learning_rate = (
+            args.lr
+            * 0.5
+            * (1 + math.cos(math.pi * min(1.0, (now - started) / (deadline - started))))
+        )
+        picks = mx.random.randint(0, n, (args.batch,))
+        batch = {k: v[picks] for k, v in train.items()}
+        (loss, ce), grads = step_fn(layer, batch)
         optimizer.update(layer, grads)
-        mx.eval(layer.parameters(), optimizer.state, loss)
+        mx.eval(layer.parameters(), optimizer.state, loss, ce)
         step += 1
-        if step % 100 == 0:
-            print(f"step {step} loss {loss.item():.3f}", flush=True)
-    print(f"{step} steps; held-out top-1 agreement (float): {agreement(test_x):.3f}")
+        if step % 200 == 0:
+            print(
+                f"step {step} loss {loss.item():.3f} ce {ce.item():.3f} "
+                f"held-out agreement {agreement(test):.3f}",
+                flush=True,
+            )
+    print(f"{step} steps; held-out top-1 agreement (float): {agreement(test):.3f}")
     weights = dict(tree_flatten(layer.parameters()))
     if args.bits:
         weights = quantize_head_weights(weights, args.bits)
         layer.load_weights(list(dequantized(weights, param_shapes(layer), mx.float32).items()))
-        print(f"held-out top-1 agreement ({args.bits}-bit): {agreement(test_x):.3f}")
+        print(f"held-out top-1 agreement ({args.bits}-bit): {agreement(test):.3f}")
     else:
         weights = {k: v.astype(mx.float16) for k, v in weights.items()}
+    if draft_vocab is not None:
+        weights[DRAFT_VOCAB] = draft_vocab.astype(mx.int32)
     mx.save_safetensors(args.out, weights)
     print(f"saved {args.out}: {Path(args.out).stat().st_size / 1e6:.1f} MB")
 

@@ -103,10 +103,16 @@ EXTENDED_ONLY: tuple[str, ...] = (
     "tests/python/test_prefix_cache.py::test_a_hit_at_any_split_gives_the_uncached_output[65]",
     "tests/python/test_prefix_cache.py::test_a_hit_at_any_split_gives_the_uncached_output[130]",
     # MTP: CI keeps the rejection rule's statistical test on exact tables
-    # (tests/python/test_speculative_distribution.py) and the JSON-schema grammar masking
-    # drafts; the engine-level sampled distribution and a forced tool call run here.
+    # (tests/python/test_speculative_distribution.py), MTP with 8-bit KV, a prefix-cache
+    # repeat, LoRA rows and the disk tier (test_mtp.py, test_mtp_combos.py), and with ngram
+    # drafts a JSON schema and a thinking budget (test_speculative.py,
+    # test_thinking_budgets.py); the engine-level sampled distribution, 4-bit KV, a JSON
+    # schema, a forced tool call and a thinking budget with MTP drafts run here.
     "tests/python/test_mtp_sampled.py::test_sampled_mtp_tokens_follow_the_models_softmax",
     "tests/python/test_mtp_combos.py::test_a_forced_tool_call_masks_mtp_drafts_and_decodes_as_plain",
+    "tests/python/test_mtp_combos.py::test_mtp_with_4_bit_kv_decodes_as_plain_4_bit_kv",
+    "tests/python/test_mtp_combos.py::test_a_json_schema_masks_mtp_drafts_and_decodes_as_plain",
+    "tests/python/test_mtp_combos.py::test_a_thinking_budget_closes_at_the_same_token_with_mtp",
     # Claude Code's captured sessions twice through /v1/messages: CI replays eight of the
     # eleven with the default `--reply-history loop`, and three (the default body, a tool
     # round, the recipe's last request) with `template`.

@@ -21,6 +21,7 @@ from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.kv_quant import KVFormat
 from compat_serve.engine.mtp_head import (
+    DRAFT_VOCAB,
     MTPHead,
     MTPHeadError,
     load_head,
@@ -213,3 +214,47 @@ def test_an_8_bit_head_file_loads_within_a_quantization_step(
             assert bool(mx.all(error <= step * 1.01 + 1e-7)), name
         else:
             assert mx.array_equal(loaded[name], original.astype(mx.float16).astype(mx.float32))
+
+
+def test_a_draft_vocabulary_scores_only_its_ids_and_decoding_is_unchanged(
+    embedded_model: LoadedModel, random_head: MTPHead, plain: Plain, tmp_path: Path
+) -> None:
+    """A head file's `draft_vocab` (FR-Spec): the head scores those ids through their rows
+    of the tied vocabulary head and every other id gets -inf; the main model verifies, so
+    greedy output is plain decoding's. Two float paths (gathered rows vs the whole
+    head): each logit is a 576-term dot product, so they may differ by the float32
+    rounding of such a sum, bounded by 576 * eps * max|x| * max|w|."""
+    model = embedded_model.model
+    ids = mx.array(sorted({*range(0, 49152, 7), *plain.outputs[0]}), dtype=mx.uint32)
+    weights = dict(tree_flatten(random_head.layer.parameters()))
+    path = tmp_path / "head-vocab.safetensors"
+    mx.save_safetensors(str(path), {**weights, DRAFT_VOCAB: ids.astype(mx.int32)})
+    head = load_head(path, model)
+    assert head.draft_vocab is not None and mx.array_equal(head.draft_vocab, ids)
+
+    hidden = mx.random.normal((3, model.args.hidden_size))
+    tokens_in = mx.array([1, 2, 3], dtype=mx.uint32)
+    sub, _ = head.step(hidden, tokens_in)
+    full, _ = random_head.step(hidden, tokens_in)
+    inside = mx.zeros(full.shape[-1], dtype=mx.bool_)
+    inside[ids] = True
+    assert bool(mx.all(mx.isneginf(sub) != inside[None]))  # -inf exactly outside the ids
+    embedding = model.model.embed_tokens.weight
+    normed, _ = head._compose(head.layer, head._embed(tokens_in), hidden)
+    bound = 576 * 1.2e-7 * mx.abs(normed).max() * mx.abs(embedding).max()
+    assert bool(mx.all(mx.abs(sub[:, ids] - full[:, ids]) <= bound))
+
+    engine = engine_for(embedded_model, head)
+    try:
+        request = greedy_requests(embedded_model, "v")[0]
+        have, _ = run_one(engine, request)
+        drafted = int(engine.speculation_status()["draft_tokens"])  # type: ignore[call-overload]
+    finally:
+        engine.shutdown()
+    assert drafted > 0
+    assert_same_or_near_tie(embedded_model, request.prompt_ids, plain.outputs[0], have)
+
+    bad = tmp_path / "head-bad-vocab.safetensors"
+    mx.save_safetensors(str(bad), {**weights, DRAFT_VOCAB: mx.array([5, 49152], dtype=mx.int32)})
+    with pytest.raises(MTPHeadError, match="draft_vocab must list token ids below 49152"):
+        load_head(bad, model)

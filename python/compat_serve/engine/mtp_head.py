@@ -35,6 +35,7 @@ import numpy as np
 from mlx.nn.layers.base import Module
 from mlx.nn.layers.linear import Linear
 from mlx.nn.layers.normalization import RMSNorm
+from mlx.nn.layers.quantized import QuantizedLinear
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
@@ -50,6 +51,8 @@ log = logging.getLogger("compat_serve.engine")
 
 # Families whose checkpoints ship MTP weights (issue #45), for the start-up error.
 MTP_FAMILIES = "DeepSeek-V3/R1, GLM-4.5/4.6/4.7, Qwen3-Next/Qwen3.5/Qwen3.6, MiMo"
+# A trained head file's optional tensor: the token ids its drafts are chosen among.
+DRAFT_VOCAB = "draft_vocab"
 
 
 class MTPHeadError(ValueError):
@@ -156,10 +159,8 @@ def embedding_and_head(
 ) -> tuple[Callable[[mx.array], mx.array], Callable[[mx.array], mx.array]]:
     """The main model's token embedding and its vocabulary head (the tied embedding's
     `as_linear` when the model ties them)."""
-    inner = model.model
-    embed = inner.embed_tokens
-    # Qwen3.5's head sits on its language model (`model.language_model.lm_head`).
-    lm_head = getattr(getattr(model, "language_model", model), "lm_head", None)
+    embed = model.model.embed_tokens
+    lm_head = _lm_head(model)
     if lm_head is not None:
         return embed, lm_head
     return embed, embed.as_linear
@@ -184,16 +185,67 @@ def deepseek_compose(
 class MTPHead:
     """One MTP step for a batch: `(hidden [B, H], tokens [B]) -> (logits [B, V], hidden)`.
     `layer` holds the head's own weights; `compose` is its family's step
-    (engine/mtp_families.py), DeepSeek-V3's by default."""
+    (engine/mtp_families.py), DeepSeek-V3's by default.
 
-    def __init__(self, layer: Module, model: Module, compose: Compose | None = None) -> None:
+    With a `draft_vocab` (token ids, a trained head file's `draft_vocab` tensor) the head
+    scores those ids only, through their rows of the vocabulary head gathered once, and
+    every other id gets -inf: FR-Spec's frequency-ranked drafting. Decoding is memory
+    bound, and the tied 49k-row head is most of a draft's bytes; the main model still
+    scores every id when it verifies, so output is unchanged."""
+
+    def __init__(
+        self,
+        layer: Module,
+        model: Module,
+        compose: Compose | None = None,
+        draft_vocab: mx.array | None = None,
+    ) -> None:
         self.layer = layer
         self._compose = compose or deepseek_compose
         self._embed, self._head = embedding_and_head(model)
+        self.draft_vocab = draft_vocab
+        self._draft_rows = None if draft_vocab is None else head_rows(model, draft_vocab)
+        self._vocab = vocabulary_rows(model)
 
     def step(self, hidden: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array]:
         normed, chained = self._compose(self.layer, self._embed(tokens), hidden)
-        return self._head(normed), chained
+        if self._draft_rows is None or self.draft_vocab is None:
+            return self._head(normed), chained
+        scores = normed @ self._draft_rows.T
+        logits = mx.full((scores.shape[0], self._vocab), -mx.inf, dtype=scores.dtype)
+        logits[:, self.draft_vocab] = scores
+        return logits, chained
+
+
+def _lm_head(model: Module) -> Module | None:
+    # Qwen3.5's head sits on its language model (`model.language_model.lm_head`).
+    head = getattr(getattr(model, "language_model", model), "lm_head", None)
+    return head if isinstance(head, Module) else None
+
+
+def vocabulary_rows(model: Module) -> int:
+    """How many ids the model's vocabulary head scores (its logits' width)."""
+    head = _lm_head(model)
+    weight = (head if head is not None else model.model.embed_tokens).weight
+    return int(weight.shape[0])
+
+
+def head_rows(model: Module, ids: mx.array) -> mx.array:
+    """The vocabulary head's rows for `ids`, dense `[len(ids), H]`: the tied embedding's
+    (looked up, so a quantized one comes back dequantized) or the untied head's."""
+    head = _lm_head(model)
+    if head is None:
+        rows: mx.array = model.model.embed_tokens(ids)
+    elif isinstance(head, QuantizedLinear):
+        biases = head.biases
+        assert biases is not None  # mlx-lm's affine quantization keeps them
+        rows = mx.dequantize(
+            head.weight[ids], head.scales[ids], biases[ids], head.group_size, head.bits
+        )
+    else:
+        rows = head.weight[ids]
+    mx.eval(rows)
+    return rows
 
 
 def new_llama_head(model: Module) -> MTPLayer:
@@ -212,6 +264,7 @@ def load_head(path: str | Path, model: Module) -> MTPHead:
     except (OSError, ValueError, RuntimeError) as exc:
         raise MTPHeadError(f"--mtp-head {path}: cannot read it as safetensors ({exc})") from None
     assert isinstance(weights, dict)
+    draft_ids = weights.pop(DRAFT_VOCAB, None)
     dtype = model.model.norm.weight.dtype
     wanted = dict(tree_flatten(layer.parameters()))
     try:
@@ -229,7 +282,17 @@ def load_head(path: str | Path, model: Module) -> MTPHead:
             )
     layer.load_weights([(name, weights[name].astype(dtype)) for name in wanted])
     mx.eval(layer.parameters())
-    return MTPHead(layer, model)
+    return MTPHead(layer, model, draft_vocab=_draft_vocab(path, draft_ids, model))
+
+
+def _draft_vocab(path: str | Path, ids: mx.array | None, model: Module) -> mx.array | None:
+    if ids is None:
+        return None
+    vocab = vocabulary_rows(model)
+    values = np.asarray(ids)
+    if values.ndim != 1 or not values.size or values.min() < 0 or values.max() >= vocab:
+        raise MTPHeadError(f"--mtp-head {path}: {DRAFT_VOCAB} must list token ids below {vocab}")
+    return mx.array(values.astype(np.uint32))
 
 
 QUANT_GROUP = 64
