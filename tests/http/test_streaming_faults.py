@@ -16,12 +16,14 @@ if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
     from tests.conftest import RunningServer
 
-LONG = [{"role": "user", "content": "word " * 700}]
+# ~200 prompt tokens in 16-token chunks: a dozen prefill steps of the 30-layer model, each
+# a step's fixed cost at least, against a ping every 0.2 s.
+LONG = [{"role": "user", "content": "word " * 200}]
 
 
 @pytest.fixture(scope="module")
 def slow_server(embedded_model: LoadedModel) -> Iterator[RunningServer]:
-    running = start_server(embedded_model, prefill_chunk=32)
+    running = start_server(embedded_model, prefill_chunk=16)
     running.state.ping_interval_s = 0.2  # type: ignore[attr-defined]
     yield running
     running.stop()
