@@ -233,7 +233,6 @@ def main() -> None:
     optimizer = optim.AdamW(learning_rate=args.lr, weight_decay=0.0)
 
     def agreement(data: Data) -> float:
-        head.layer = layer
         hits = mx.array(0)
         for start in range(0, data["label"].shape[0], 512):
             part = slice(start, start + 512)

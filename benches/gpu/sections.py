@@ -266,14 +266,11 @@ def speculation(
         engines: dict[str, Any] = {"off": plain, "ngram": spec}
         for name, prompt in workloads.items():
             for width in plan.spec_widths:
-                before = spec.speculation_status()
-                rates = _alternating_rates(budget, engines, [prompt] * width, plan)
-                if rates is None:
+                measured = _alternating_rates(budget, engines, "ngram", [prompt] * width, plan)
+                if measured is None:
                     report.skip(f"{key} {name} x{width}: budget")
                     return
-                after = spec.speculation_status()
-                drafted = _delta(before, after, "draft_tokens")
-                accepted = _delta(before, after, "accepted_tokens")
+                rates, drafted, accepted = measured
                 off, ngram = median(rates["off"]), median(rates["ngram"])
                 ratio = ngram / off if off > 0 else 0.0
                 report.row(
@@ -314,14 +311,11 @@ def mtp_cost(report: Report, budget: Budget, loaded: LoadedModel, plan: Plan) ->
         engines: dict[str, Any] = {"off": plain, "mtp": drafting}
         prompt = random_prompt(loaded.tokenizer.vocab_size, plan.prompt_tokens, 45)
         for width in plan.spec_widths:
-            before = drafting.speculation_status()
-            rates = _alternating_rates(budget, engines, [prompt] * width, plan)
-            if rates is None:
+            measured = _alternating_rates(budget, engines, "mtp", [prompt] * width, plan)
+            if measured is None:
                 report.skip(f"{key} x{width}: budget")
                 return
-            after = drafting.speculation_status()
-            drafted = _delta(before, after, "draft_tokens")
-            accepted = _delta(before, after, "accepted_tokens")
+            rates, drafted, accepted = measured
             off, with_mtp = median(rates["off"]), median(rates["mtp"])
             ratio = with_mtp / off if off > 0 else 0.0
             break_even = off / with_mtp - 1 if with_mtp > 0 else float("inf")
@@ -336,11 +330,17 @@ def mtp_cost(report: Report, budget: Budget, loaded: LoadedModel, plan: Plan) ->
 
 
 def _alternating_rates(
-    budget: Budget, engines: dict[str, Any], prompts: list[tuple[int, ...]], plan: Plan
-) -> dict[str, list[float]] | None:
+    budget: Budget,
+    engines: dict[str, Any],
+    drafting: str,
+    prompts: list[tuple[int, ...]],
+    plan: Plan,
+) -> tuple[dict[str, list[float]], int, int] | None:
     """Decode tok/s of each engine over `prompts` at once, in alternating rounds (round 0
-    warms each up and is not kept), until the section's share is spent; None when the
-    whole run's budget is."""
+    warms each up and is not kept), until the section's share is spent, with the tokens
+    the `drafting` engine drafted and had accepted meanwhile; None when the whole run's
+    budget is spent."""
+    before = engines[drafting].speculation_status()
     rates: dict[str, list[float]] = {mode: [] for mode in engines}
     for rep in range(plan.repeats + 1):
         if budget.section_left() <= 0 and rep > 1:
@@ -351,7 +351,9 @@ def _alternating_rates(
             rate = decode_rate(engine_streams(engine, prompts, plan.spec_tokens))
             if rep:
                 rates[mode].append(rate)
-    return rates
+    after = engines[drafting].speculation_status()
+    drafted = _delta(before, after, "draft_tokens")
+    return rates, drafted, _delta(before, after, "accepted_tokens")
 
 
 def _delta(before: dict[str, Any], after: dict[str, Any], key: str) -> int:
