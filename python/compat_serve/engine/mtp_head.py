@@ -204,16 +204,18 @@ class MTPHead:
         self._compose = compose or deepseek_compose
         self._embed, self._head = embedding_and_head(model)
         self.draft_vocab = draft_vocab
-        self._draft_rows = None if draft_vocab is None else head_rows(model, draft_vocab)
+        # The draft vocabulary's ids with their rows of the vocabulary head, gathered once.
+        self._draft = None if draft_vocab is None else (draft_vocab, head_rows(model, draft_vocab))
         self._vocab = vocabulary_rows(model)
 
     def step(self, hidden: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array]:
         normed, chained = self._compose(self.layer, self._embed(tokens), hidden)
-        if self._draft_rows is None or self.draft_vocab is None:
+        if self._draft is None:
             return self._head(normed), chained
-        scores = normed @ self._draft_rows.T
+        ids, rows = self._draft
+        scores = normed @ rows.T
         logits = mx.full((scores.shape[0], self._vocab), -mx.inf, dtype=scores.dtype)
-        logits[:, self.draft_vocab] = scores
+        logits[:, ids] = scores
         return logits, chained
 
 
