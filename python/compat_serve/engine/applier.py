@@ -38,6 +38,7 @@ from compat_serve.engine.step_plan import (
     StepPlan,
     Verify,
 )
+from compat_serve.engine.verify_rollback import VerifyPass
 from compat_serve.engine.vision import VisionInput
 
 if TYPE_CHECKING:
@@ -53,6 +54,9 @@ class StepApplier:
         self._adapter_of: dict[str, str] = {}
         self._ops: list[PlanOp] = []
         self._plans = 0
+        # The verify pass just run, until its rollback: what the rollback of sliding-window
+        # and recurrent layers needs, its rows' ids and M-RoPE deltas.
+        self._verified: tuple[VerifyPass, list[str], list[int]] | None = None
         # Distributed rank 0 (distributed/leader.py): called after a forward op is
         # recorded and before it runs, to send the plan so far; each forward's logits are
         # then evaluated at once, so every rank runs the model's collectives in one order.
@@ -163,11 +167,30 @@ class StepApplier:
         self._forward_next()
         deltas = (list(rope_deltas),) if rope_deltas else ()
         adapters = self._adapters(request_ids)
-        return self._ran(self.runner.verify_logits(self.batch.cache, rows, *deltas, **adapters))
+        cache = self.batch.cache
+        verified = VerifyPass.before(cache, rows)
+        logits = self.runner.verify_logits(cache, rows, *deltas, **adapters)
+        verified.after_forward(cache)
+        self._verified = (verified, list(request_ids), list(rope_deltas))
+        return self._ran(logits)
 
     def rollback(self, positions: list[int]) -> None:
+        """Drop each row's rejected positions of the verify pass just run; rows whose
+        recurrent state saw rejected tokens get it rebuilt (engine/verify_rollback.py)."""
         self._ops.append(Rollback(tuple(positions)))
-        self.batch.rollback(positions)
+        last, self._verified = self._verified, None
+        if last is None:
+            self.batch.rollback(positions)
+            return
+        verified, request_ids, rope_deltas = last
+
+        def forward(cache: LayerCaches, rows: list[int], tokens: list[list[int]]) -> None:
+            deltas = ([rope_deltas[i] for i in rows],) if rope_deltas else ()
+            adapters = self._adapters([request_ids[i] for i in rows])
+            self.runner.verify_logits(cache, tokens, *deltas, **adapters)  # logits unused
+
+        verified.refeed(self.batch.cache, positions, forward)
+        self.batch.rollback(positions, verified)
 
     def join(self, request_ids: list[str]) -> None:
         """Move these requests' own caches into the batch (their caches leave even if
@@ -188,6 +211,7 @@ class StepApplier:
 
     def clear_batch(self) -> None:
         self._ops.append(ClearBatch())
+        self._verified = None
         for request_id in self.batch.ids:
             self._adapter_of.pop(request_id, None)
         self.batch.clear()

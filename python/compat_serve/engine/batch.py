@@ -18,6 +18,12 @@ import mlx.core as mx
 from mlx.utils import tree_map
 
 from compat_serve.engine.kv_quant import components
+from compat_serve.engine.verify_rollback import (
+    VerifyPass,
+    is_recurrent,
+    is_window,
+    roll_window_rows,
+)
 
 LayerCaches = list[Any]
 
@@ -38,9 +44,10 @@ def merge_caches(caches: Sequence[LayerCaches]) -> LayerCaches:
 
 
 def can_rollback(cache: LayerCaches) -> bool:
-    """Whether `DecodeBatch.rollback` handles a request's cache: every layer a plain
-    `KVCache` (batched as `BatchKVCache`). Rotating (sliding-window) caches have already
-    overwritten what a rollback would restore, and recurrent state cannot be rewound."""
+    """Whether `DecodeBatch.rollback` handles a request's cache after any forward (a draft
+    model's decode steps included): every layer a plain `KVCache` (batched as
+    `BatchKVCache`). Rotating (sliding-window) and recurrent layers roll back only right
+    after a verify pass (`verify_can_roll_back`, engine/verify_rollback.py)."""
     from compat_serve.engine.kv_quant import is_attention_layer
 
     return all(is_attention_layer(layer) for layer in cache)
@@ -96,19 +103,28 @@ class DecodeBatch:
         self._ids = [self._ids[i] for i in rows]
         return dropped
 
-    def rollback(self, rejected: Sequence[int]) -> None:
+    def rollback(self, rejected: Sequence[int], verified: VerifyPass | None = None) -> None:
         """Drop the last `rejected[i]` positions of row `i` (speculated tokens the model
         did not accept, and padding). Rows lose different amounts: the shared part is
         trimmed, then each row's remaining garbage is turned into left padding by moving
         its real positions right in place (one slice copy per shifted row and layer;
         mlx-lm's `dynamic_roll` would gather the whole buffer, capacity included, for every
-        row: ~4x the time), so every row ends at the batch's last position again. Only for
-        `BatchKVCache` layers, quantized or not (`can_rollback`)."""
+        row: ~4x the time), so every row ends at the batch's last position again.
+
+        That is for plain attention layers, quantized or not. Sliding-window and recurrent
+        layers need the verify pass just run (`verified`, whose `refeed` has restored the
+        recurrent rows already): engine/verify_rollback.py."""
         if len(rejected) != len(self._ids):
             raise ValueError(f"{len(rejected)} rollbacks for {len(self._ids)} rows")
         low = min(rejected)
         shifts = [n - low for n in rejected]
         for layer in self.cache:
+            if is_recurrent(layer) or is_window(layer):
+                if verified is None:
+                    raise TypeError(f"{type(layer).__name__} rolls back only after a verify pass")
+                if is_window(layer):
+                    roll_window_rows(layer, rejected)
+                continue
             if low:
                 layer.trim(low)
             if any(shifts):

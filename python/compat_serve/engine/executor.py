@@ -25,7 +25,6 @@ import mlx.core as mx
 
 from compat_serve._native import GrammarError, Scheduler, SchedulerError
 from compat_serve.engine.applier import StepApplier
-from compat_serve.engine.batch import can_rollback
 from compat_serve.engine.constraints import masked_logits
 from compat_serve.engine.metrics import EngineMetrics
 from compat_serve.engine.prefix.cache import PrefixCaching
@@ -38,6 +37,7 @@ from compat_serve.engine.speculative_step import SpeculativeStep, rope_deltas
 from compat_serve.engine.status import StatusBoard
 from compat_serve.engine.step_plan import Restore, StepPlan
 from compat_serve.engine.types import EngineEvent, FinishReason, Usage
+from compat_serve.engine.verify_rollback import verify_can_roll_back
 
 log = logging.getLogger("compat_serve.engine")
 
@@ -90,7 +90,7 @@ class StepExecutor:
             prefix.record = self.applier.record
         self._prefill_chunk = prefill_chunk
         spec = speculation or SpeculationConfig()
-        rollback_ok = spec.mode != "off" and can_rollback(runner.new_cache())
+        rollback_ok = spec.mode != "off" and verify_can_roll_back(runner.new_cache())
         self.spec = SpeculativeStep(
             spec, self.applier, scheduler, status, metrics, prefill_chunk, rollback_ok
         )

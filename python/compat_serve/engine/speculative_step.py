@@ -81,8 +81,8 @@ class SpeculativeStep:
         if not rollback_ok:
             self.stats.disabled_reason = "the model's cache cannot be rolled back"
             log.warning(
-                "speculative decoding is off: this model's cache (rotating or recurrent "
-                "layers) cannot roll back rejected tokens"
+                "speculative decoding is off: this model's cache has layers that cannot "
+                "roll back rejected tokens (not attention, sliding-window or recurrent state)"
             )
             return
         if config.mode == "ngram":
@@ -247,18 +247,20 @@ class SpeculativeStep:
             mx.eval(logits)
             emitted = self._verify(logits, seqs, rows_drafts, probs)
             width = max(len(row) for row in rows)
+            if self._mtp is not None:  # the hidden state at each row's last emitted token
+                # (taken before the rollback, whose re-feed forward of rows that rejected
+                # drafts on a recurrent model would replace the captured state)
+                self._mtp.after_forward(
+                    [seq.request_id for seq in seqs],
+                    [len(t) - 1 if isinstance(t, list) else None for t in emitted],
+                    [len(seq.generated) + _kept(t) for seq, t in zip(seqs, emitted, strict=True)],
+                )
             # Positions kept: the fed token and the accepted drafts (the last emitted
             # token is, as always, fed next step).
             self._apply.rollback([width - _kept(tokens) for tokens in emitted])
             if self._draft_model is not None:
                 self._draft_model.settle(
                     {s.request_id: _kept(t) - 1 for s, t in zip(seqs, emitted, strict=True)}
-                )
-            if self._mtp is not None:  # the hidden state at each row's last emitted token
-                self._mtp.after_forward(
-                    [seq.request_id for seq in seqs],
-                    [len(t) - 1 if isinstance(t, list) else None for t in emitted],
-                    [len(seq.generated) + _kept(t) for seq, t in zip(seqs, emitted, strict=True)],
                 )
         except Exception as exc:  # the batch is lost with the forward that failed
             host.fail_batch(seqs, exc, "a speculative decode step")
