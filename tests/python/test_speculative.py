@@ -25,13 +25,14 @@ from compat_serve.engine.speculation import (
     StepCosts,
 )
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, Grammar
+from compat_serve.engine.verify_rollback import verify_can_roll_back
 from compat_serve.parsers.events import ToolCallArgsDelta, ToolCallStart
 from compat_serve.parsers.registry import resolve_tool_format
 from compat_serve.parsers.tool_calls import ToolCallParser
 from tests.greedy_ties import assert_same_as_engine_or_near_tie, assert_same_or_near_tie
 from tests.python.rollback_rows import KEPT, rolled_back_and_exact
 from tests.python.test_batching import chat_ids, greedy
-from tests.tiny_models import HYBRID_CONFIGS, tiny_model
+from tests.tiny_models import HYBRID_CONFIGS, SLIDING_WINDOW, tiny_model
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -49,6 +50,7 @@ COPY_PROMPTS = [
     f"Rewrite this Python code adding type hints:\n{CODE}",
 ]
 FREE_PROMPT = "Name three colours."
+HYBRID_TOKENS = 24  # decoded per row on sliding-window and hybrid models
 
 
 def spec_engine(loaded: LoadedModel, mode: str = "ngram", **config: Any) -> Engine:
@@ -258,21 +260,59 @@ def test_rollback_of_rows_with_different_rejections_matches_an_exact_cache(
 
 
 @pytest.mark.parametrize("model_type", ["gemma3_text", *sorted(HYBRID_CONFIGS)])
-def test_caches_that_cannot_roll_back_turn_speculation_off(
-    model_type: str, embedded_model: LoadedModel, caplog: pytest.LogCaptureFixture
+def test_rollback_on_windows_and_recurrent_state_matches_an_exact_cache(
+    model_type: str, embedded_model: LoadedModel
 ) -> None:
-    loaded = tiny_model(model_type, embedded_model)
+    """The same three rows on a sliding-window model (prompts longer than the window:
+    it has wrapped) and on hybrids with recurrent layers (engine/verify_rollback.py)."""
     from compat_serve.engine.runner import ModelRunner
 
-    assert not can_rollback(ModelRunner(loaded).new_cache())
-    engine = spec_engine(loaded)
-    try:
-        assert engine.speculation_status()["disabled_reason"]
-        req = EngineRequest("h", chat_ids(loaded, FREE_PROMPT), greedy(4))
-        assert len(tokens(outputs(engine, [req])[0])) >= 1
-    finally:
-        engine.shutdown()
-    assert "speculative decoding is off" in caplog.text
+    loaded = tiny_model(model_type, embedded_model)
+    runner = ModelRunner(loaded)
+    assert verify_can_roll_back(runner.new_cache()) and not can_rollback(runner.new_cache())
+    texts = (FREE_PROMPT, COPY_PROMPTS[0], "Go")
+    prompts = [list(chat_ids(loaded, t)) for t in texts]
+    assert max(len(p) for p in prompts) > SLIDING_WINDOW
+    _, rolled, exact = rolled_back_and_exact(runner, prompts)
+    assert mx.abs(exact).max().item() > 0.1
+    assert mx.abs(rolled - exact).max().item() < 1e-3
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "qwen3_next"])
+def test_windows_and_recurrent_state_speculate_with_greedy_output_unchanged(
+    model_type: str, embedded_model: LoadedModel
+) -> None:
+    """Prompt-lookup drafts on a sliding-window model and on a hybrid with recurrent
+    layers, three rows of different lengths in one batch (two shorter than the window,
+    which wraps while they decode): the tokens of plain decoding, with drafts accepted
+    and rejected on the way. A 48-token vocabulary (random prompts in it) makes a random
+    model's output repeat itself enough for prompt lookup to draft."""
+    loaded = tiny_model(model_type, embedded_model, seed=3, overrides={"vocab_size": 48})
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 48, n).tolist() for n in (14, 40, 9)]
+    assert min(map(len, prompts)) < SLIDING_WINDOW - HYBRID_TOKENS // 2 < SLIDING_WINDOW < 40
+    reqs = [
+        EngineRequest(f"w{i}", p, greedy(HYBRID_TOKENS, stop_at_eos=False))
+        for i, p in enumerate(prompts)
+    ]
+    got: dict[str, list[list[int]]] = {}
+    for mode in ("off", "ngram"):
+        # One-token matches draft (more drafts, more of them rejected).
+        spec = SpeculationConfig(mode, num_tokens=4, ngram_min=1, cost_aware=False)
+        config = EngineConfig(prefill_chunk=128, prefix_cache=False, speculation=spec)
+        engine = Engine(loaded, config)
+        engine.start()
+        try:
+            got[mode] = [tokens(e) for e in outputs(engine, reqs)]
+            status = engine.speculation_status()
+        finally:
+            engine.shutdown()
+    assert status["mode"] == "ngram" and status["disabled_reason"] is None, status
+    drafted, accepted = int(status["draft_tokens"]), int(status["accepted_tokens"])  # type: ignore[call-overload]
+    assert 0 < accepted < drafted, status  # both paths of the rollback ran
+    for request, want, have in zip(reqs, got["off"], got["ngram"], strict=True):
+        assert len(want) == HYBRID_TOKENS
+        assert_same_or_near_tie(loaded, request.prompt_ids, want, have)
 
 
 # ---- drafter and sampling rule ----------------------------------------------------------

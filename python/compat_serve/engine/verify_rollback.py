@@ -66,11 +66,16 @@ class VerifyPass:
     @classmethod
     def before(cls, cache: LayerCaches, rows: Sequence[Sequence[int]]) -> VerifyPass:
         """Called just before the verify forward: keeps the recurrent state and masks
-        each row's right padding out of it."""
+        each row's right padding out of it; puts sliding windows in order."""
         rows = [list(row) for row in rows]
         recurrent: dict[int, list[Any]] = {}
         lengths = [len(row) for row in rows]
         for i, layer in enumerate(cache):
+            if is_window(layer):
+                # In order before the pass, as its update would put it: mlx-lm's mask for
+                # a pass of several positions reads the write index as the buffer's length
+                # (so a rotated window masked a padded row's oldest position).
+                layer._temporal_order()
             if is_recurrent(layer):
                 recurrent[i] = list(layer.cache)
                 if min(lengths) != max(lengths):
