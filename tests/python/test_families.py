@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from compat_serve.engine.batch import can_rollback
 from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
+from compat_serve.engine.verify_rollback import verify_can_roll_back
 from compat_serve.models.loader import load_model
 from tests.chat_prompts import chat_ids
 from tests.greedy_ties import assert_argmax_equal_up_to_tie, assert_same_or_near_tie
@@ -247,16 +247,17 @@ def test_a_restart_resumes_from_the_disk_tier(family: Family, tmp_path: Path) ->
 
 
 def test_speculative_rollback_matches_an_exact_cache(family: Family) -> None:
-    """Where the cache can roll back, rows verify drafts of different lengths and, after
-    the rollback, their next logits equal those of a cache that only saw the accepted
-    tokens; elsewhere the engine turns speculation off."""
+    """Where the cache can roll back (attention, sliding windows, recurrent state), rows
+    verify drafts of different lengths and, after the rollback, their next logits equal
+    those of a cache that only saw the accepted tokens; elsewhere the engine turns
+    speculation off."""
     import mlx.core as mx
 
     from compat_serve.engine.runner import ModelRunner
 
     loaded = family.loaded
     runner = ModelRunner(loaded)
-    if not can_rollback(runner.new_cache()):
+    if not verify_can_roll_back(runner.new_cache()):
         spec = Engine(loaded, EngineConfig(speculation=SpeculationConfig("ngram", 4)))
         spec.start()
         try:

@@ -38,7 +38,7 @@ from compat_serve.engine.step_plan import (
     StepPlan,
     Verify,
 )
-from compat_serve.engine.verify_rollback import VerifyPass
+from compat_serve.engine.verify_rollback import PADDING_MASKED, VerifyPass
 from compat_serve.engine.vision import VisionInput
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ class StepApplier:
         deltas = (list(rope_deltas),) if rope_deltas else ()
         adapters = self._adapters(request_ids)
         cache = self.batch.cache
-        verified = VerifyPass.before(cache, rows)
+        verified = VerifyPass.before(cache, rows, self.runner.model_type in PADDING_MASKED)
         logits = self.runner.verify_logits(cache, rows, *deltas, **adapters)
         verified.after_forward(cache)
         self._verified = (verified, list(request_ids), list(rope_deltas))

@@ -28,6 +28,7 @@ class ModelRunner:
 
     def __init__(self, loaded: LoadedModel, kv_format: KVFormat | None = None) -> None:
         self._model = loaded.model
+        self.model_type = loaded.model_type
         # How attention K/V is stored (engine/kv_quant.py); the model's dtype by default.
         self.kv_format = kv_format or KVFormat()
         # Width of the model's logits (may exceed the tokenizer's vocabulary); measured by

@@ -12,12 +12,13 @@ row); the row then keeps only the positions it accepted. How a layer gives back 
   positions are all still there, so nothing needs restoring;
 - recurrent state (`ArraysCache`: SSM, linear attention, short convolutions): the state
   after the last position cannot be un-applied. Before the pass its arrays are kept (by
-  reference: the model assigns new arrays to the cache, it never writes into them) and
-  the pass masks each row's right padding (`lengths`, as mlx-lm's batched prefill does),
-  so a row that accepted its whole draft ends exact. A row that rejected drafts gets the
-  kept state back and its accepted tokens fed again, in one forward over those rows only
-  (`VerifyPass.refeed`): the attention K/V of their kept positions are already exact, the
-  extra forward only rebuilds their recurrent state.
+  reference: the model assigns new arrays to the cache, it never writes into them) and,
+  on models that can (`PADDING_MASKED`), the pass masks each row's right padding
+  (`lengths`, as mlx-lm's batched prefill does), so a row that accepted its whole draft
+  ends exact. A row that rejected drafts gets the kept state back and its accepted
+  tokens fed again, in a forward over those rows only (`VerifyPass.refeed`): the
+  attention K/V of their kept positions are already exact, the extra forward only
+  rebuilds their recurrent state.
 """
 
 from __future__ import annotations
@@ -55,18 +56,29 @@ def is_window(layer: Any) -> bool:
     return isinstance(layer, BatchRotatingKVCache)
 
 
+# Model types whose recurrent layers honour `ArraysCache.lengths` (right padding masked
+# out of the state, as mlx-lm's batched prefill needs): checked by the rollback tests.
+# Elsewhere (e.g. Nemotron-H, whose SSM update ignores it) padding is never fed into
+# recurrent state: rows are re-fed in groups of one length.
+PADDING_MASKED = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2"})
+
+
 @dataclass
 class VerifyPass:
-    """What a verify pass's rollback needs: the rows fed and, for recurrent layers (by
-    layer index), their state before the pass."""
+    """What a verify pass's rollback needs: the rows fed, for recurrent layers (by layer
+    index) their state before the pass, and whether the model masks right padding out of
+    recurrent state (`PADDING_MASKED`)."""
 
     rows: list[list[int]]
     recurrent: dict[int, list[Any]]
+    masks_padding: bool
 
     @classmethod
-    def before(cls, cache: LayerCaches, rows: Sequence[Sequence[int]]) -> VerifyPass:
-        """Called just before the verify forward: keeps the recurrent state and masks
-        each row's right padding out of it; puts sliding windows in order."""
+    def before(
+        cls, cache: LayerCaches, rows: Sequence[Sequence[int]], masks_padding: bool
+    ) -> VerifyPass:
+        """Called just before the verify forward: keeps the recurrent state (and masks
+        each row's right padding out of it where the model can); puts windows in order."""
         rows = [list(row) for row in rows]
         recurrent: dict[int, list[Any]] = {}
         lengths = [len(row) for row in rows]
@@ -78,9 +90,9 @@ class VerifyPass:
                 layer._temporal_order()
             if is_recurrent(layer):
                 recurrent[i] = list(layer.cache)
-                if min(lengths) != max(lengths):
-                    layer.lengths = mx.array(lengths)
-        return cls(rows, recurrent)
+                if masks_padding and min(lengths) != max(lengths):
+                    layer.lengths = mx.array(lengths)  # one array per layer: `advance` -= it
+        return cls(rows, recurrent, masks_padding)
 
     def after_forward(self, cache: LayerCaches) -> None:
         """The forward is built: recurrent layers drop the padding mask again."""
@@ -88,27 +100,47 @@ class VerifyPass:
             cache[i].lengths = None
 
     def refeed(self, cache: LayerCaches, rejected: Sequence[int], forward: Refeed) -> None:
-        """Rows that kept fewer positions than they fed get their recurrent state back
-        and their kept tokens fed again (a forward over those rows only), before the
-        batch's own rollback. Nothing runs when every row kept all it fed."""
+        """Rows whose recurrent state saw positions they do not keep (rejected drafts;
+        padding, where the model does not mask it) get that state back and their kept
+        tokens fed again, in a forward over those rows only (one per kept length where
+        padding is not masked), before the batch's own rollback. Nothing runs when every
+        row kept all it fed."""
+        if not self.recurrent:
+            return
         width = max(len(row) for row in self.rows)
         kept = [width - n for n in rejected]
-        redo = [i for i, (row, k) in enumerate(zip(self.rows, kept, strict=True)) if k < len(row)]
-        if not self.recurrent or not redo:
-            return
+        fed = [len(row) if self.masks_padding else width for row in self.rows]
+        redo = [i for i, (k, n) in enumerate(zip(kept, fed, strict=True)) if k < n]
+        groups = (
+            [redo]
+            if self.masks_padding
+            else [
+                [i for i in redo if kept[i] == length] for length in sorted({kept[i] for i in redo})
+            ]
+        )
+        for group in groups:
+            if group:
+                self._refeed_rows(cache, group, [kept[i] for i in group], width, forward)
+
+    def _refeed_rows(
+        self, cache: LayerCaches, rows: list[int], kept: list[int], width: int, forward: Refeed
+    ) -> None:
         sub = [
-            _rows_before_pass(layer, self.recurrent.get(i), redo, width)
+            _rows_before_pass(layer, self.recurrent.get(i), rows, width)
             for i, layer in enumerate(cache)
         ]
-        lengths = [kept[i] for i in redo]
-        if min(lengths) != max(lengths):
+        if min(kept) != max(kept):
             for i in self.recurrent:
-                sub[i].lengths = mx.array(lengths)
-        longest = max(lengths)
-        forward(sub, redo, [self.rows[i][: kept[i]] + [0] * (longest - kept[i]) for i in redo])
+                sub[i].lengths = mx.array(kept)
+        longest = max(kept)
+        forward(
+            sub,
+            rows,
+            [self.rows[r][:k] + [0] * (longest - k) for r, k in zip(rows, kept, strict=True)],
+        )
         mx.eval([a for i in self.recurrent for a in sub[i].cache if a is not None])
-        index = mx.array([redo.index(r) if r in redo else 0 for r in range(len(self.rows))])
-        chosen = mx.array([r in redo for r in range(len(self.rows))])
+        index = mx.array([rows.index(r) if r in rows else 0 for r in range(len(self.rows))])
+        chosen = mx.array([r in rows for r in range(len(self.rows))])
         for i in self.recurrent:
             layer = cache[i]
             layer.cache = [
