@@ -8,8 +8,9 @@ global one; head dim 64 so the quantization groups divide it):
 - the engine serves from quantized windows: chunked prefill past the window, an abort in
   the middle of a batch, a repeat read from the prefix cache (the window's snapshot, in
   RAM and from the disk tier after a restart);
-- speculation stays off (a window cannot be rolled back) and a model whose attention
-  cannot read quantized K/V (gpt-oss: attention sinks) fails at start naming the flag.
+- speculation on quantized windows decodes as plain decoding, and a model whose
+  attention cannot read quantized K/V (gpt-oss: attention sinks) fails at start naming
+  the flag.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.models.cache import BatchRotatingKVCache, KVCache, RotatingKVCache
 
@@ -298,15 +300,41 @@ def test_a_restart_reads_the_quantized_window_from_disk(gemma: LoadedModel, tmp_
         unquantized.shutdown()
 
 
-def test_speculation_stays_off_and_sinks_fail_at_start(
-    gemma: LoadedModel, embedded_model: LoadedModel
+def test_speculation_on_quantized_windows_decodes_as_plain_and_sinks_fail_at_start(
+    embedded_model: LoadedModel,
 ) -> None:
-    spec = Engine(gemma, EngineConfig(kv_format=Q8, speculation=SpeculationConfig("ngram", 4)))
-    spec.start()
+    """Prompt-lookup drafts on 8-bit windows (rolled back as in engine/verify_rollback.py;
+    a 48-token vocabulary makes the random model repeat itself enough to draft): rows of
+    two lengths, the shorter wrapping its window while it decodes, give the tokens of
+    plain 8-bit decoding, with drafts accepted and rejected."""
+    small = tiny_model(
+        "gemma3_text",
+        embedded_model,
+        seed=3,
+        overrides={**HEAD_DIM_64, "query_pre_attn_scalar": 64, "vocab_size": 48},
+    )
+    rng = np.random.default_rng(0)
+    reqs = [request(rng.integers(3, 48, n).tolist(), 20) for n in (12, 40)]
+    assert len(reqs[0].prompt_ids) < SLIDING_WINDOW < len(reqs[1].prompt_ids)
+    spec = SpeculationConfig("ngram", num_tokens=4, ngram_min=1, cost_aware=False)
+    plain, fast = started(small, kv_format=Q8), started(small, kv_format=Q8, speculation=spec)
+
+    async def both(engine: Engine) -> list[list[int]]:
+        done = await asyncio.gather(*(collect(engine, r) for r in reqs))
+        return [list(t) for t, _ in done]
+
     try:
-        assert spec.speculation_status()["disabled_reason"]  # windows cannot roll back
+        want, have = asyncio.run(both(plain)), asyncio.run(both(fast))
+        status = fast.speculation_status()
+        assert status["disabled_reason"] is None, status
+        drafted, accepted = int(status["draft_tokens"]), int(status["accepted_tokens"])  # type: ignore[call-overload]
+        assert 0 < accepted < drafted, status
+        for req, expected, got in zip(reqs, want, have, strict=True):
+            assert len(expected) == 20
+            assert_same_as_engine_or_near_tie(plain, req, expected, got, tolerance=Q8_KV_TIE)
     finally:
-        spec.shutdown()
+        plain.shutdown()
+        fast.shutdown()
     gpt_oss = tiny_model("gpt_oss", embedded_model, overrides=HEAD_DIM_64)
     with pytest.raises(ValueError, match=r"^--kv-bits 8: this model's attention .*sinks"):
         Engine(gpt_oss, EngineConfig(kv_format=Q8))

@@ -131,23 +131,32 @@ def test_drafting_with_the_checkpoint_s_head_leaves_greedy_output_unchanged(
         assert_same_or_near_tie(main, request.prompt_ids, want, have)
 
 
-def test_a_hybrid_family_loads_its_head_but_does_not_speculate(
+def test_a_hybrid_family_drafts_with_its_head_and_keeps_greedy_output(
     embedded_model: LoadedModel, tmp_path: Path
 ) -> None:
-    """Qwen3-Next's recurrent layers cannot roll back rejected drafts: the head loads (the
-    check above steps it) and the engine decodes without drafts, saying why."""
+    """Qwen3-Next's recurrent layers roll back rejected drafts (engine/verify_rollback.py):
+    its own head drafts, rows of different lengths in one batch, and greedy output is that
+    of plain decoding."""
     write_mtp_dir(tmp_path / "qn", "qwen3_next", embedded_model, seed=7)
     main = load_model(str(tmp_path / "qn"))
-    spec = SpeculationConfig("mtp", num_tokens=3, cost_aware=False)
-    engine = Engine(main, EngineConfig(prefill_chunk=128, max_num_seqs=4, speculation=spec))
-    engine.start()
-    try:
-        request = EngineRequest("r", chat_ids(main, COPY_PROMPTS[0]), greedy(4))
-        assert len(tokens(outputs(engine, [request])[0])) == 4
-        status = engine.speculation_status()
-    finally:
-        engine.shutdown()
-    assert "cannot be rolled back" in str(status["disabled_reason"]), status
+    requests = [
+        EngineRequest(f"r{i}", chat_ids(main, text), greedy(6))
+        for i, text in enumerate([COPY_PROMPTS[0], "Hi"])
+    ]
+    got = {}
+    for mode in ("off", "mtp"):
+        spec = SpeculationConfig(mode, num_tokens=2, cost_aware=False)
+        engine = Engine(main, EngineConfig(prefill_chunk=128, max_num_seqs=4, speculation=spec))
+        engine.start()
+        try:
+            got[mode] = [tokens(e) for e in outputs(engine, requests)]
+            status = engine.speculation_status()
+        finally:
+            engine.shutdown()
+    assert status["mode"] == "mtp" and status["disabled_reason"] is None, status
+    assert int(status["draft_tokens"]) > 0, status  # type: ignore[call-overload]
+    for request, want, have in zip(requests, got["off"], got["mtp"], strict=True):
+        assert_same_or_near_tie(main, request.prompt_ids, want, have)
 
 
 @pytest.mark.parametrize(
