@@ -185,9 +185,15 @@ class StepApplier:
         verified, request_ids, rope_deltas = last
 
         def forward(cache: LayerCaches, rows: list[int], tokens: list[list[int]]) -> None:
+            # A re-feed is a forward: the other ranks get the rollback (they run the same
+            # re-feed, in the same order) before this rank runs its collectives.
+            self._forward_next()
             deltas = ([rope_deltas[i] for i in rows],) if rope_deltas else ()
             adapters = self._adapters([request_ids[i] for i in rows])
             self.runner.verify_logits(cache, tokens, *deltas, **adapters)  # logits unused
+            if self.before_forward is not None:
+                mx.eval([layer.state for layer in cache])
+                self._forward_done()
 
         verified.refeed(self.batch.cache, positions, forward)
         self.batch.rollback(positions, verified)

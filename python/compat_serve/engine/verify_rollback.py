@@ -79,9 +79,9 @@ class VerifyPass:
     ) -> VerifyPass:
         """Called just before the verify forward: keeps the recurrent state (and masks
         each row's right padding out of it where the model can); puts windows in order."""
-        rows = [list(row) for row in rows]
+        fed = [list(row) for row in rows]
         recurrent: dict[int, list[Any]] = {}
-        lengths = [len(row) for row in rows]
+        lengths = [len(row) for row in fed]
         for i, layer in enumerate(cache):
             if is_window(layer):
                 # In order before the pass, as its update would put it: mlx-lm's mask for
@@ -92,7 +92,7 @@ class VerifyPass:
                 recurrent[i] = list(layer.cache)
                 if masks_padding and min(lengths) != max(lengths):
                     layer.lengths = mx.array(lengths)  # one array per layer: `advance` -= it
-        return cls(rows, recurrent, masks_padding)
+        return cls(fed, recurrent, masks_padding)
 
     def after_forward(self, cache: LayerCaches) -> None:
         """The forward is built: recurrent layers drop the padding mask again."""
