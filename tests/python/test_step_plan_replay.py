@@ -352,3 +352,33 @@ def test_a_follower_refuses_a_plan_out_of_order_or_out_of_step(
     follower.apply(StepPlan(0, (NewCache("a"), Prefill("a", 0, (1, 2), True), Join(("a",)))))
     with pytest.raises(PlanError, match="do not match the batch"):
         follower.apply(StepPlan(1, (Decode(("b",), (3,)),)))
+
+
+def test_a_follower_replays_the_re_feed_of_a_hybrid_s_rollback(embedded_model: LoadedModel) -> None:
+    """On a hybrid (Qwen3-Next: recurrent and attention layers) a rollback re-feeds the
+    rows that rejected drafts (engine/verify_rollback.py). The plan carries only the
+    Verify and Rollback ops; a follower with a separately built copy of the model runs
+    the same re-feed from them: its batch (K/V and recurrent state) equals the leader's
+    bit for bit, and so do the logits of the decode after it."""
+    from tests.python.rollback_rows import FED, KEPT, NEXT
+
+    leader = StepApplier(ModelRunner(tiny_model("qwen3_next", embedded_model)))
+    follower = StepApplier(ModelRunner(tiny_model("qwen3_next", embedded_model)))
+    prompts = random_prompts(embedded_model, {"a": 30, "b": 20, "c": 26}, seed=5)
+    for rid, ids in prompts.items():
+        leader.new_cache(rid)
+        leader.prefill(rid, 0, ids)
+    rows = list(prompts)
+    leader.join(rows)
+    leader.verify(rows, FED)
+    leader.rollback([max(map(len, FED)) - k for k in KEPT])
+    logits = leader.decode(rows, NEXT)
+    plan = leader.take_plan()
+    assert plan is not None
+    outputs = follower.apply(StepPlan.from_bytes(plan.to_bytes()))
+    assert np.array(outputs[-1]).tobytes() == np.array(logits).tobytes()
+    mine = [np.array(a) for a in kv_arrays(follower.batch.cache) if isinstance(a, mx.array)]
+    theirs = [np.array(a) for a in kv_arrays(leader.batch.cache) if isinstance(a, mx.array)]
+    assert len(mine) == len(theirs) > 0
+    for a, b in zip(mine, theirs, strict=True):
+        assert a.shape == b.shape and a.tobytes() == b.tobytes()
