@@ -109,6 +109,10 @@ EXTENDED_ONLY: tuple[str, ...] = (
     # test_thinking_budgets.py); the engine-level sampled distribution, 4-bit KV, a JSON
     # schema, a forced tool call and a thinking budget with MTP drafts run here.
     "tests/python/test_mtp_sampled.py::test_sampled_mtp_tokens_follow_the_models_softmax",
+    # Speculation on sliding-window and hybrid models: CI keeps ngram with rows of three
+    # lengths on Gemma 3 and Qwen3-Next, 8-bit windows, the rollback of every family and
+    # Qwen3-Next's MTP head; two turns and a repeat through the prefix cache run here.
+    "tests/python/test_speculative.py::test_windows_and_recurrent_state_speculate_through_the_prefix_cache",
     "tests/python/test_mtp_combos.py::test_a_forced_tool_call_masks_mtp_drafts_and_decodes_as_plain",
     "tests/python/test_mtp_combos.py::test_mtp_with_4_bit_kv_decodes_as_plain_4_bit_kv",
     "tests/python/test_mtp_combos.py::test_a_json_schema_masks_mtp_drafts_and_decodes_as_plain",

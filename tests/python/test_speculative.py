@@ -315,6 +315,45 @@ def test_windows_and_recurrent_state_speculate_with_greedy_output_unchanged(
         assert_same_or_near_tie(loaded, request.prompt_ids, want, have)
 
 
+@pytest.mark.parametrize("model_type", ["gemma3_text", "qwen3_next"])
+def test_windows_and_recurrent_state_speculate_through_the_prefix_cache(
+    model_type: str, embedded_model: LoadedModel
+) -> None:
+    """The same models with the prefix cache on: a second turn (prompt, first answer, a
+    new message) and its repeat, read from the cache's blocks and state points, decode
+    with drafts as without them (the rollback leaves only accepted tokens behind)."""
+    loaded = tiny_model(model_type, embedded_model, seed=3, overrides={"vocab_size": 48})
+    rng = np.random.default_rng(0)
+    first_prompts = [rng.integers(3, 48, n).tolist() for n in (14, 40, 9)]
+    sampling = greedy(HYBRID_TOKENS, stop_at_eos=False)
+    firsts = [EngineRequest(f"a{i}", p, sampling) for i, p in enumerate(first_prompts)]
+    got: dict[str, list[list[int]]] = {}
+    # Second turns and their repeats, built from plain decoding's first answers.
+    later: list[EngineRequest] = []
+    for mode in ("off", "ngram"):
+        spec = SpeculationConfig(mode, num_tokens=4, ngram_min=1, cost_aware=False)
+        engine = Engine(loaded, EngineConfig(prefill_chunk=16, block_size=16, speculation=spec))
+        engine.start()
+        try:
+            got[mode] = [tokens(e) for e in outputs(engine, firsts)]
+            if not later:
+                second = [p + f + [5, 6, 7] for p, f in zip(first_prompts, got[mode], strict=True)]
+                later = [
+                    EngineRequest(f"{t}{i}", p, sampling)
+                    for t in "bc"
+                    for i, p in enumerate(second)
+                ]
+            got[mode] += [tokens(e) for e in outputs(engine, later[:3])]
+            got[mode] += [tokens(e) for e in outputs(engine, later[3:])]
+            status = engine.speculation_status()
+            assert engine.prefix is not None and engine.prefix.metrics()["hit_tokens"] > 0
+        finally:
+            engine.shutdown()
+    assert int(status["draft_tokens"]) > 0, status  # type: ignore[call-overload]
+    for request, want, have in zip([*firsts, *later], got["off"], got["ngram"], strict=True):
+        assert_same_or_near_tie(loaded, request.prompt_ids, want, have)
+
+
 # ---- drafter and sampling rule ----------------------------------------------------------
 
 
