@@ -5,7 +5,8 @@ executor feeds every row's last token and its draft through one batched forward
 (`ModelRunner.verify_logits`, rows right-padded to the longest draft), keeps the longest
 prefix the model agrees with (greedy: equal to its argmax; sampled: the speculative
 sampling rule in `sampling.accept_draft`), adds the model's own next token, and rolls
-back each row's rejected positions (`DecodeBatch.rollback`). The scheduler, stop strings,
+back each row's rejected positions (`DecodeBatch.rollback`; sliding windows and recurrent
+state as engine/verify_rollback.py explains). The scheduler, stop strings,
 grammar and usage then see the accepted tokens one by one, exactly as if each had been
 decoded on its own.
 
