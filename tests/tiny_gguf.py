@@ -141,6 +141,24 @@ def _deepseek2(
     w.add_expert_gating_func(func)
 
 
+def glm4moe_hparams(w: gguf.GGUFWriter, c: dict[str, Any]) -> None:
+    """`Glm4MoeModel.set_gguf_parameters` (and its base class's keys): `block_count` counts
+    the MTP layers, `nextn_predict_layers` written when the config has the key."""
+    nextn = c.get("num_nextn_predict_layers")
+    attention_hparams(w, {**c, "num_hidden_layers": c["num_hidden_layers"] + (nextn or 0)})
+    w.add_rope_dimension_count(int(c["head_dim"] * c.get("partial_rotary_factor", 0.5)))
+    w.add_expert_count(c["n_routed_experts"])
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    w.add_expert_shared_count(c["n_shared_experts"])
+    w.add_leading_dense_block_count(c["first_k_dense_replace"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_scale(c["routed_scaling_factor"])
+    w.add_expert_weights_norm(c["norm_topk_prob"])
+    if nextn is not None:
+        w.add_nextn_predict_layers(nextn)
+
+
 # The head_dim-less families get hidden/heads = 16; gemma2's query scale is head_dim's, as
 # llama.cpp uses for every size but 27B.
 CASES: dict[str, GGUFCase] = {
@@ -229,6 +247,13 @@ CASES: dict[str, GGUFCase] = {
         gguf.MODEL_ARCH.DEEPSEEK2,
         lambda w, c: _deepseek2(w, c, split_kv_b=True, sigmoid=False),
         {"split_kv_b": True},
+    ),
+    # GLM-4.5's attention: q/k/v biases, no q/k norms (GLM-4.6/4.7 alike).
+    "glm4moe": GGUFCase(
+        "glm4_moe",
+        {**FAMILY_CONFIGS["glm4_moe"], "attention_bias": True, "use_qk_norm": False},
+        gguf.MODEL_ARCH.GLM4_MOE,
+        glm4moe_hparams,
     ),
     "deepseek2-kv_b": GGUFCase(
         "deepseek_v3",
