@@ -248,12 +248,10 @@ CASES: dict[str, GGUFCase] = {
         lambda w, c: _deepseek2(w, c, split_kv_b=True, sigmoid=False),
         {"split_kv_b": True},
     ),
-    # GLM-4.5's attention: q/k/v biases, no q/k norms (GLM-4.6/4.7 alike).
+    # GLM-4.5 with q/k norms and no q/k/v biases (the tiny family config); GLM-4.5's own
+    # attention (biases, no norms) is tests/tiny_gguf_nextn.py's, with its MTP layer.
     "glm4moe": GGUFCase(
-        "glm4_moe",
-        {**FAMILY_CONFIGS["glm4_moe"], "attention_bias": True, "use_qk_norm": False},
-        gguf.MODEL_ARCH.GLM4_MOE,
-        glm4moe_hparams,
+        "glm4_moe", FAMILY_CONFIGS["glm4_moe"], gguf.MODEL_ARCH.GLM4_MOE, glm4moe_hparams
     ),
     "deepseek2-kv_b": GGUFCase(
         "deepseek_v3",

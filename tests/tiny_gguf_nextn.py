@@ -14,6 +14,10 @@ GGUF the way llama.cpp's `convert_hf_to_gguf.py` converts GLM-4.5 (`Glm4MoeModel
   `head_dim * partial_rotary_factor`; sigmoid expert gating.
 
 All tensors F32 (`--outtype f32`), so the file holds the directory's values exactly.
+
+`write_glm_nextn` writes the pair with GLM-4.5's attention (q/k/v biases, no q/k norms) and
+tests/tiny_gguf.py's 262-token tokenizer, whose file writes and loads in a fraction of the
+embedded model's 49k-token one (llama.cpp too loads it in milliseconds, not seconds).
 """
 
 from __future__ import annotations
@@ -25,28 +29,17 @@ import gguf
 import mlx.core as mx
 import numpy as np
 
-from tests.tiny_gguf import Field, add_tokenizer, glm4moe_hparams
+from tests.tiny_gguf import (
+    Field,
+    add_tokenizer,
+    glm4moe_hparams,
+    small_tokenizer_fields,
+    write_case,
+)
+from tests.tiny_mtp import Source, write_mtp_dir
 
-
-def embedded_tokenizer_fields() -> dict[str, Field]:
-    """The embedded model's `tokenizer.*` metadata (the tokenizer tests/tiny_mtp.py's
-    directories carry), read with compat-serve's header reader: a tenth of the time
-    `gguf.GGUFReader` takes over its 49k tokens and merges."""
-    from compat_serve.models.embedded import embedded_model_path
-    from compat_serve.models.gguf_header import read_header
-
-    v = gguf.GGUFValueType
-    out: dict[str, Field] = {}
-    for key, value in read_header(str(embedded_model_path())).metadata.items():
-        if not key.startswith("tokenizer."):
-            continue
-        if isinstance(value, list):
-            out[key] = (value, v.ARRAY, v.STRING if isinstance(value[0], str) else v.INT32)
-        elif isinstance(value, bool):
-            out[key] = (value, v.BOOL, None)
-        else:
-            out[key] = (value, v.STRING if isinstance(value, str) else v.UINT32, None)
-    return out
+# GLM-4.5's (and 4.6's) attention: q/k/v biases, no q/k norms.
+GLM_4_5 = {"attention_bias": True, "use_qk_norm": False}
 
 
 def _merged(name: str) -> str:
@@ -117,3 +110,16 @@ def write_nextn_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_glm_nextn(out: Path, *, seed: int = 5) -> tuple[Path, Path, Source]:
+    """A tiny GLM-4.5 with its MTP layer as `out/dir` (Hugging Face's MTP names) and
+    `out/glm.gguf` (llama.cpp's), both with the small tokenizer; returns (directory, GGUF,
+    what the MTP layer was written from)."""
+    from compat_serve.models.loader import load_model
+
+    fields = small_tokenizer_fields()
+    _, tokenizer_donor = write_case(out / "donor", "qwen3", "F32", fields)
+    like = load_model(str(tokenizer_donor))  # its tokenizer and template, for the directory
+    source = write_mtp_dir(out / "dir", "glm4_moe", like, seed=seed, overrides=GLM_4_5)
+    return out / "dir", write_nextn_gguf(out / "dir", out / "glm.gguf", fields), source

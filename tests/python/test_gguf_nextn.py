@@ -4,15 +4,16 @@ in Hugging Face's names (tests/tiny_mtp.py: the path test_mtp_families.py checks
 vllm's formula) and as the GGUF llama.cpp's converter makes of it (tests/tiny_gguf_nextn.py).
 
 Both files hold the same float32 values and both loads run the same mlx-lm classes in
-float32, so the main model's logits and the MTP head's step are compared for equality; greedy
-output with the GGUF's head drafting equals plain decoding.
+float32, so the main model's logits and the MTP head's step are compared for equality (and
+the step with vllm's formula, within test_mtp_families.py's bound); greedy output with the
+GGUF's head drafting equals plain decoding. tests/llamacpp/test_glm4moe_vs_llamacpp.py runs
+the same file in llama.cpp.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import pytest
@@ -22,65 +23,51 @@ from compat_serve.engine.engine import Engine
 from compat_serve.engine.mtp_head import MTPHeadError, head_for
 from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest
+from compat_serve.models.gguf_header import read_tensor_table
 from compat_serve.models.loader import load_model
 from tests.chat_prompts import chat_ids
 from tests.greedy_ties import assert_same_or_near_tie
 from tests.python.test_batching import greedy
+from tests.python.test_mtp_families import BOUND, reference_step
 from tests.python.test_speculative import COPY_PROMPTS, outputs, tokens
 from tests.tiny_gguf import small_tokenizer_fields
-from tests.tiny_gguf_nextn import embedded_tokenizer_fields, write_nextn_gguf
-from tests.tiny_mtp import write_mtp_dir
+from tests.tiny_gguf_nextn import write_glm_nextn, write_nextn_gguf
+from tests.tiny_mtp import Source
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
 
 MAX_TOKENS = 16
-# The files only the MTP head reads get a 262-token tokenizer: writing the embedded model's
-# 49k tokens and merges takes the `gguf` writer a second per file.
 SMALL = small_tokenizer_fields()
 
 
 @pytest.fixture(scope="module")
-def fields() -> dict[str, Any]:
-    """The embedded model's tokenizer metadata: the directory carries its tokenizer.json."""
-    return embedded_tokenizer_fields()
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Source]:
+    return write_glm_nextn(tmp_path_factory.mktemp("glm"))
 
 
 @pytest.fixture(scope="module")
-def written(
-    embedded_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory, fields: dict[str, Any]
-) -> tuple[Path, Path]:
-    out = tmp_path_factory.mktemp("glm")
-    write_mtp_dir(out / "dir", "glm4_moe", embedded_model, seed=5)
-    return out / "dir", write_nextn_gguf(out / "dir", out / "glm.gguf", fields)
-
-
-@pytest.fixture(scope="module")
-def gguf_main(written: tuple[Path, Path]) -> LoadedModel:
+def gguf_main(written: tuple[Path, Path, Source]) -> LoadedModel:
     return load_model(str(written[1]), dtype="float32")
 
 
-def with_file(main: LoadedModel, path: Path) -> LoadedModel:
-    """`main` reading its MTP layer from `path`: a copy of its file with tensors left out
-    (the main model loads from either alike, the MTP layer being no part of it)."""
-    return dataclasses.replace(main, extra={**main.extra, "gguf_file": str(path)})
-
-
 def test_the_gguf_gives_the_directory_s_logits_and_mtp_step(
-    written: tuple[Path, Path], gguf_main: LoadedModel
+    written: tuple[Path, Path, Source], gguf_main: LoadedModel
 ) -> None:
     from_dir, from_gguf = load_model(str(written[0]), dtype="float32"), gguf_main
     assert from_gguf.extra["format"] == "gguf" and from_gguf.model_type == "glm4_moe"
     assert from_gguf.extra["config"]["num_hidden_layers"] == 2  # block_count 3 less 1 nextn
-    ids = mx.array([[5, 300, 4000, 17, 17, 900, 12, 5]])
+    ids = mx.array([[5, 30, 200, 17, 17, 90, 12, 5]])
     assert mx.array_equal(from_gguf.model(ids), from_dir.model(ids))
     head_dir, head_gguf = head_for(from_dir, None), head_for(from_gguf, None)
     mx.random.seed(9)
     hidden = mx.random.normal((3, 64))
-    toks = mx.array([5, 300, 4000], dtype=mx.uint32)
-    want_logits, want_chained = head_dir.step(hidden, toks)
+    toks = mx.array([5, 30, 200], dtype=mx.uint32)
     logits, chained = head_gguf.step(hidden, toks)
+    want_logits, want_chained = head_dir.step(hidden, toks)
     assert mx.array_equal(logits, want_logits) and mx.array_equal(chained, want_chained)
+    formula, _ = reference_step("glm4_moe", written[2], from_gguf, hidden, toks)
+    assert float(mx.abs(logits - formula).max()) <= BOUND * (1 + float(mx.abs(formula).max()))
 
 
 def test_drafting_with_the_gguf_s_head_leaves_greedy_output_unchanged(
@@ -111,13 +98,10 @@ def test_drafting_with_the_gguf_s_head_leaves_greedy_output_unchanged(
     "dropped", ["blk.2.nextn.hnorm.weight", "blk.2.ffn_up_exps.weight", "blk.2.exp_probs_b.bias"]
 )
 def test_a_gguf_missing_one_nextn_tensor_names_it(
-    written: tuple[Path, Path],
-    gguf_main: LoadedModel,
-    tmp_path: Path,
-    dropped: str,
+    written: tuple[Path, Path, Source], gguf_main: LoadedModel, tmp_path: Path, dropped: str
 ) -> None:
     path = write_nextn_gguf(written[0], tmp_path / "cut.gguf", SMALL, drop=(dropped,))
-    main = with_file(gguf_main, path)
+    main = load_model(str(path))  # the main model loads: the MTP layer is no part of it
     with pytest.raises(MTPHeadError) as caught:
         head_for(main, None)
     message = str(caught.value)
@@ -126,24 +110,18 @@ def test_a_gguf_missing_one_nextn_tensor_names_it(
 
 
 def test_a_gguf_without_nextn_tensors_fails_mtp_at_start_in_one_line(
-    written: tuple[Path, Path], gguf_main: LoadedModel, tmp_path: Path
+    written: tuple[Path, Path, Source], tmp_path: Path
 ) -> None:
     """A file converted from a config without `num_nextn_predict_layers` (no MTP layer),
     and one that declares a nextn layer but lost its block: both get the start-up error."""
-    block_2 = tuple(name for name in _names(written[1]) if name.startswith("blk.2."))
+    block = tuple(t.name for t in read_tensor_table(str(written[1])) if t.name.startswith("blk.2."))
     none = write_nextn_gguf(written[0], tmp_path / "none.gguf", SMALL, declare_nextn=False)
-    stripped = write_nextn_gguf(written[0], tmp_path / "cut.gguf", SMALL, drop=block_2)
-    without = load_model(str(none))
-    assert without.extra["config"]["num_nextn_predict_layers"] == 0
-    for main in (without, with_file(gguf_main, stripped)):
+    stripped = write_nextn_gguf(written[0], tmp_path / "cut.gguf", SMALL, drop=block)
+    for path, nextn in ((none, 0), (stripped, 1)):
+        main = load_model(str(path))
+        assert main.extra["config"]["num_nextn_predict_layers"] == nextn
         with pytest.raises(MTPHeadError) as caught:
             head_for(main, None)
         message = str(caught.value)
         assert "\n" not in message and main.name in message
         assert "has no MTP weights" in message and "GLM-4.5" in message
-
-
-def _names(path: Path) -> list[str]:
-    from compat_serve.models.gguf_header import read_tensor_table
-
-    return [t.name for t in read_tensor_table(str(path))]
