@@ -28,9 +28,11 @@ from pathlib import Path
 import gguf
 import mlx.core as mx
 import numpy as np
+from gguf.quants import quantize
 
 from tests.tiny_gguf import (
     Field,
+    _quantizable,
     add_tokenizer,
     glm4moe_hparams,
     small_tokenizer_fields,
@@ -80,10 +82,13 @@ def write_nextn_gguf(
     *,
     drop: tuple[str, ...] = (),
     declare_nextn: bool = True,
+    qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
 ) -> Path:
     """Convert `model_dir` (config, safetensors, the MTP layer in Hugging Face's names) to
     `path`, leaving out the GGUF tensors named in `drop`; `declare_nextn` False writes a
-    config without `num_nextn_predict_layers` (the converter then keeps no MTP layer)."""
+    config without `num_nextn_predict_layers` (the converter then keeps no MTP layer).
+    `qtype`: the tensors llama-quantize quantizes stored in that type (tests/tiny_gguf.py's
+    rule: 2-D and 3-D weights whose rows its blocks divide, not the router)."""
     config = json.loads((model_dir / "config.json").read_text())
     nextn = config.get("num_nextn_predict_layers", 0) if declare_nextn else 0
     if not declare_nextn:
@@ -103,7 +108,12 @@ def write_nextn_gguf(
     glm4moe_hparams(writer, config)
     add_tokenizer(writer, fields)
     for name, value in tensors.items():
-        if name not in drop:
+        if name in drop:
+            continue
+        if qtype != gguf.GGMLQuantizationType.F32 and _quantizable(name, value, qtype):
+            packed = quantize(value.astype(np.float32), qtype)
+            writer.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=qtype)
+        else:
             writer.add_tensor(name, value.astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
