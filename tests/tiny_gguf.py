@@ -292,7 +292,7 @@ def random_model(case: GGUFCase, vocab_size: int, seed: int = 0) -> tuple[Any, d
     return model, {**dataclasses.asdict(model.args), **config}
 
 
-def _quantizable(gguf_name: str, array: np.ndarray, qtype: Q) -> bool:
+def quantizable(gguf_name: str, array: np.ndarray, qtype: Q) -> bool:
     """llama-quantize's rule: 2-D+ weights whose rows its block size divides, not the router."""
     if qtype in (Q.F32,) or array.ndim < 2 or not gguf_name.endswith(".weight"):
         return False
@@ -456,7 +456,7 @@ def write_case(
     if (scaling := config.get("rope_scaling")) and scaling["type"] == "longrope":
         for kind in ("long", "short"):  # the converter's extra tensors (float32)
             tensors[f"rope_factors_{kind}.weight"] = np.array(scaling[f"{kind}_factor"], np.float32)
-    types = {name: qtype if _quantizable(name, v, qtype) else Q.F32 for name, v in tensors.items()}
+    types = {name: qtype if quantizable(name, v, qtype) else Q.F32 for name, v in tensors.items()}
     if qtype != Q.F32:
         # Give the reference the weights this quantization keeps: quantize -> dequantize in
         # llama.cpp's layout, then back to mlx-lm's (the transforms only move rows, except

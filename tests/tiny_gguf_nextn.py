@@ -13,7 +13,8 @@ GGUF the way llama.cpp's `convert_hf_to_gguf.py` converts GLM-4.5 (`Glm4MoeModel
 - no Q/K permutation (GLM-4.5 runs the NEOX rope); `rope.dimension_count` =
   `head_dim * partial_rotary_factor`; sigmoid expert gating.
 
-All tensors F32 (`--outtype f32`), so the file holds the directory's values exactly.
+All tensors F32 (`--outtype f32`), so the file holds the directory's values exactly, unless
+`qtype` names a quantized type (llama-quantize's choice of tensors, tests/tiny_gguf.py).
 
 `write_glm_nextn` writes the pair with GLM-4.5's attention (q/k/v biases, no q/k norms) and
 tests/tiny_gguf.py's 262-token tokenizer, whose file writes and loads in a fraction of the
@@ -32,9 +33,9 @@ from gguf.quants import quantize
 
 from tests.tiny_gguf import (
     Field,
-    _quantizable,
     add_tokenizer,
     glm4moe_hparams,
+    quantizable,
     small_tokenizer_fields,
     write_case,
 )
@@ -110,7 +111,7 @@ def write_nextn_gguf(
     for name, value in tensors.items():
         if name in drop:
             continue
-        if qtype != gguf.GGMLQuantizationType.F32 and _quantizable(name, value, qtype):
+        if qtype != gguf.GGMLQuantizationType.F32 and quantizable(name, value, qtype):
             packed = quantize(value.astype(np.float32), qtype)
             writer.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=qtype)
         else:
