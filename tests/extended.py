@@ -117,6 +117,10 @@ EXTENDED_ONLY: tuple[str, ...] = (
     "tests/python/test_mtp_combos.py::test_mtp_with_4_bit_kv_decodes_as_plain_4_bit_kv",
     "tests/python/test_mtp_combos.py::test_a_json_schema_masks_mtp_drafts_and_decodes_as_plain",
     "tests/python/test_mtp_combos.py::test_a_thinking_budget_closes_at_the_same_token_with_mtp",
+    # MTP from a GGUF's nextn block with one tensor missing: CI keeps a nextn norm (the
+    # error naming it); an expert tensor and the router's bias of the MTP layer run here.
+    "tests/python/test_gguf_nextn.py::test_a_gguf_missing_one_nextn_tensor_names_it[blk.2.ffn_up_exps.weight]",
+    "tests/python/test_gguf_nextn.py::test_a_gguf_missing_one_nextn_tensor_names_it[blk.2.exp_probs_b.bias]",
     # Claude Code's captured sessions twice through /v1/messages: CI replays eight of the
     # eleven with the default `--reply-history loop`, and three (the default body, a tool
     # round, the recipe's last request) with `template`.

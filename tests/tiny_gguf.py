@@ -141,6 +141,24 @@ def _deepseek2(
     w.add_expert_gating_func(func)
 
 
+def glm4moe_hparams(w: gguf.GGUFWriter, c: dict[str, Any]) -> None:
+    """`Glm4MoeModel.set_gguf_parameters` (and its base class's keys): `block_count` counts
+    the MTP layers, `nextn_predict_layers` written when the config has the key."""
+    nextn = c.get("num_nextn_predict_layers")
+    attention_hparams(w, {**c, "num_hidden_layers": c["num_hidden_layers"] + (nextn or 0)})
+    w.add_rope_dimension_count(int(c["head_dim"] * c.get("partial_rotary_factor", 0.5)))
+    w.add_expert_count(c["n_routed_experts"])
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    w.add_expert_shared_count(c["n_shared_experts"])
+    w.add_leading_dense_block_count(c["first_k_dense_replace"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_scale(c["routed_scaling_factor"])
+    w.add_expert_weights_norm(c["norm_topk_prob"])
+    if nextn is not None:
+        w.add_nextn_predict_layers(nextn)
+
+
 # The head_dim-less families get hidden/heads = 16; gemma2's query scale is head_dim's, as
 # llama.cpp uses for every size but 27B.
 CASES: dict[str, GGUFCase] = {
@@ -230,6 +248,11 @@ CASES: dict[str, GGUFCase] = {
         lambda w, c: _deepseek2(w, c, split_kv_b=True, sigmoid=False),
         {"split_kv_b": True},
     ),
+    # GLM-4.5 with q/k norms and no q/k/v biases (the tiny family config); GLM-4.5's own
+    # attention (biases, no norms) is tests/tiny_gguf_nextn.py's, with its MTP layer.
+    "glm4moe": GGUFCase(
+        "glm4_moe", FAMILY_CONFIGS["glm4_moe"], gguf.MODEL_ARCH.GLM4_MOE, glm4moe_hparams
+    ),
     "deepseek2-kv_b": GGUFCase(
         "deepseek_v3",
         FAMILY_CONFIGS["deepseek_v3"],
@@ -269,7 +292,7 @@ def random_model(case: GGUFCase, vocab_size: int, seed: int = 0) -> tuple[Any, d
     return model, {**dataclasses.asdict(model.args), **config}
 
 
-def _quantizable(gguf_name: str, array: np.ndarray, qtype: Q) -> bool:
+def quantizable(gguf_name: str, array: np.ndarray, qtype: Q) -> bool:
     """llama-quantize's rule: 2-D+ weights whose rows its block size divides, not the router."""
     if qtype in (Q.F32,) or array.ndim < 2 or not gguf_name.endswith(".weight"):
         return False
@@ -433,7 +456,7 @@ def write_case(
     if (scaling := config.get("rope_scaling")) and scaling["type"] == "longrope":
         for kind in ("long", "short"):  # the converter's extra tensors (float32)
             tensors[f"rope_factors_{kind}.weight"] = np.array(scaling[f"{kind}_factor"], np.float32)
-    types = {name: qtype if _quantizable(name, v, qtype) else Q.F32 for name, v in tensors.items()}
+    types = {name: qtype if quantizable(name, v, qtype) else Q.F32 for name, v in tensors.items()}
     if qtype != Q.F32:
         # Give the reference the weights this quantization keeps: quantize -> dequantize in
         # llama.cpp's layout, then back to mlx-lm's (the transforms only move rows, except

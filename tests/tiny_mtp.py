@@ -140,19 +140,25 @@ def write_mtp_dir(
     bits: int | None = None,
     drop: tuple[str, ...] = (),
     mtp_layers: int = 1,
+    overrides: dict[str, Any] | None = None,
 ) -> Source:
     """A tiny `model_type` checkpoint whose MTP layer is in `model-mtp.safetensors` (minus
     the tensors named in `drop`, full names); `mtp_layers` 0 writes none and says so in
     config.json. With `bits`, the model and the MTP layer's linear layers are quantized
-    (group 32, mlx-lm's layout)."""
-    extra = model_type in EXTRA_CONFIGS and model_type not in FAMILY_CONFIGS
-    if extra:  # only while writing: tests/python/test_families.py runs every FAMILY_CONFIGS
-        FAMILY_CONFIGS[model_type] = EXTRA_CONFIGS[model_type]
+    (group 32, mlx-lm's layout). `overrides`: changes to the family's tiny config."""
+    saved = FAMILY_CONFIGS.get(model_type)
+    # Only while writing: tests/python/test_families.py runs every FAMILY_CONFIGS as it is.
+    FAMILY_CONFIGS[model_type] = {
+        **(EXTRA_CONFIGS[model_type] if saved is None else saved),
+        **(overrides or {}),
+    }
     try:
         model = write_model_dir(out, model_type, like, seed=seed, bits=bits)
     finally:
-        if extra:
+        if saved is None:
             del FAMILY_CONFIGS[model_type]
+        else:
+            FAMILY_CONFIGS[model_type] = saved
     config = json.loads((out / "config.json").read_text())
     count_key = "mtp_num_hidden_layers" if model_type in QWEN_TYPES else "num_nextn_predict_layers"
     config[count_key] = mtp_layers

@@ -44,13 +44,22 @@ class Greedy:
     ids: list[int]
     texts: list[str]
     top: list[dict[str, float]]
+    top_ids: list[dict[int, float]]  # the same, by token id
 
 
 class LlamaCpp:
-    """One llama.cpp server on `model_path` (greedy; `threads` CPU threads)."""
+    """One llama.cpp server on `model_path` (greedy; `threads` CPU threads). `float32`: a
+    float32 KV cache and no flash attention (whose CPU kernel rounds to float16), so a file
+    of float32 weights is computed in float32 throughout."""
 
     def __init__(
-        self, model_path: Path, *, n_ctx: int = 2048, threads: int = 2, parallel: int = 1
+        self,
+        model_path: Path,
+        *,
+        n_ctx: int = 2048,
+        threads: int = 2,
+        parallel: int = 1,
+        float32: bool = False,
     ) -> None:
         import xllamacpp
 
@@ -66,6 +75,9 @@ class LlamaCpp:
         params.cache_prompt = False  # every reference computed from scratch
         params.sampling.temp = 0.0
         params.sampling.top_k = 1
+        if float32:
+            params.cache_type_k = params.cache_type_v = xllamacpp.ggml_type.GGML_TYPE_F32
+            params.flash_attn_type = xllamacpp.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self._server = xllamacpp.Server(params)
         self.base_url: str = self._server.listening_address
         self._greedy: dict[tuple[tuple[int, ...], int, int], Greedy] = {}
@@ -117,6 +129,7 @@ class LlamaCpp:
                 {token_text(t["bytes"]): float(t["logprob"]) for t in c["top_logprobs"]}
                 for c in content
             ],
+            [{int(t["id"]): float(t["logprob"]) for t in c["top_logprobs"]} for c in content],
         )
 
     def close(self) -> None:

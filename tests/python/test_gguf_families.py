@@ -200,8 +200,8 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path: Path) -> No
         load_gguf(str(path))
     assert str(err.value).endswith(
         "GGUF architecture 'rwkv7' is not supported (supported: deepseek2, gemma2, gemma3, "
-        "llama, phi3, qwen2, qwen3, qwen3moe); serve the original weights as an MLX/HF "
-        "model directory instead"
+        "glm4moe, llama, phi3, qwen2, qwen3, qwen3moe); serve the original weights as an "
+        "MLX/HF model directory instead"
     )
 
 

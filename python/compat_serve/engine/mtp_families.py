@@ -11,9 +11,11 @@ vocabulary head. The embedding and the head are the main model's (shared: DeepSe
 report; the checkpoints' `embed_tokens`/`shared_head.head` copies are not read).
 
 The tensors are read from the directory's safetensors files (mlx-lm's `sanitize` drops
-them) and go through the handling the main weights got: the family's own `sanitize` (expert
-stacking, DeepSeek's `kv_b_proj` split, fp8 dequantization), quantized layers built where
-`scales` are present, then dequantized when the main model was (the CPU rule).
+them), or from a GGUF's `nextn` block (models/gguf_mtp.py: llama.cpp's names turned into the
+checkpoint's, quantized ones in MLX's layout or dense as the main model was read), and go
+through the handling the main weights got: the family's own `sanitize` (expert stacking,
+DeepSeek's `kv_b_proj` split, fp8 dequantization), quantized layers built where `scales` are
+present, then dequantized when the main model was (the CPU rule).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from mlx.nn.layers.normalization import RMSNorm
 from mlx.nn.layers.quantized import QuantizedLinear, quantize
 
 from compat_serve.engine.mtp_head import MTP_FAMILIES, MTPHead, MTPHeadError
+from compat_serve.models.gguf_mtp import gguf_tensor_name, read_gguf_mtp_tensors
 from compat_serve.models.mtp_weights import mtp_layer_count, mtp_prefix, read_mtp_tensors
 from compat_serve.models.weights import cast_floating, dequantize_model, model_arrays
 
@@ -296,17 +299,19 @@ def _quantize_like(module: Module, weights: dict[str, mx.array], config: dict[st
 
 def load_family_head(loaded: LoadedModel) -> MTPHead | None:
     """The MTP head of `loaded`'s own checkpoint; None when its config declares no MTP
-    layer or its directory has none (a conversion that dropped them). Raises `MTPHeadError`
-    naming the first missing tensor of an incomplete one or a tensor of the wrong shape,
-    and for MTP layers of a model type (or a loader) the heads are not built for."""
+    layer or its directory or GGUF file has none (a conversion that dropped them). Raises
+    `MTPHeadError` naming the first missing tensor of an incomplete one or a tensor of the
+    wrong shape, and for MTP layers of a model type (or a loader) the heads are not built
+    for."""
     config = loaded.extra.get("config")
-    model_dir = loaded.extra.get("model_dir")
-    if not isinstance(config, dict) or not model_dir or not mtp_layer_count(config):
+    fmt = loaded.extra.get("format")
+    source = loaded.extra.get("gguf_file" if fmt == "gguf" else "model_dir")
+    if not isinstance(config, dict) or not source or not mtp_layer_count(config):
         return None
-    if loaded.extra.get("format") != "mlx-dir":
+    if fmt not in ("mlx-dir", "gguf"):
         raise MTPHeadError(
             f"--speculative mtp: {loaded.name}'s MTP weights are read only for text models "
-            f"loaded with mlx-lm (this one loaded as {loaded.extra.get('format')})"
+            f"loaded with mlx-lm or from a GGUF file (this one loaded as {fmt})"
         )
     model = loaded.model
     model_type = str(config.get("model_type"))
@@ -317,7 +322,18 @@ def load_family_head(loaded: LoadedModel) -> MTPHead | None:
             f"--speculative mtp: {loaded.name} ({model_type}) declares MTP layers, but they "
             f"are read only for {MTP_FAMILIES}; give a trained head with --mtp-head FILE"
         )
-    tensors = read_mtp_tensors(model_dir, config)
+    if fmt == "gguf":  # llama.cpp's `nextn` block, named in errors as the file names it
+        tensors = read_gguf_mtp_tensors(source, config, keep_quantized=_is_quantized(model))
+
+        def named(name: str) -> str:
+            return gguf_tensor_name(source, config, name)
+    else:
+        tensors = read_mtp_tensors(source, config)
+        stem = prefix
+
+        def named(name: str) -> str:
+            return stem + name
+
     if not tensors:
         return None
     # Qwen3.5's language model keeps its own args (the outer ones hold `text_config`).
@@ -328,17 +344,17 @@ def load_family_head(loaded: LoadedModel) -> MTPHead | None:
     try:
         weights = family.prepare(module, tensors)
     except _Missing as exc:
-        raise MTPHeadError(f"{where}: no tensor {prefix + str(exc.args[0])!r}") from None
+        raise MTPHeadError(f"{where}: no tensor {named(str(exc.args[0]))!r}") from None
     if any(k.endswith(".scales") for k in weights):
         _quantize_like(module, weights, config)
     wanted = model_arrays(module)
     for name, param in wanted.items():
         got = weights.get(name)
         if got is None:
-            raise MTPHeadError(f"{where}: no tensor {prefix + name!r}")
+            raise MTPHeadError(f"{where}: no tensor {named(name)!r}")
         if tuple(got.shape) != tuple(param.shape):
             raise MTPHeadError(
-                f"{loaded.name}: MTP tensor {prefix + name!r} has shape {tuple(got.shape)}, "
+                f"{loaded.name}: MTP tensor {named(name)!r} has shape {tuple(got.shape)}, "
                 f"the model needs {tuple(param.shape)}"
             )
     module.load_weights([(name, weights[name]) for name in wanted])

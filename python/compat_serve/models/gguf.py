@@ -49,6 +49,7 @@ from compat_serve.models.load_steps import (
     host,
     run_inline,
 )
+from compat_serve.models.mtp_weights import is_mtp_key
 from compat_serve.models.types import LoadedModel
 from compat_serve.models.weights import (
     QuantParams,
@@ -200,6 +201,13 @@ def gguf_parts_steps(path: str, *, keep_quantized: bool = True) -> LoadSteps[GGU
     renamed, rope = rename_tensors(family, raw_weights)
     del raw_weights
     weights = family.fixup(renamed, config)
+    # The MTP layer (llama.cpp's `nextn` block) is no part of the main model: read again by
+    # models/gguf_mtp.py when `--speculative mtp` builds its head.
+    mtp = [name for name in weights if is_mtp_key(config, name)]
+    if mtp:
+        logger.info("setting aside %d MTP tensors (read for --speculative mtp)", len(mtp))
+        for name in mtp:
+            del weights[name]
     rope_freqs = rope.get("rope_freqs")
     if rope_freqs is not None and not family.takes_rope_freqs:
         raise ModelLoadError(f"{path}: rope_freqs in a {meta.architecture} GGUF is not supported")
@@ -403,6 +411,7 @@ def load_gguf_steps(
         model_type=str(config["model_type"]),
         extra={
             "format": "gguf",
+            "gguf_file": path,
             "config": config,
             "backend": plan.backend,
             "quantization": quantization_config(parts.stored_quant),

@@ -8,6 +8,7 @@ from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.gguf_families.common import Family, Hparams, permute_rows, unpermute_rows
 from compat_serve.models.gguf_families.deepseek2 import DEEPSEEK2
 from compat_serve.models.gguf_families.gemma import GEMMA2, GEMMA3
+from compat_serve.models.gguf_families.glm4moe import GLM4MOE
 from compat_serve.models.gguf_families.llama import LLAMA, MIXTRAL
 from compat_serve.models.gguf_families.phi3 import PHI3
 from compat_serve.models.gguf_families.qwen import QWEN2, QWEN3, QWEN3MOE
@@ -23,7 +24,8 @@ __all__ = [
 ]
 
 _BY_ARCHITECTURE: dict[str, Family] = {
-    f.architecture: f for f in (LLAMA, QWEN2, QWEN3, QWEN3MOE, PHI3, GEMMA2, GEMMA3, DEEPSEEK2)
+    f.architecture: f
+    for f in (LLAMA, QWEN2, QWEN3, QWEN3MOE, PHI3, GEMMA2, GEMMA3, DEEPSEEK2, GLM4MOE)
 }
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_BY_ARCHITECTURE))
 

@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 Weights = dict[str, mx.array]
 # mx.load names: `.weight` (dense or packed), `.scales`/`.biases` (quantization), `.bias`.
-_TENSOR_RE = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|scales|biases|bias)$")
+# llama.cpp's MTP tensors carry one more dot: `blk.N.nextn.eh_proj.weight`.
+_TENSOR_RE = re.compile(r"^(?:blk\.(\d+)\.)?((?:nextn\.)?[a-z_]+)\.(weight|scales|biases|bias)$")
 _TOP_LEVEL = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
