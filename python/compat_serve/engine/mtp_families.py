@@ -350,7 +350,7 @@ def load_family_head(loaded: LoadedModel) -> MTPHead | None:
     untyped: Any = module
     mx.eval(untyped.parameters())
     layout = family.layout
-    return MTPHead(module, model, lambda m, e, h, c: compose(layout, m, e, h, c))
+    return MTPHead(module, model, lambda m, e, h, c=None: compose(layout, m, e, h, c))
 
 
 __all__ = ["DEEPSEEK", "MIMO", "MTP_FAMILIES", "QWEN3_NEXT", "Layout", "load_family_head"]
