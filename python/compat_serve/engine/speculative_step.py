@@ -149,6 +149,11 @@ class SpeculativeStep:
             drafts, probs = proposal.drafts, proposal.probs
         elif self._mtp is not None:  # as the draft model: decide, then run the head
             mtp = self._mtp
+            if mtp.broken is not None:
+                self.stats.disabled_reason = f"the MTP head's cache: {mtp.broken}"
+                self._apply.observers.remove(mtp.observe)
+                self._mtp = None
+                return None
             rooms = [  # the main model holds all but the last emitted token
                 room if mtp.ready(seq.request_id, seq.prompt_len + len(seq.generated) - 1) else 0
                 for seq, room in zip(seqs, rooms, strict=True)
