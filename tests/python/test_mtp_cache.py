@@ -22,7 +22,7 @@ from compat_serve.engine.mtp_cache import MTPDrafter
 from compat_serve.engine.mtp_head import HiddenCapture, MTPHead, new_llama_head
 from compat_serve.engine.runner import ModelRunner
 from compat_serve.engine.speculation import SpeculationConfig
-from compat_serve.engine.step_plan import Restore
+from compat_serve.engine.step_plan import Decode, Restore
 from compat_serve.engine.types import EngineRequest
 from tests.chat_prompts import chat_ids
 from tests.greedy_ties import assert_same_or_near_tie
@@ -130,6 +130,9 @@ def test_the_cached_head_steps_as_its_layer_over_the_whole_sequence_and_keeps_on
     assert drafter.ready("a", len(rows["a"].fed)) and not drafter.ready("a", len(rows["a"].fed) + 1)
     applier.drop(["b"])
     assert drafter.batch.ids == ["a", "c", "d"] and "b" not in drafter.rows
+    drafter.observe(Decode(("a", "d"), (1, 2), ()))  # rows the head does not have
+    assert drafter.broken is not None and "not the batch's" in drafter.broken
+    assert not drafter.ready("a", len(rows["a"].fed)) and not drafter.rows
 
 
 def test_greedy_mtp_equals_plain_decoding_for_rows_of_different_lengths_and_a_cache_hit(
