@@ -61,6 +61,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("compat_serve.engine")
 
 
+def _new_cache() -> KVCache:
+    """A row's head cache while it prefills (mlx-lm's, as the model's layers get)."""
+    cache: KVCache = KVCache()  # type: ignore[no-untyped-call]
+    return cache
+
+
 class HeadCacheError(RuntimeError):
     """The head's cache no longer follows the main model's (a bug: drafting stops)."""
 
@@ -113,7 +119,7 @@ class MTPDrafter:
     def _observe(self, op: PlanOp) -> None:
         match op:
             case NewCache():
-                self.own[op.request_id] = KVCache()
+                self.own[op.request_id] = _new_cache()
                 self.rows[op.request_id] = _Row(0)
             case Restore():  # positions with no hidden states: the head starts after them
                 self.rows[op.request_id] = _Row(op.tokens)
@@ -168,7 +174,7 @@ class MTPDrafter:
         cache = self.own[request_id]
         if row.fed != start:  # a gap: the cache restarts here
             row.pending = None
-            cache = self.own[request_id] = KVCache()
+            cache = self.own[request_id] = _new_cache()
         pairs_hidden, pairs_tokens = hidden[:, :-1], tokens[1:]
         if row.pending is not None:
             pairs_hidden = mx.concatenate([row.pending[None, None], pairs_hidden], axis=1)
@@ -200,7 +206,8 @@ class MTPDrafter:
             row.pending = hidden[i, kept[i] - 1]
             row.fed += kept[i]
         layer = self.batch.cache[0]
-        mx.async_eval(layer.keys, layer.values, [self.rows[r].pending for r in ids])
+        pending_now = [self.rows[r].pending for r in ids]
+        mx.async_eval(layer.keys, layer.values, pending_now)  # type: ignore[no-untyped-call]
 
     def _check_rows(self, request_ids: Sequence[str]) -> None:
         if list(request_ids) != self.batch.ids:

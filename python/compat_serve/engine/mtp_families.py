@@ -18,6 +18,7 @@ stacking, DeepSeek's `kv_b_proj` split, fp8 dequantization), quantized layers bu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -349,8 +350,7 @@ def load_family_head(loaded: LoadedModel) -> MTPHead | None:
     cast_floating(module, dtype)
     untyped: Any = module
     mx.eval(untyped.parameters())
-    layout = family.layout
-    return MTPHead(module, model, lambda m, e, h, c=None: compose(layout, m, e, h, c))
+    return MTPHead(module, model, functools.partial(compose, family.layout))
 
 
 __all__ = ["DEEPSEEK", "MIMO", "MTP_FAMILIES", "QWEN3_NEXT", "Layout", "load_family_head"]
