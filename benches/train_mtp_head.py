@@ -7,7 +7,11 @@ shared and stay frozen. Data: the model's own greedy replies to generated instru
 (copy-free: questions, stories, explanations), run once more through the model to take
 the final-norm hidden state at every position. Each example is (hidden at t, token t+1)
 and its label the model's own argmax after token t+1: exactly what a draft must match to
-be accepted. The head runs over one position (no cache of its own), as the engine runs it.
+be accepted. The head is trained over one position (no cache of its own); the engine now
+runs it with its own KV cache (engine/mtp_cache.py), so a head trained here sees earlier
+positions at inference that it never saw in training. Training it as it runs means whole
+sequences of (hidden[t], token[t+1]) pairs through the layer with a causal mask
+(notes/2026-11-29-mtp-cache.md).
 
 Run: `.venv/bin/python benches/train_mtp_head.py [--minutes 6] [--out FILE]`; it prints
 the held-out top-1 agreement (the acceptance rate a one-token draft can expect) and saves

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import pytest
 from mlx.nn.layers.quantized import QuantizedLinear
+from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import KVCache
 
 from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
@@ -47,14 +49,20 @@ def rms(x: mx.array, weight: mx.array, eps: float) -> mx.array:
 def reference_step(
     model_type: str, source: Source, main: LoadedModel, hidden: mx.array, tokens: mx.array
 ) -> tuple[mx.array, mx.array]:
-    """One MTP step as the reference implementations write it: (logits, chained hidden)."""
+    """One MTP step as the reference implementations write it: (logits, chained hidden).
+    Over a sequence (`hidden [1, T, H]`, `tokens [1, T]`) the block runs once with a causal
+    mask: the last position's."""
     embed_norm, hidden_norm, proj, out_norm = OWN_NAMES[model_type]
     language = getattr(main.model, "language_model", main.model)  # Qwen3.5 nests it
     own, eps = source.own, float(language.args.rms_norm_eps)
     e = rms(language.model.embed_tokens(tokens), own[f"{embed_norm}.weight"], eps)
     h = rms(hidden, own[f"{hidden_norm}.weight"], eps)
     joined = mx.concatenate([h, e] if model_type == "mimo" else [e, h], axis=-1)
-    x = source.block((joined @ own[f"{proj}.weight"].T)[:, None, :])[:, 0, :]
+    if joined.ndim == 2:
+        x = source.block((joined @ own[f"{proj}.weight"].T)[:, None, :])[:, 0, :]
+    else:
+        causal = create_causal_mask(joined.shape[1])
+        x = source.block(joined @ own[f"{proj}.weight"].T, causal)[:, -1, :]
     normed = rms(x, own[f"{out_norm}.weight"], eps)
     logits = language.lm_head(normed)
     return logits, x if model_type in ("deepseek_v3", "glm4_moe") else normed
@@ -103,6 +111,15 @@ def test_a_family_checkpoint_s_mtp_head_loads_and_steps_as_the_reference(
     assert float(mx.abs(chained - want_chained).max()) <= BOUND * (
         1 + float(mx.abs(want_chained).max())
     )
+    # With its KV cache: three pairs appended, then the step on the fourth attends to them.
+    sequence, seq_tokens = mx.random.normal((1, 4, 64)), mx.array([[7, 70, 700, 7000]])
+    cache = KVCache()
+    head.extend(sequence[:, :3], seq_tokens[:, :3], cache)
+    logits, _ = head.step(sequence[:, 3], seq_tokens[:, 3], cache)
+    want_logits, _ = reference_step(model_type, source, main, sequence, seq_tokens)
+    assert float(mx.abs(logits - want_logits).max()) <= BOUND * (
+        1 + float(mx.abs(want_logits).max())
+    )
 
 
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "glm4_moe", "mimo"])
@@ -123,10 +140,12 @@ def test_drafting_with_the_checkpoint_s_head_leaves_greedy_output_unchanged(
         try:
             got[mode] = [tokens(e) for e in outputs(engine, requests)]
             status = engine.speculation_status()
+            drafter = engine._executor.spec._mtp
         finally:
             engine.shutdown()
     assert status["mode"] == "mtp", status
     assert int(status["draft_tokens"]) > 0, status  # type: ignore[call-overload]
+    assert drafter is not None and drafter.broken is None  # the head's cache kept up
     for request, want, have in zip(requests, got["off"], got["mtp"], strict=True):
         assert_same_or_near_tie(main, request.prompt_ids, want, have)
 

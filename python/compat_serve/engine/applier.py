@@ -8,7 +8,9 @@ plan's ops on another applier (a follower with the same weights), returning the 
 of its forwards in order, and reproduces the recorder's KV bit for bit.
 
 Forward methods return lazy logits: sampling, grammars, stop strings and everything a
-request's text needs stay with the deciding side (`StepExecutor`).
+request's text needs stay with the deciding side (`StepExecutor`). `observers` are called
+with each op once it is applied (the MTP head's cache follows the KV that way:
+engine/mtp_cache.py).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class StepApplier:
         self.forwards = 0
         self.forward_seconds = 0.0
         self._forward_started = 0.0
+        self.observers: list[Callable[[PlanOp], None]] = []
 
     # ---- reading (the deciding side's prefix cache and metrics) --------------------
 
@@ -100,12 +103,14 @@ class StepApplier:
             self._adapter_of.pop(request_id, None)
         else:
             self._adapter_of[request_id] = adapter
+        self._applied()
         return cache
 
     def restored(self, op: Restore) -> None:
         """The deciding side's prefix cache has filled the request's fresh cache (it
         holds the blocks in this process); only the record is made here."""
         self._ops.append(op)
+        self._applied()
 
     def record(self, op: PlanOp) -> None:
         """An op the deciding side's prefix cache applies itself (it holds the blocks in
@@ -121,6 +126,7 @@ class StepApplier:
         self.runner.prefill(cache, tokens, vision, start, **rows)  # evaluated
         if self.before_forward is not None:
             self._forward_done()
+        self._applied()
 
     def last_logits(
         self, request_id: str, start: int, tokens: list[int], vision: VisionInput | None = None
@@ -129,7 +135,9 @@ class StepApplier:
         self._ops.append(Prefill(request_id, start, tuple(tokens), True, vision is not None))
         self._forward_next()
         cache, rows = self._cache(request_id), self._row_adapter(request_id)
-        return self._ran(self.runner.last_logits(cache, tokens, vision, start, **rows))
+        logits = self._ran(self.runner.last_logits(cache, tokens, vision, start, **rows))
+        self._applied()
+        return logits
 
     def prefill_together(
         self, request_ids: list[str], token_lists: list[list[int]]
@@ -146,6 +154,7 @@ class StepApplier:
                 PrefillTogether(tuple(request_ids), tuple(tuple(t) for t in token_lists))
             )
             self._own.update(zip(request_ids, own, strict=True))
+            self._applied()
 
         return logits, commit
 
@@ -157,7 +166,9 @@ class StepApplier:
         self._forward_next()
         deltas = (list(rope_deltas),) if rope_deltas else ()
         adapters = self._adapters(request_ids)
-        return self._ran(self.runner.decode_logits(self.batch.cache, tokens, *deltas, **adapters))
+        logits = self._ran(self.runner.decode_logits(self.batch.cache, tokens, *deltas, **adapters))
+        self._applied()
+        return logits
 
     def verify(
         self, request_ids: list[str], rows: list[list[int]], rope_deltas: Sequence[int] = ()
@@ -172,7 +183,9 @@ class StepApplier:
         logits = self.runner.verify_logits(cache, rows, *deltas, **adapters)
         verified.after_forward(cache)
         self._verified = (verified, list(request_ids), list(rope_deltas))
-        return self._ran(logits)
+        logits = self._ran(logits)
+        self._applied()
+        return logits
 
     def rollback(self, positions: list[int]) -> None:
         """Drop each row's rejected positions of the verify pass just run; rows whose
@@ -181,6 +194,7 @@ class StepApplier:
         last, self._verified = self._verified, None
         if last is None:
             self.batch.rollback(positions)
+            self._applied()
             return
         verified, request_ids, rope_deltas = last
 
@@ -197,6 +211,7 @@ class StepApplier:
 
         verified.refeed(self.batch.cache, positions, forward)
         self.batch.rollback(positions, verified)
+        self._applied()
 
     def join(self, request_ids: list[str]) -> None:
         """Move these requests' own caches into the batch (their caches leave even if
@@ -204,6 +219,7 @@ class StepApplier:
         self._ops.append(Join(tuple(request_ids)))
         joining = [(request_id, self._own.pop(request_id)) for request_id in request_ids]
         self.batch.add(joining)
+        self._applied()
 
     def drop(self, request_ids: list[str]) -> None:
         if not request_ids:
@@ -214,6 +230,7 @@ class StepApplier:
             self._adapter_of.pop(request_id, None)
         gone = set(request_ids)
         self.batch.retain(r for r in self.batch.ids if r not in gone)
+        self._applied()
 
     def clear_batch(self) -> None:
         self._ops.append(ClearBatch())
@@ -221,6 +238,7 @@ class StepApplier:
         for request_id in self.batch.ids:
             self._adapter_of.pop(request_id, None)
         self.batch.clear()
+        self._applied()
 
     # ---- a follower ----------------------------------------------------------------------
 
@@ -279,6 +297,13 @@ class StepApplier:
         return None
 
     # ---- helpers -----------------------------------------------------------------------
+
+    def _applied(self) -> None:
+        """The op just recorded has been applied: tell the observers."""
+        if self.observers:
+            op = self._ops[-1]
+            for observer in self.observers:
+                observer(op)
 
     def _forward_next(self) -> None:
         if self.before_forward is not None:

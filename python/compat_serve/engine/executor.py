@@ -254,7 +254,6 @@ class StepExecutor:
             return
         if spec.active:
             spec.stats.costs.observe(len(seqs), 1, time.perf_counter() - started)
-            spec.after_plain_decode(seqs)
         for seq, value, grammar_error in zip(seqs, values, grammar_errors, strict=True):
             if grammar_error is not None:
                 self.fail(seq, GrammarError(grammar_error))

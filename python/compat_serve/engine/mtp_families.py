@@ -20,6 +20,7 @@ present, then dequantized when the main model was (the CPU rule).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ from mlx.nn.layers.linear import Linear
 from mlx.nn.layers.normalization import RMSNorm
 from mlx.nn.layers.quantized import QuantizedLinear, quantize
 
-from compat_serve.engine.mtp_head import MTP_FAMILIES, MTPHead, MTPHeadError
+from compat_serve.engine.mtp_head import MTP_FAMILIES, MTPHead, MTPHeadError, run_block
 from compat_serve.models.gguf_mtp import gguf_tensor_name, read_gguf_mtp_tensors
 from compat_serve.models.mtp_weights import mtp_layer_count, mtp_prefix, read_mtp_tensors
 from compat_serve.models.weights import cast_floating, dequantize_model, model_arrays
@@ -125,16 +126,17 @@ def _attr(module: Module, dotted: str) -> Any:
 
 
 def compose(
-    layout: Layout, module: Module, embedded: mx.array, hidden: mx.array
+    layout: Layout, module: Module, embedded: mx.array, hidden: mx.array, cache: Any = None
 ) -> tuple[mx.array, mx.array]:
     """One MTP step: `(embedded [B, H], hidden [B, H]) -> (the vocabulary head's input, the
-    hidden state the next step chains on)`."""
+    hidden state the next step chains on)`, or over L positions (`[B, L, H]`, causal); the
+    family's decoder layer attends over `cache` (its KV cache: the row's earlier
+    positions, extended by these) when given."""
     e = _attr(module, layout.embed_norm)(embedded)
     h = _attr(module, layout.hidden_norm)(hidden.astype(e.dtype))
     joined = mx.concatenate([e, h] if layout.embedding_first else [h, e], axis=-1)
-    x = _attr(module, layout.proj)(joined)[:, None, :]
     block = module if not layout.block else _attr(module, layout.block)
-    x = block(x)[:, 0, :]
+    x = run_block(block, _attr(module, layout.proj)(joined), cache)
     normed = _attr(module, layout.out_norm)(x)
     return normed, normed if layout.chain_normed else x
 
@@ -364,8 +366,7 @@ def load_family_head(loaded: LoadedModel) -> MTPHead | None:
     cast_floating(module, dtype)
     untyped: Any = module
     mx.eval(untyped.parameters())
-    layout = family.layout
-    return MTPHead(module, model, lambda m, e, h: compose(layout, m, e, h))
+    return MTPHead(module, model, functools.partial(compose, family.layout))
 
 
 __all__ = ["DEEPSEEK", "MIMO", "MTP_FAMILIES", "QWEN3_NEXT", "Layout", "load_family_head"]

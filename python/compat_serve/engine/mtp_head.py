@@ -11,22 +11,21 @@ projection and the layer. For k > 1 the head chains on its own output `x`.
 The hidden state handed over is the main model's final-norm output, the tensor its LM
 head reads (vllm's `DeepseekV2Model.forward` returns `self.norm(...)` and hands that to
 its MTP proposer). It is captured from the forward the engine already runs: the final
-norm's class is switched to a subclass that keeps its last output (`HiddenCapture`), so
+norm's class is switched to a subclass that keeps its latest outputs (`HiddenCapture`), so
 parameters, names and shapes stay as they were.
 
-This first version runs the head's layer over one position (no KV cache of its own): its
-attention sees only the current position. That is exact for verification (the main model
-verifies every draft) and costs one layer per drafted token; attending over the row's
-earlier positions, as the reference implementations do, needs the head's own per-row
-cache (next step of #45).
+The head's layer attends over the row's earlier positions through its own KV cache, as
+the reference implementations (vllm's `deepseek_mtp.py`, EAGLE-style MTP) run it and as
+the checkpoints were trained: engine/mtp_cache.py keeps that cache per row, fed with the
+pair (hidden[t], token[t+1]) for every position the main model computes, and drafts on it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,12 +37,12 @@ from mlx.nn.layers.normalization import RMSNorm
 from mlx.nn.layers.quantized import QuantizedLinear
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
+from mlx_lm.models.base import create_attention_mask
 
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.weights import dequantize, infer_quant_params, param_shapes
 
 if TYPE_CHECKING:
-    from compat_serve.engine.sampling import RequestSampler
     from compat_serve.engine.speculation import SpeculationConfig
     from compat_serve.models.types import LoadedModel
 
@@ -59,14 +58,19 @@ class MTPHeadError(ValueError):
     """No MTP head for this model, or a head file that does not fit it."""
 
 
-class _Slot:
-    """Holds the last captured hidden state (a plain object: an `mx.array` attribute of a
-    module would become one of its parameters)."""
+# Outputs a capture keeps: a chunk's `last_logits` runs two forwards (all but the last
+# token, then the last), and the head's cache needs both.
+KEPT_OUTPUTS = 2
 
-    __slots__ = ("value",)
+
+class _Slot:
+    """Holds the latest captured hidden states, newest last (a plain object: an `mx.array`
+    attribute of a module would become one of its parameters)."""
+
+    __slots__ = ("values",)
 
     def __init__(self) -> None:
-        self.value: mx.array | None = None
+        self.values: deque[mx.array] = deque(maxlen=KEPT_OUTPUTS)
 
 
 _capturing_classes: dict[type, type] = {}
@@ -78,7 +82,7 @@ def _capturing_class(cls: type) -> type:
 
         def __call__(self: Any, x: mx.array) -> mx.array:  # noqa: N807
             out: mx.array = cls.__call__(self, x)
-            self._mtp_slot.value = out
+            self._mtp_slot.values.append(out)
             return out
 
         made = type(f"Capturing{cls.__name__}", (cls,), {"__call__": __call__})
@@ -94,8 +98,8 @@ def final_norm(model: Module) -> Module | None:
 
 
 class HiddenCapture:
-    """Keeps the output of the main model's final norm from its latest forward:
-    `[rows, positions, hidden]`."""
+    """Keeps the output of the main model's final norm from its latest forwards (the last
+    `KEPT_OUTPUTS`): `[rows, positions, hidden]` each."""
 
     def __init__(self, model: Module) -> None:
         norm = final_norm(model)
@@ -110,9 +114,13 @@ class HiddenCapture:
 
     @property
     def last(self) -> mx.array:
-        value = self._slot.value
-        assert value is not None, "no forward has run since the capture was installed"
-        return value
+        return self.latest(1)[0]
+
+    def latest(self, count: int) -> list[mx.array]:
+        """The outputs of the last `count` forwards, oldest first."""
+        values = self._slot.values
+        assert 0 < count <= len(values), f"{count} forwards wanted, {len(values)} captured"
+        return list(values)[-count:]
 
 
 class _SharedHead(Module):
@@ -166,26 +174,37 @@ def embedding_and_head(
     return embed, embed.as_linear
 
 
-# (the head's module, the embedded tokens [B, H], the hidden state [B, H]) -> (the
-# vocabulary head's input, the hidden state the next step chains on)
-Compose = Callable[[Module, mx.array, mx.array], tuple[mx.array, mx.array]]
+# (the head's module, the embedded tokens [B, L, H] or [B, H], the hidden states alike,
+# the layer's KV cache or None) -> (the vocabulary head's input, the hidden state the next
+# step chains on), shaped as the input
+Compose = Callable[[Module, mx.array, mx.array, Any], tuple[mx.array, mx.array]]
+
+
+def run_block(block: Module, x: mx.array, cache: Any) -> mx.array:
+    """The decoder layer over `x` (`[B, H]`: one position; `[B, L, H]`: L positions, causal)
+    with its KV cache (None: no earlier positions)."""
+    one = x.ndim == 2
+    x = x[:, None, :] if one else x
+    mask = create_attention_mask(x, cache, return_array=True)
+    out: mx.array = block(x, mask, cache)
+    return out[:, 0, :] if one else out
 
 
 def deepseek_compose(
-    layer: Module, embedded: mx.array, hidden: mx.array
+    layer: Module, embedded: mx.array, hidden: mx.array, cache: Any = None
 ) -> tuple[mx.array, mx.array]:
     """DeepSeek-V3's MTP step on an `MTPLayer`: chains on the layer's un-normed output."""
     e = layer.enorm(embedded)
     h = layer.hnorm(hidden.astype(e.dtype))
-    x = layer.eh_proj(mx.concatenate([e, h], axis=-1))[:, None, :]
-    x = layer(x)[:, 0, :]
+    x = run_block(layer, layer.eh_proj(mx.concatenate([e, h], axis=-1)), cache)
     return layer.shared_head.norm(x), x
 
 
 class MTPHead:
-    """One MTP step for a batch: `(hidden [B, H], tokens [B]) -> (logits [B, V], hidden)`.
-    `layer` holds the head's own weights; `compose` is its family's step
-    (engine/mtp_families.py), DeepSeek-V3's by default.
+    """One MTP step for a batch: `(hidden [B, H], tokens [B]) -> (logits [B, V], hidden)`,
+    with the layer's KV cache (`cache`: the row's earlier positions) or without. `layer`
+    holds the head's own weights; `compose` is its family's step (engine/mtp_families.py),
+    DeepSeek-V3's by default.
 
     With a `draft_vocab` (token ids, a trained head file's `draft_vocab` tensor) the head
     scores those ids only, through their rows of the vocabulary head gathered once, and
@@ -208,8 +227,10 @@ class MTPHead:
         self._draft = None if draft_vocab is None else (draft_vocab, head_rows(model, draft_vocab))
         self._vocab = vocabulary_rows(model)
 
-    def step(self, hidden: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array]:
-        normed, chained = self._compose(self.layer, self._embed(tokens), hidden)
+    def step(
+        self, hidden: mx.array, tokens: mx.array, cache: Any = None
+    ) -> tuple[mx.array, mx.array]:
+        normed, chained = self._compose(self.layer, self._embed(tokens), hidden, cache)
         if self._draft is None:
             return self._head(normed), chained
         ids, rows = self._draft
@@ -217,6 +238,11 @@ class MTPHead:
         logits = mx.full((scores.shape[0], self._vocab), -mx.inf, dtype=scores.dtype)
         logits[:, ids] = scores
         return logits, chained
+
+    def extend(self, hidden: mx.array, tokens: mx.array, cache: Any) -> None:
+        """Run the layer over the pairs `(hidden [B, L, H], tokens [B, L])` to append them
+        to `cache` (the vocabulary head is not run: its input stays unevaluated)."""
+        self._compose(self.layer, self._embed(tokens), hidden, cache)
 
 
 def _lm_head(model: Module) -> Module | None:
@@ -350,74 +376,6 @@ def head_for(loaded: LoadedModel, path: str | None) -> MTPHead:
         f"--speculative mtp: {loaded.name} has no MTP weights (the families whose "
         f"checkpoints ship them: {MTP_FAMILIES}); give a trained head with --mtp-head FILE"
     )
-
-
-@dataclass
-class _Hidden:
-    generated: int  # the row's output length when its next draft may use `value`
-    value: mx.array  # [H]: the hidden state at the position that produced its last token
-
-
-class MTPDrafter:
-    """Per row, the main model's hidden state at its last emitted token's position, and
-    drafts chained through the head for all rows at once."""
-
-    def __init__(self, head: MTPHead, capture: HiddenCapture) -> None:
-        self.head = head
-        self.capture = capture
-        self._rows: dict[str, _Hidden] = {}
-
-    def ready(self, request_id: str, generated: int) -> bool:
-        row = self._rows.get(request_id)
-        return row is not None and row.generated == generated
-
-    def after_forward(
-        self, request_ids: Sequence[str], positions: Sequence[int | None], generated: Sequence[int]
-    ) -> None:
-        """The forward just run (decode or verify) produced each row's last token at
-        `positions[i]` (None: the row keeps no hidden state); the row will have
-        `generated[i]` output tokens when it drafts next."""
-        last = self.capture.last
-        for i, (request_id, position) in enumerate(zip(request_ids, positions, strict=True)):
-            if position is None:
-                self._rows.pop(request_id, None)
-                continue
-            self._rows[request_id] = _Hidden(generated[i], last[i, position])
-
-    def propose(
-        self,
-        request_ids: Sequence[str],
-        last_tokens: Sequence[int],
-        lengths: Sequence[int],
-        samplers: Sequence[RequestSampler | None],
-        vocab: int,
-    ) -> tuple[list[list[int]], list[np.ndarray | None]]:
-        """Up to `lengths[i]` drafts per row (rows with 0 draft nothing); sampled rows also
-        get the head's distribution at each drafted position."""
-        from compat_serve.engine.draft_model import DraftModel
-
-        rows = [i for i, n in enumerate(lengths) if n > 0]
-        drafts: list[list[int]] = [[] for _ in request_ids]
-        probs: list[list[np.ndarray]] = [[] for _ in request_ids]
-        if not rows:
-            return drafts, [None] * len(request_ids)
-        hidden = mx.stack([self._rows[request_ids[i]].value for i in rows])
-        tokens = mx.array([last_tokens[i] for i in rows], dtype=mx.uint32)
-        chosen_samplers = [samplers[i] for i in rows]
-        for _ in range(max(lengths)):
-            logits, hidden = self.head.step(hidden, tokens)
-            chosen = DraftModel.pick(logits, chosen_samplers, vocab)
-            for (token, q), i in zip(chosen, rows, strict=True):
-                drafts[i].append(token)
-                if q is not None:
-                    probs[i].append(q)
-            tokens = mx.array([t for t, _ in chosen], dtype=mx.uint32)
-        cut = [d[:n] for d, n in zip(drafts, lengths, strict=True)]
-        dists = [np.stack(p[:n]) if p and n else None for p, n in zip(probs, lengths, strict=True)]
-        return cut, dists
-
-    def forget(self, request_id: str) -> None:
-        self._rows.pop(request_id, None)
 
 
 def with_mtp_head(config: SpeculationConfig, loaded: LoadedModel) -> SpeculationConfig:

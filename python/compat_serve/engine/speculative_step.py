@@ -23,7 +23,8 @@ from compat_serve.engine.applier import StepApplier
 from compat_serve.engine.constraints import masked_logits
 from compat_serve.engine.draft_model import DraftModel, DraftModelError
 from compat_serve.engine.metrics import EngineMetrics
-from compat_serve.engine.mtp_head import HiddenCapture, MTPDrafter, MTPHeadError
+from compat_serve.engine.mtp_cache import MTPDrafter
+from compat_serve.engine.mtp_head import HiddenCapture, MTPHeadError
 from compat_serve.engine.sampling import accept_draft
 from compat_serve.engine.sequence import Phase, Sequence
 from compat_serve.engine.speculation import (
@@ -95,6 +96,7 @@ class SpeculativeStep:
                 self.stats.disabled_reason = str(exc)
                 log.warning("speculative decoding is off: %s", exc)
                 return
+            applier.observers.append(self._mtp.observe)  # the head's cache follows the KV
         else:
             assert config.draft is not None  # SpeculationConfig.validate
             try:
@@ -117,6 +119,8 @@ class SpeculativeStep:
         except Exception as exc:
             log.exception("drafting failed; this step decodes without drafts")
             self._draft_model = None
+            if self._mtp is not None:
+                self._apply.observers.remove(self._mtp.observe)
             self._mtp = None
             self.stats.disabled_reason = f"drafting failed: {exc}"
             return None
@@ -145,8 +149,13 @@ class SpeculativeStep:
             drafts, probs = proposal.drafts, proposal.probs
         elif self._mtp is not None:  # as the draft model: decide, then run the head
             mtp = self._mtp
-            rooms = [
-                room if mtp.ready(seq.request_id, len(seq.generated)) else 0
+            if mtp.broken is not None:
+                self.stats.disabled_reason = f"the MTP head's cache: {mtp.broken}"
+                self._apply.observers.remove(mtp.observe)
+                self._mtp = None
+                return None
+            rooms = [  # the main model holds all but the last emitted token
+                room if mtp.ready(seq.request_id, seq.prompt_len + len(seq.generated) - 1) else 0
                 for seq, room in zip(seqs, rooms, strict=True)
             ]
             if not any(rooms):
@@ -247,14 +256,6 @@ class SpeculativeStep:
             mx.eval(logits)
             emitted = self._verify(logits, seqs, rows_drafts, probs)
             width = max(len(row) for row in rows)
-            if self._mtp is not None:  # the hidden state at each row's last emitted token
-                # (taken before the rollback, whose re-feed forward of rows that rejected
-                # drafts on a recurrent model would replace the captured state)
-                self._mtp.after_forward(
-                    [seq.request_id for seq in seqs],
-                    [len(t) - 1 if isinstance(t, list) else None for t in emitted],
-                    [len(seq.generated) + _kept(t) for seq, t in zip(seqs, emitted, strict=True)],
-                )
             # Positions kept: the fed token and the accepted drafts (the last emitted
             # token is, as always, fed next step).
             self._apply.rollback([width - _kept(tokens) for tokens in emitted])
@@ -369,21 +370,9 @@ class SpeculativeStep:
             self._metrics.grammar_mask_seconds.observe(time.monotonic() - started)
         return mx.concatenate(masked, axis=0)
 
-    def after_plain_decode(self, seqs: list[Sequence]) -> None:
-        """A plain decode step ran (one position per row) and its tokens are sampled but
-        not yet appended: keep each row's hidden state for its next MTP draft."""
-        if self._mtp is not None:
-            self._mtp.after_forward(
-                [seq.request_id for seq in seqs],
-                [0] * len(seqs),
-                [len(seq.generated) + 1 for seq in seqs],
-            )
-
     def forget_row(self, request_id: str) -> None:
         if self._drafter is not None:
             self._drafter.forget(request_id)
-        if self._mtp is not None:
-            self._mtp.forget(request_id)
         self.stats.per_row.pop(request_id, None)
 
 
