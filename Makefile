@@ -141,14 +141,17 @@ test-rust:
 
 # Two pytest workers (pytest-xdist), whole files each so a module's server fixture starts
 # once: much of the suite waits on subprocesses, sockets and clients, and two workers
-# overlap that waiting on two cores. PYTEST_WORKERS=0 runs it in one process.
+# overlap that waiting on two cores. PYTEST_WORKERS=0 runs it in one process. Files go out
+# in collection order, which puts the heaviest first (tests/heavy_files.py), not xdist's
+# (most tests first, which left the heaviest one-test files to the end).
 # With two workers on two cores, each process (and the servers it starts) gets one BLAS and
 # one rayon thread: their idle threads spin, and spinning on a core another worker needs
 # cost a quarter of the time (four heavy files: 220 s -> 160 s, system time 91 s -> 16 s).
 PYTEST_WORKERS ?= 2
 PYTEST_THREADS := $(if $(filter 0 1,$(PYTEST_WORKERS)),,OPENBLAS_NUM_THREADS=1 RAYON_NUM_THREADS=1)
 test-python: $(BUILT)
-	$(PYTEST_THREADS) $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PYTEST_THREADS) $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile \
+	  --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Everything, with the slower second views CI leaves out (tests/extended.py: tests marked
 # or listed `extended`, every chat template where CI takes four formats' templates).

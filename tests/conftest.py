@@ -41,8 +41,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The tests listed in tests/users_path_lane.py get the `users_path` marker (the lane
     runs `pytest -m users_path`). Tests marked `quantized_only` assert what only the users'
     path does (its weights stay quantized): they run in that lane and are deselected
-    elsewhere. Tests marked `extended` run only in the extended run (tests/extended.py)."""
+    elsewhere. Tests marked `extended` run only in the extended run (tests/extended.py).
+    The heaviest files go first (tests/heavy_files.py)."""
+    from tests.heavy_files import heavy_first
     from tests.users_path_lane import USERS_PATH_TESTS
+
+    items[:] = [items[i] for i in heavy_first([item.nodeid for item in items])]
 
     lane = set(USERS_PATH_TESTS)
     collected = {item.nodeid.split("[")[0] for item in items}
