@@ -1,6 +1,8 @@
-"""One rank of the logits check (tests/python/test_distributed.py): joins the ring group,
-loads its shard of MODEL_DIR with `--distributed`'s loader, runs `forwards()` and, on
-rank 0, saves the logits to OUT.npy. Run with no MLX_RANK it loads the whole model."""
+"""One rank of the logits check (tests/python/test_distributed.py): joins the ring group
+once, then for each MODEL_DIR MODE OUT triple of its arguments loads its shard of MODEL_DIR
+with `--distributed`'s loader, runs `forwards()` and, on rank 0, saves the logits to
+OUT.npy (one process per rank for every layout: its imports are most of its cost). Run
+with no MLX_RANK it loads each whole model."""
 
 from __future__ import annotations
 
@@ -32,22 +34,28 @@ def forwards(model: object) -> np.ndarray:
 
 
 def main() -> None:
-    model_dir, mode, out = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    triples = sys.argv[1:]
+    assert triples and len(triples) % 3 == 0, "arguments: (MODEL_DIR MODE OUT)..."
+    group = None
     if "MLX_RANK" in os.environ:
         from compat_serve.distributed.group import join_group
-        from compat_serve.distributed.loading import load_sharded
 
         group = join_group()
-        loaded = load_sharded(model_dir, mode, group)
-        rank = group.rank()
-    else:
-        from compat_serve.models.hf_dir import load_hf_dir
+    for i in range(0, len(triples), 3):
+        model_dir, mode, out = Path(triples[i]), triples[i + 1], triples[i + 2]
+        if group is not None:
+            from compat_serve.distributed.loading import load_sharded
 
-        loaded = load_hf_dir(model_dir)
-        rank = 0
-    logits = forwards(loaded.model)
-    if rank == 0:
-        np.save(out, logits)
+            loaded = load_sharded(model_dir, mode, group)
+            rank = group.rank()
+        else:
+            from compat_serve.models.hf_dir import load_hf_dir
+
+            loaded = load_hf_dir(model_dir)
+            rank = 0
+        logits = forwards(loaded.model)
+        if rank == 0:
+            np.save(out, logits)
 
 
 if __name__ == "__main__":

@@ -49,31 +49,127 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory, embedded_model: LoadedM
 
 def test_sharded_logits_match_one_rank(model_dirs: Path, tmp_path: Path) -> None:
     """Tensor llama, tensor and pipeline deepseek_v3: two chunks then three decode steps
-    on two ranks give one rank's logits (the three groups run at once)."""
+    on two ranks give one rank's logits."""
     from compat_serve.models.hf_dir import load_hf_dir
 
     layouts = [("llama", "tensor"), ("deepseek_v3", "tensor"), ("deepseek_v3", "pipeline")]
     outs = [tmp_path / f"{family}-{mode}.npy" for family, mode in layouts]
-    groups = [
-        start_ranks(
-            tmp_path,
-            [[RANK_SCRIPT, str(model_dirs / family), mode, str(out)]] * 2,
-            command=[sys.executable, "-P"],  # -P: tests/http must not shadow http
-        )
+    # One group runs the three layouts in turn: a rank process's imports cost more than
+    # its loads and forwards.
+    triples = [
+        arg
         for (family, mode), out in zip(layouts, outs, strict=True)
+        for arg in (str(model_dirs / family), mode, str(out))
     ]
+    group = start_ranks(
+        tmp_path,
+        [[RANK_SCRIPT, *triples]] * 2,
+        command=[sys.executable, "-P"],  # -P: tests/http must not shadow http
+    )
     try:
-        results = [group.wait(120) for group in groups]
+        result = group.wait(120)
     finally:
-        for group in groups:
-            group.kill()
-    for (family, mode), out, result in zip(layouts, outs, results, strict=True):
-        assert [code for code, _ in result] == [0, 0], (family, mode, result)
+        group.kill()
+    assert [code for code, _ in result] == [0, 0], result
+    wholes = {family: forwards(load_hf_dir(model_dirs / family).model) for family in dict(layouts)}
+    for (family, mode), out in zip(layouts, outs, strict=True):
         sharded = np.load(out)
-        whole = forwards(load_hf_dir(model_dirs / family).model)
+        whole = wholes[family]
         assert sharded.shape == whole.shape == (16 + 3, sharded.shape[1])
         assert np.abs(whole).max() > 0.1  # real logits, not zeros
         assert np.abs(sharded - whole).max() <= 1e-4, (family, mode)
+
+
+# ---- refusals before any weight is read ------------------------------------------------------
+# (Before the servers below: a group left idle beside these 20 starting ranks would spin.)
+
+
+def _config_only(root: Path, name: str, source: Path, **changes: Any) -> Path:
+    """A model directory with config.json alone: a rank that got as far as the weights
+    would fail with another message."""
+    out = root / name
+    out.mkdir()
+    config = {**json.loads((source / "config.json").read_text()), **changes}
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+HYBRID = "this model has non-attention layers, whose prefix-cache snapshots are not mirrored"
+
+
+def test_each_misconfiguration_exits_before_loading(
+    model_dirs: Path, tmp_path: Path, embedded_model: LoadedModel
+) -> None:
+    """Each refusal comes before any weight is read, but the prefix cache on a model
+    with non-attention layers (gpt-oss's sliding windows), which every rank refuses
+    once its shard is loaded."""
+    llama, deepseek = model_dirs / "llama", model_dirs / "deepseek_v3"
+    write_model_dir(tmp_path / "gpt_oss", "gpt_oss", embedded_model)
+    heads3 = _config_only(tmp_path, "heads3", llama, num_attention_heads=3, num_key_value_heads=3)
+    kv1 = _config_only(tmp_path, "kv1", llama, num_key_value_heads=1)
+    one_layer = _config_only(tmp_path, "one-layer", deepseek, num_hidden_layers=1)
+    bare = _config_only(tmp_path, "bare", llama)
+    vision = _config_only(tmp_path, "vision", llama, vision_config={"model_type": "x"})
+    plain = ["--no-prefix-cache"]
+    cases: list[tuple[list[list[str]], str]] = [
+        ([["--model", str(heads3), "--distributed", "tensor", *plain]] * 2,
+         "3 attention heads cannot be split over 2 ranks"),
+        ([["--model", str(kv1), "--distributed", "tensor", *plain]] * 2,
+         "1 KV heads cannot be split over 2 ranks"),
+        ([["--model", str(bare), "--distributed", "pipeline", *plain]] * 2,
+         "mlx-lm cannot split llama models into a pipeline"),
+        ([["--model", str(one_layer), "--distributed", "pipeline", *plain]] * 2,
+         "1 layers cannot be split over 2 pipeline ranks"),
+        ([["--model", str(bare), "--distributed", "tensor", *plain],
+          ["--model", str(bare), "--distributed", "tensor", *plain, "--max-num-seqs", "8"]],
+         "rank 1 was started with a different model or flags than rank 0"),
+        ([["--model", str(bare), "--distributed", "tensor", *plain, "--speculative", "draft",
+           "--draft-model", str(bare)]] * 2,
+         "does not run --speculative draft yet"),
+        ([["--model", str(vision), "--distributed", "tensor", *plain]] * 2,
+         "--distributed does not run vision-language models yet"),
+        ([["--distributed", "tensor", *plain]] * 2,
+         "--distributed needs --model to name an mlx-lm model directory"),
+        ([["--model", str(tmp_path / "gpt_oss"), "--distributed", "tensor"]] * 2, HYBRID),
+    ]  # fmt: skip
+    groups = [start_ranks(tmp_path, args) for args, _ in cases]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
+    alone = [
+        (
+            subprocess.Popen(
+                [sys.executable, "-m", "compat_serve.cli", "--model", str(bare),
+                 "--distributed", "tensor", *plain],
+                env={**env, **extra},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            ),
+            cause,
+        )
+        for extra, cause in [
+            ({}, "no MLX group in the environment; start every rank with mlx.launch"),
+            ({"MLX_RANK": "0"}, "MLX_HOSTFILE is not set"),
+        ]
+    ]  # fmt: skip
+    try:
+        outcomes = [
+            (group.wait(120), cause) for group, (_, cause) in zip(groups, cases, strict=True)
+        ]
+        outcomes += [([(p.wait(120), p.communicate()[0])], cause) for p, cause in alone]
+    finally:
+        for group in groups:
+            group.kill()
+    for ranks, cause in outcomes:
+        for rank, (code, output) in enumerate(ranks):
+            errors = [line for line in output.splitlines() if " ERROR " in line]
+            assert code != 0, (cause, output)
+            assert len(errors) == 1, (cause, output)
+            if cause == HYBRID:  # known only from the loaded shard: every rank says it
+                assert cause in errors[0], output
+                continue
+            assert "loading model directory" not in output, (cause, output)
+            if rank == 0:
+                assert cause in errors[0], (cause, output)
 
 
 # ---- a server on rank 0 --------------------------------------------------------------------
@@ -295,97 +391,6 @@ def test_disconnects_leave_both_ranks_serving(servers: Servers) -> None:
     assert all(process.poll() is None for process in group.ranks.processes)
     messages = [{"role": "user", "content": _prompt(5)}]
     assert_chat_same_or_near_tie(_chat(one.base_url, messages), _chat(group.base_url, messages))
-
-
-# ---- refusals before any weight is read ------------------------------------------------------
-
-
-def _config_only(root: Path, name: str, source: Path, **changes: Any) -> Path:
-    """A model directory with config.json alone: a rank that got as far as the weights
-    would fail with another message."""
-    out = root / name
-    out.mkdir()
-    config = {**json.loads((source / "config.json").read_text()), **changes}
-    (out / "config.json").write_text(json.dumps(config))
-    return out
-
-
-HYBRID = "this model has non-attention layers, whose prefix-cache snapshots are not mirrored"
-
-
-def test_each_misconfiguration_exits_before_loading(
-    model_dirs: Path, tmp_path: Path, embedded_model: LoadedModel
-) -> None:
-    """Each refusal comes before any weight is read, but the prefix cache on a model
-    with non-attention layers (gpt-oss's sliding windows), which every rank refuses
-    once its shard is loaded."""
-    llama, deepseek = model_dirs / "llama", model_dirs / "deepseek_v3"
-    write_model_dir(tmp_path / "gpt_oss", "gpt_oss", embedded_model)
-    heads3 = _config_only(tmp_path, "heads3", llama, num_attention_heads=3, num_key_value_heads=3)
-    kv1 = _config_only(tmp_path, "kv1", llama, num_key_value_heads=1)
-    one_layer = _config_only(tmp_path, "one-layer", deepseek, num_hidden_layers=1)
-    bare = _config_only(tmp_path, "bare", llama)
-    vision = _config_only(tmp_path, "vision", llama, vision_config={"model_type": "x"})
-    plain = ["--no-prefix-cache"]
-    cases: list[tuple[list[list[str]], str]] = [
-        ([["--model", str(heads3), "--distributed", "tensor", *plain]] * 2,
-         "3 attention heads cannot be split over 2 ranks"),
-        ([["--model", str(kv1), "--distributed", "tensor", *plain]] * 2,
-         "1 KV heads cannot be split over 2 ranks"),
-        ([["--model", str(bare), "--distributed", "pipeline", *plain]] * 2,
-         "mlx-lm cannot split llama models into a pipeline"),
-        ([["--model", str(one_layer), "--distributed", "pipeline", *plain]] * 2,
-         "1 layers cannot be split over 2 pipeline ranks"),
-        ([["--model", str(bare), "--distributed", "tensor", *plain],
-          ["--model", str(bare), "--distributed", "tensor", *plain, "--max-num-seqs", "8"]],
-         "rank 1 was started with a different model or flags than rank 0"),
-        ([["--model", str(bare), "--distributed", "tensor", *plain, "--speculative", "draft",
-           "--draft-model", str(bare)]] * 2,
-         "does not run --speculative draft yet"),
-        ([["--model", str(vision), "--distributed", "tensor", *plain]] * 2,
-         "--distributed does not run vision-language models yet"),
-        ([["--distributed", "tensor", *plain]] * 2,
-         "--distributed needs --model to name an mlx-lm model directory"),
-        ([["--model", str(tmp_path / "gpt_oss"), "--distributed", "tensor"]] * 2, HYBRID),
-    ]  # fmt: skip
-    groups = [start_ranks(tmp_path, args) for args, _ in cases]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
-    alone = [
-        (
-            subprocess.Popen(
-                [sys.executable, "-m", "compat_serve.cli", "--model", str(bare),
-                 "--distributed", "tensor", *plain],
-                env={**env, **extra},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            ),
-            cause,
-        )
-        for extra, cause in [
-            ({}, "no MLX group in the environment; start every rank with mlx.launch"),
-            ({"MLX_RANK": "0"}, "MLX_HOSTFILE is not set"),
-        ]
-    ]  # fmt: skip
-    try:
-        outcomes = [
-            (group.wait(120), cause) for group, (_, cause) in zip(groups, cases, strict=True)
-        ]
-        outcomes += [([(p.wait(120), p.communicate()[0])], cause) for p, cause in alone]
-    finally:
-        for group in groups:
-            group.kill()
-    for ranks, cause in outcomes:
-        for rank, (code, output) in enumerate(ranks):
-            errors = [line for line in output.splitlines() if " ERROR " in line]
-            assert code != 0, (cause, output)
-            assert len(errors) == 1, (cause, output)
-            if cause == HYBRID:  # known only from the loaded shard: every rank says it
-                assert cause in errors[0], output
-                continue
-            assert "loading model directory" not in output, (cause, output)
-            if rank == 0:
-                assert cause in errors[0], (cause, output)
 
 
 # ---- faults ------------------------------------------------------------------------------

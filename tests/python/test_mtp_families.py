@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -68,6 +69,26 @@ def reference_step(
     return logits, x if model_type in ("deepseek_v3", "glm4_moe") else normed
 
 
+@pytest.fixture(scope="module")
+def checkpoints(
+    embedded_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str, int | None, str | None], tuple[Source, LoadedModel]]:
+    """Each (model_type, bits, dtype) checkpoint written (seed 7) and loaded once for the
+    module: the head's step and the drafting tests read the same files."""
+    root = tmp_path_factory.mktemp("mtp-families")
+    made: dict[tuple[str, int | None, str | None], tuple[Source, LoadedModel]] = {}
+
+    def get(model_type: str, bits: int | None, dtype: str | None) -> tuple[Source, LoadedModel]:
+        key = (model_type, bits, dtype)
+        if key not in made:
+            out = root / f"{model_type}-{bits}-{dtype}"
+            source = write_mtp_dir(out, model_type, embedded_model, seed=7, bits=bits)
+            made[key] = source, load_model(str(out), dtype=dtype)
+        return made[key]
+
+    return get
+
+
 # float32 epsilon (1.2e-7) x the longest reduction (2 x hidden = 128) x ~8 reductions in a
 # chain (norms, projection, attention, MoE, head), relative to the logits' scale.
 BOUND = 1.2e-7 * 128 * 8
@@ -87,14 +108,12 @@ BOUND = 1.2e-7 * 128 * 8
     ],
 )
 def test_a_family_checkpoint_s_mtp_head_loads_and_steps_as_the_reference(
-    embedded_model: LoadedModel,
-    tmp_path: Path,
+    checkpoints: Callable[[str, int | None, str | None], tuple[Source, LoadedModel]],
     model_type: str,
     bits: int | None,
     dtype: str | None,
 ) -> None:
-    source = write_mtp_dir(tmp_path / model_type, model_type, embedded_model, seed=5, bits=bits)
-    main = load_model(str(tmp_path / model_type), dtype=dtype)
+    source, main = checkpoints(model_type, bits, dtype)
     head = head_for(main, None)
     language = getattr(main.model, "language_model", main.model)
     kept = isinstance(language.lm_head, QuantizedLinear)
@@ -124,10 +143,10 @@ def test_a_family_checkpoint_s_mtp_head_loads_and_steps_as_the_reference(
 
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "glm4_moe", "mimo"])
 def test_drafting_with_the_checkpoint_s_head_leaves_greedy_output_unchanged(
-    embedded_model: LoadedModel, tmp_path: Path, model_type: str
+    checkpoints: Callable[[str, int | None, str | None], tuple[Source, LoadedModel]],
+    model_type: str,
 ) -> None:
-    write_mtp_dir(tmp_path / model_type, model_type, embedded_model, seed=7)
-    main = load_model(str(tmp_path / model_type))
+    main = checkpoints(model_type, None, None)[1]
     requests = [
         EngineRequest(f"r{i}", chat_ids(main, text), greedy(MAX_TOKENS))
         for i, text in enumerate(COPY_PROMPTS[:2])
@@ -151,13 +170,12 @@ def test_drafting_with_the_checkpoint_s_head_leaves_greedy_output_unchanged(
 
 
 def test_a_hybrid_family_drafts_with_its_head_and_keeps_greedy_output(
-    embedded_model: LoadedModel, tmp_path: Path
+    checkpoints: Callable[[str, int | None, str | None], tuple[Source, LoadedModel]],
 ) -> None:
     """Qwen3-Next's recurrent layers roll back rejected drafts (engine/verify_rollback.py):
     its own head drafts, rows of different lengths in one batch, and greedy output is that
     of plain decoding."""
-    write_mtp_dir(tmp_path / "qn", "qwen3_next", embedded_model, seed=7)
-    main = load_model(str(tmp_path / "qn"))
+    main = checkpoints("qwen3_next", None, None)[1]
     requests = [
         EngineRequest(f"r{i}", chat_ids(main, text), greedy(6))
         for i, text in enumerate([COPY_PROMPTS[0], "Hi"])
@@ -220,13 +238,12 @@ def test_a_family_model_without_mtp_weights_fails_at_start_in_one_line(
 
 
 def test_mtp_weights_of_a_model_mlx_vlm_loaded_are_refused_in_one_line(
-    embedded_model: LoadedModel, tmp_path: Path
+    checkpoints: Callable[[str, int | None, str | None], tuple[Source, LoadedModel]],
 ) -> None:
     """A Qwen3.5 checkpoint with a vision tower loads through mlx-vlm, whose model classes
     the heads are not built on: refused at start, saying so (the directory is a text-only
     one here, relabelled as mlx-vlm's loader labels its models)."""
-    write_mtp_dir(tmp_path / "q", "qwen3_5", embedded_model)
-    main = load_model(str(tmp_path / "q"))
+    main = checkpoints("qwen3_5", None, None)[1]
     as_vlm = dataclasses.replace(main, extra={**main.extra, "format": "mlx-vlm-dir"})
     with pytest.raises(MTPHeadError) as caught:
         head_for(as_vlm, None)
