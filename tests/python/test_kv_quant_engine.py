@@ -24,7 +24,7 @@ from tests.greedy_ties import (
     assert_same_or_near_tie,
 )
 from tests.python.kv_quant_reference import SHORT_PROMPTS, mlx_lm_greedy_logits
-from tests.python.test_prefix_cache import TEXT, run, started
+from tests.python.test_prefix_cache import FIRST_FACTS, TEXT, run, started
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -134,7 +134,9 @@ def test_a_budget_that_holds_part_of_a_prompt_holds_all_of_it_at_eight_bit(
 def test_disk_tier_keeps_the_format_and_another_format_misses(
     embedded_model: LoadedModel, tmp_path: Path
 ) -> None:
-    prompt = encode(embedded_model, TEXT)
+    # Ten of TEXT's facts: blocks enough to write, read back and miss, at less prefill.
+    prompt = encode(embedded_model, FIRST_FACTS + "<|im_end|>\n")
+    assert len(prompt) > 8 * 16
     writer = started(embedded_model, kv_format=Q8, cache_dir=str(tmp_path))
     try:
         expected = run(writer, prompt, max_tokens=3)[0]
@@ -154,7 +156,7 @@ def test_disk_tier_keeps_the_format_and_another_format_misses(
         restarted.shutdown()
     unquantized = started(embedded_model, cache_dir=str(tmp_path))
     try:
-        _, usage = run(unquantized, prompt, max_tokens=3)
+        _, usage = run(unquantized, prompt, max_tokens=0)  # the prefill's reads are the point
         assert usage.cached_tokens == 0  # 8-bit files are never read as model-dtype K/V
     finally:
         unquantized.shutdown()

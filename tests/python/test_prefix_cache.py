@@ -29,6 +29,9 @@ TEXT = (
     + " ".join(f"Fact {i}: the river number {i} flows north." for i in range(16))
     + "<|im_end|>\n<|im_start|>assistant\n"
 )
+# TEXT up to its tenth fact, unterminated: several blocks and prefill chunks, for the tests
+# that need a long shared prefix but not TEXT's whole length.
+FIRST_FACTS = TEXT[: TEXT.index(" Fact 10:")]
 
 
 def started(loaded: LoadedModel, **config: Any) -> Engine:
@@ -131,7 +134,7 @@ def test_next_token_logits_from_assembled_blocks_match_a_full_forward(
 def test_concurrent_requests_sharing_a_prefix(
     cached: Engine, uncached: Engine, embedded_model: LoadedModel
 ) -> None:
-    base = TEXT.removesuffix("<|im_end|>\n<|im_start|>assistant\n")
+    base = FIRST_FACTS
     prompts = [
         tuple(
             embedded_model.tokenizer.encode(
@@ -155,6 +158,7 @@ def test_concurrent_requests_sharing_a_prefix(
         assert_same_or_near_tie(embedded_model, prompt, run(uncached, prompt)[0], output)
     # A later request with the same prefix reads it from the cache.
     _, usage = run(cached, prompts[0], salt=b"cc")
+    assert len(prompts[0]) > 2 * CHUNK  # the shared prefix spans prefill chunks
     assert usage.cached_tokens >= len(prompts[0]) - BLOCK - 1
 
 
@@ -182,12 +186,18 @@ def test_the_salt_isolates_and_sampling_settings_do_not(
 
 
 def test_a_cache_fault_falls_back_to_recompute(
-    cached: Engine, uncached: Engine, embedded_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+    cached: Engine,
+    uncached_output: list[int],
+    embedded_model: LoadedModel,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     prefix = cached.prefix
     assert prefix is not None
-    prompt = tuple(embedded_model.tokenizer.encode(TEXT.replace("north", "south")))
-    run(cached, prompt, max_tokens=0, salt=b"fault")
+    # TEXT itself: its own salt keeps it apart from the other tests' entries, and its
+    # uncached output is computed once for the module.
+    prompt = tuple(embedded_model.tokenizer.encode(TEXT))
+    warm_tokens, warm = run(cached, prompt, max_tokens=0, salt=b"fault")
+    assert warm_tokens == [] and warm.cached_tokens == 0
 
     def broken(*_args: Any) -> None:
         raise RuntimeError("injected assembly fault")
@@ -196,7 +206,7 @@ def test_a_cache_fault_falls_back_to_recompute(
     monkeypatch.setattr(prefix.store, "assemble", broken)
     tokens, usage = run(cached, prompt, salt=b"fault")
     assert prefix.faults == faults + 1
-    assert_same_or_near_tie(embedded_model, prompt, run(uncached, prompt)[0], tokens)
+    assert_same_or_near_tie(embedded_model, prompt, uncached_output, tokens)
     check_usage(usage)
 
 
