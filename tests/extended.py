@@ -140,4 +140,8 @@ EXTENDED_ONLY: tuple[str, ...] = (
             "toolong",
         )
     ),
+    # The rejection rule's first drafted position over 40,000 draws of one table: CI keeps
+    # the stronger view of the same function, the chi-square test of the first two emitted
+    # tokens with both drafters (tests/python/test_speculative_distribution.py).
+    "tests/python/test_speculative.py::test_speculative_sampling_rule_keeps_the_target_distribution",
 )

@@ -172,11 +172,16 @@ def test_text_completions_follow_the_output_format(server: RunningServer) -> Non
         {"structured_outputs": {"json": schema}},
         {"guided_json": schema},
     ]
-    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
-    for fmt in formats:
-        whole = client.completions.create(**base, extra_body=fmt)  # type: ignore[arg-type]
+
+    async def wholes() -> list[Any]:  # the three spellings at once: one batched generation
+        async with async_oai(server) as client:
+            jobs = [client.completions.create(**base, extra_body=fmt) for fmt in formats]  # type: ignore[call-overload]
+            return await asyncio.gather(*jobs)
+
+    for whole in asyncio.run(wholes()):
         assert whole.choices[0].finish_reason == "stop", whole.choices[0].text
         jsonschema.validate(json.loads(whole.choices[0].text), schema)
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
     streamed = client.completions.create(**base, stream=True, extra_body=formats[0])  # type: ignore[call-overload]
     text = "".join(chunk.choices[0].text for chunk in streamed if chunk.choices)
     jsonschema.validate(json.loads(text), schema)
@@ -229,15 +234,14 @@ def test_anthropic_forced_calls_are_one_valid_tool_use(server: RunningServer) ->
             jsonschema.validate(use.input, WEATHER)
 
 
-@pytest.mark.parametrize("choice", ["required", "named"])
-def test_openai_required_and_named_calls(server: RunningServer, choice: str) -> None:
-    tool_choice: Any = (
-        "required"
-        if choice == "required"
-        else {"type": "function", "function": {"name": "get_weather"}}
-    )
+@pytest.fixture(scope="module")
+def forced_openai_calls(server: RunningServer) -> dict[str, list[Any]]:
+    """OpenAI's `required` and named calls, five seeds each, sent together: one batched
+    generation for both cases."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    choices: dict[str, Any] = {"required": "required", "named": named}
 
-    async def one(client: openai.AsyncOpenAI, seed: int) -> Any:
+    async def one(client: openai.AsyncOpenAI, tool_choice: Any, seed: int) -> Any:
         return await client.chat.completions.create(
             model="m",
             messages=ASK,  # type: ignore[arg-type]
@@ -251,9 +255,20 @@ def test_openai_required_and_named_calls(server: RunningServer, choice: str) -> 
 
     async def run() -> list[Any]:
         async with async_oai(server) as client:
-            return await asyncio.gather(*(one(client, seed) for seed in range(5)))
+            jobs = [one(client, c, seed) for c in choices.values() for seed in range(5)]
+            return await asyncio.gather(*jobs)
 
-    for completion in asyncio.run(run()):
+    done = asyncio.run(run())
+    return {name: done[5 * i : 5 * i + 5] for i, name in enumerate(choices)}
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_openai_required_and_named_calls(
+    forced_openai_calls: dict[str, list[Any]], choice: str
+) -> None:
+    completions = forced_openai_calls[choice]
+    assert len(completions) == 5
+    for completion in completions:
         choice_ = completion.choices[0]
         assert choice_.finish_reason == "tool_calls", choice_.message
         calls = choice_.message.tool_calls or []

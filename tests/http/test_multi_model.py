@@ -1,6 +1,8 @@
-"""Several models in one server (#27), real servers: two copies of the embedded model
-under `--models-dir`, a `--models` file with Claude Code's names as aliases, and a
-budget no model fits. Each model loads in a few seconds; prompts are short."""
+"""Several models in one server (#27), real servers: the embedded model and a tiny random
+llama directory under `--models-dir`, a `--models` file with Claude Code's names as
+aliases, and a budget no model fits. The embedded model loads in a few seconds and serves
+where its size matters (unload frees memory, load durations); the tiny one (a load in a
+fraction of a second) where only the load's life cycle does. Prompts are short."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from compat_serve.serve_models import ModelFlags, build_hub
 from compat_serve.server.app import create_app
 from tests.conftest import RunningServer, run_app
 from tests.http.test_kv_quant_http import rss_bytes
+from tests.tiny_models import write_model_dir
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -96,10 +99,22 @@ def _stream_events(base: str, model: str, api: str = "anthropic") -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def dir_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory, embedded_model: LoadedModel) -> Path:
+    """A random two-layer llama as a user's download (config.json, safetensors, the
+    embedded tokenizer and template): a real load of a real mlx-lm class, in a fraction of
+    the embedded model's time."""
+    out = tmp_path_factory.mktemp("tiny") / "llama"
+    write_model_dir(out, "llama", embedded_model)
+    return out
+
+
+@pytest.fixture(scope="module")
+def dir_server(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Iterator[RunningServer]:
+    # alpha (tiny) loads cold on every route; beta (the embedded GGUF) is the model whose
+    # unload must free memory and whose load takes measurable time.
     root = tmp_path_factory.mktemp("models")
-    for name in ("alpha", "beta"):
-        (root / f"{name}.gguf").symlink_to(embedded_model_path())
+    (root / "alpha").symlink_to(tiny_dir, target_is_directory=True)
+    (root / "beta.gguf").symlink_to(embedded_model_path())
     cache = tmp_path_factory.mktemp("cache")
     running = _serve(
         ServeOptions(cache_dir=str(cache), kv_memory="64MB", cache_memory="64MB"),
@@ -403,14 +418,16 @@ def test_a_model_that_fails_to_load_answers_500_once_then_400(tmp_path: Path) ->
 
 
 def test_no_room_beside_a_pinned_model_is_overloaded_in_each_api(
-    tmp_path: Path, embedded_model: LoadedModel
+    tmp_path: Path, tiny_dir: Path
 ) -> None:
+    # Two entries of the tiny directory: the budget's arithmetic is the same at any size.
     file = tmp_path / "models.yaml"
-    path = embedded_model_path()
     file.write_text(
-        f"models:\n  - id: main\n    path: {path}\n    pin: true\n  - id: fast\n    path: {path}\n"
+        f"models:\n  - id: main\n    path: {tiny_dir}\n    pin: true\n"
+        f"  - id: fast\n    path: {tiny_dir}\n"
     )
-    one_model = weights_nbytes(embedded_model.model) + 2 * 64 * 10**6
+    weights = sum(f.stat().st_size for f in tiny_dir.glob("*.safetensors"))
+    one_model = weights + 2 * 64 * 10**6  # weights, KV, cache
     running = _serve(
         ServeOptions(kv_memory="64MB", cache_memory="64MB"),
         ModelFlags(
