@@ -52,9 +52,7 @@ def heavy_first(nodeids: list[str]) -> list[int]:
     first, each file's tests in their own order, then every other file as collected."""
     rank = {path: i for i, path in enumerate(HEAVY_FILES)}
     unlisted = len(HEAVY_FILES)
-    return sorted(
-        range(len(nodeids)), key=lambda i: rank.get(nodeids[i].split("::")[0], unlisted)
-    )
+    return sorted(range(len(nodeids)), key=lambda i: rank.get(nodeids[i].split("::")[0], unlisted))
 
 
 def seconds_per_file(junit: str) -> Counter[str]:
