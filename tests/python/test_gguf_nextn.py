@@ -21,18 +21,15 @@ import pytest
 from mlx.nn.layers.quantized import QuantizedLinear
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
-from compat_serve.engine.config import EngineConfig
-from compat_serve.engine.engine import Engine
 from compat_serve.engine.mtp_head import MTPHeadError, head_for
-from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest
 from compat_serve.models.gguf_header import read_tensor_table
 from compat_serve.models.loader import load_model
 from tests.chat_prompts import chat_ids
 from tests.greedy_ties import assert_same_or_near_tie
 from tests.python.test_batching import greedy
-from tests.python.test_mtp_families import BOUND, reference_step
-from tests.python.test_speculative import COPY_PROMPTS, outputs, tokens
+from tests.python.test_mtp_families import BOUND, off_and_mtp, reference_step
+from tests.python.test_speculative import COPY_PROMPTS
 from tests.tiny_gguf import small_tokenizer_fields
 from tests.tiny_gguf_nextn import write_glm_nextn, write_nextn_gguf
 from tests.tiny_mtp import Source
@@ -82,16 +79,7 @@ def test_drafting_with_the_gguf_s_head_leaves_greedy_output_unchanged(
         EngineRequest(f"r{i}", chat_ids(main, text), greedy(MAX_TOKENS))
         for i, text in enumerate(COPY_PROMPTS[:2])
     ]
-    got = {}
-    for mode in ("off", "mtp"):
-        spec = SpeculationConfig(mode, num_tokens=3, cost_aware=False)
-        engine = Engine(main, EngineConfig(prefill_chunk=128, max_num_seqs=4, speculation=spec))
-        engine.start()
-        try:
-            got[mode] = [tokens(e) for e in outputs(engine, requests)]
-            status = engine.speculation_status()
-        finally:
-            engine.shutdown()
+    got, status, _ = off_and_mtp(main, requests, 3)
     assert status["mode"] == "mtp", status
     assert int(status["draft_tokens"]) > 0, status  # type: ignore[call-overload]
     for request, want, have in zip(requests, got["off"], got["mtp"], strict=True):

@@ -38,6 +38,7 @@ from tests.tiny_models import write_model_dir
 from tests.tiny_mtp import OWN_NAMES, Source, write_mtp_dir
 
 if TYPE_CHECKING:
+    from compat_serve.engine.mtp_cache import MTPDrafter
     from compat_serve.models.types import LoadedModel
 
 MAX_TOKENS = 16
@@ -141,6 +142,27 @@ def test_a_family_checkpoint_s_mtp_head_loads_and_steps_as_the_reference(
     )
 
 
+def off_and_mtp(
+    main: LoadedModel, requests: list[EngineRequest], num_tokens: int
+) -> tuple[dict[str, list[list[int]]], dict[str, object], MTPDrafter | None]:
+    """Greedy outputs of `requests` with speculation off, then with `num_tokens` MTP drafts:
+    the outputs by mode, the MTP engine's speculation status and its drafter."""
+    got: dict[str, list[list[int]]] = {}
+    status: dict[str, object] = {}
+    drafter = None
+    for mode in ("off", "mtp"):
+        spec = SpeculationConfig(mode, num_tokens=num_tokens, cost_aware=False)
+        engine = Engine(main, EngineConfig(prefill_chunk=128, max_num_seqs=4, speculation=spec))
+        engine.start()
+        try:
+            got[mode] = [tokens(e) for e in outputs(engine, requests)]
+            status = engine.speculation_status()
+            drafter = engine._executor.spec._mtp
+        finally:
+            engine.shutdown()
+    return got, status, drafter
+
+
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "glm4_moe", "mimo"])
 def test_drafting_with_the_checkpoint_s_head_leaves_greedy_output_unchanged(
     checkpoints: Callable[[str, int | None, str | None], tuple[Source, LoadedModel]],
@@ -151,17 +173,7 @@ def test_drafting_with_the_checkpoint_s_head_leaves_greedy_output_unchanged(
         EngineRequest(f"r{i}", chat_ids(main, text), greedy(MAX_TOKENS))
         for i, text in enumerate(COPY_PROMPTS[:2])
     ]
-    got = {}
-    for mode in ("off", "mtp"):
-        spec = SpeculationConfig(mode, num_tokens=3, cost_aware=False)
-        engine = Engine(main, EngineConfig(prefill_chunk=128, max_num_seqs=4, speculation=spec))
-        engine.start()
-        try:
-            got[mode] = [tokens(e) for e in outputs(engine, requests)]
-            status = engine.speculation_status()
-            drafter = engine._executor.spec._mtp
-        finally:
-            engine.shutdown()
+    got, status, drafter = off_and_mtp(main, requests, 3)
     assert status["mode"] == "mtp", status
     assert int(status["draft_tokens"]) > 0, status  # type: ignore[call-overload]
     assert drafter is not None and drafter.broken is None  # the head's cache kept up
@@ -180,16 +192,7 @@ def test_a_hybrid_family_drafts_with_its_head_and_keeps_greedy_output(
         EngineRequest(f"r{i}", chat_ids(main, text), greedy(6))
         for i, text in enumerate([COPY_PROMPTS[0], "Hi"])
     ]
-    got = {}
-    for mode in ("off", "mtp"):
-        spec = SpeculationConfig(mode, num_tokens=2, cost_aware=False)
-        engine = Engine(main, EngineConfig(prefill_chunk=128, max_num_seqs=4, speculation=spec))
-        engine.start()
-        try:
-            got[mode] = [tokens(e) for e in outputs(engine, requests)]
-            status = engine.speculation_status()
-        finally:
-            engine.shutdown()
+    got, status, _ = off_and_mtp(main, requests, 2)
     assert status["mode"] == "mtp" and status["disabled_reason"] is None, status
     assert int(status["draft_tokens"]) > 0, status  # type: ignore[call-overload]
     for request, want, have in zip(requests, got["off"], got["mtp"], strict=True):

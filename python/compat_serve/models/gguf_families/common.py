@@ -226,3 +226,16 @@ LLAMA_LAYER_NAMES: dict[str, str] = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+
+# DeepSeek-style mixture of experts (mlx-lm's `switch_mlp` and `shared_experts`, a gate
+# with a score-correction bias), as deepseek2 and glm4moe files name its tensors.
+DEEPSEEK_MOE_NAMES: dict[str, str] = {
+    "ffn_gate_inp": "mlp.gate",
+    "exp_probs_b": "mlp.gate.e_score_correction",
+    "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
+    "ffn_up_exps": "mlp.switch_mlp.up_proj",
+    "ffn_down_exps": "mlp.switch_mlp.down_proj",
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+}

@@ -19,6 +19,7 @@ from typing import Any
 import mlx.core as mx
 
 from compat_serve.models.gguf_families.common import (
+    DEEPSEEK_MOE_NAMES,
     Family,
     Hparams,
     Weights,
@@ -177,14 +178,7 @@ DEEPSEEK2 = Family(
         "ffn_gate": "mlp.gate_proj",
         "ffn_up": "mlp.up_proj",
         "ffn_down": "mlp.down_proj",
-        "ffn_gate_inp": "mlp.gate",
-        "exp_probs_b": "mlp.gate.e_score_correction",
-        "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
-        "ffn_up_exps": "mlp.switch_mlp.up_proj",
-        "ffn_down_exps": "mlp.switch_mlp.down_proj",
-        "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
-        "ffn_up_shexp": "mlp.shared_experts.up_proj",
-        "ffn_down_shexp": "mlp.shared_experts.down_proj",
+        **DEEPSEEK_MOE_NAMES,
     },
     fixup,
 )

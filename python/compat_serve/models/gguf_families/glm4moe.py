@@ -23,6 +23,7 @@ import mlx.core as mx
 
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.gguf_families.common import (
+    DEEPSEEK_MOE_NAMES,
     LLAMA_LAYER_NAMES,
     Family,
     Hparams,
@@ -105,14 +106,7 @@ GLM4MOE = Family(
         "post_attention_norm": "post_attention_layernorm",
         "attn_q_norm": "self_attn.q_norm",
         "attn_k_norm": "self_attn.k_norm",
-        "ffn_gate_inp": "mlp.gate",
-        "exp_probs_b": "mlp.gate.e_score_correction",
-        "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
-        "ffn_up_exps": "mlp.switch_mlp.up_proj",
-        "ffn_down_exps": "mlp.switch_mlp.down_proj",
-        "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
-        "ffn_up_shexp": "mlp.shared_experts.up_proj",
-        "ffn_down_shexp": "mlp.shared_experts.down_proj",
+        **DEEPSEEK_MOE_NAMES,
         **NEXTN_NAMES,
     },
     fixup,
