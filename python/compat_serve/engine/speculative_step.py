@@ -119,11 +119,15 @@ class SpeculativeStep:
         except Exception as exc:
             log.exception("drafting failed; this step decodes without drafts")
             self._draft_model = None
-            if self._mtp is not None:
-                self._apply.observers.remove(self._mtp.observe)
-            self._mtp = None
-            self.stats.disabled_reason = f"drafting failed: {exc}"
+            self._mtp_off(f"drafting failed: {exc}")
             return None
+
+    def _mtp_off(self, reason: str) -> None:
+        """MTP drafts no more: its head's cache stops following the model's ops."""
+        if self._mtp is not None:
+            self._apply.observers.remove(self._mtp.observe)
+            self._mtp = None
+        self.stats.disabled_reason = reason
 
     def drafts(self, seqs: list[Sequence]) -> Drafts | None:
         """Each row's draft (and for draft-model sampled rows, the draft distribution), or
@@ -150,9 +154,7 @@ class SpeculativeStep:
         elif self._mtp is not None:  # as the draft model: decide, then run the head
             mtp = self._mtp
             if mtp.broken is not None:
-                self.stats.disabled_reason = f"the MTP head's cache: {mtp.broken}"
-                self._apply.observers.remove(mtp.observe)
-                self._mtp = None
+                self._mtp_off(f"the MTP head's cache: {mtp.broken}")
                 return None
             rooms = [  # the main model holds all but the last emitted token
                 room if mtp.ready(seq.request_id, seq.prompt_len + len(seq.generated) - 1) else 0
