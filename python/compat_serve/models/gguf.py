@@ -39,6 +39,7 @@ from compat_serve.models.gguf_families.common import Hparams, rename_tensors
 from compat_serve.models.gguf_header import GGUFTensorInfo, read_header
 from compat_serve.models.gguf_layout import GROUP, LAYOUTS
 from compat_serve.models.gguf_metadata import GGUFMetadata
+from compat_serve.models.gguf_mtp import mtp_blocks
 from compat_serve.models.gguf_tensors import READABLE_TYPES, read_tensors, unreadable
 from compat_serve.models.gguf_tokenizer import GGUFTokenizerInfo, build_gguf_tokenizer
 from compat_serve.models.load_steps import (
@@ -49,7 +50,6 @@ from compat_serve.models.load_steps import (
     host,
     run_inline,
 )
-from compat_serve.models.mtp_weights import is_mtp_key
 from compat_serve.models.types import LoadedModel
 from compat_serve.models.weights import (
     QuantParams,
@@ -111,10 +111,17 @@ def _read_typed(
     if not os.path.isfile(path):
         raise ModelLoadError(f"GGUF file not found: {path}")
     header = read_header(path)
-    _refuse_unreadable(path, header.tensors)
-    read = read_tensors(path, header.tensors, keep_quantized=keep_quantized)
+    meta = GGUFMetadata(header.metadata, path=path)
+    # The MTP layers (llama.cpp's `nextn` blocks) are no part of the main model: read by
+    # models/gguf_mtp.py when `--speculative mtp` builds its head.
+    mtp = mtp_blocks(meta)
+    table = [t for t in header.tensors if not t.name.startswith(mtp)] if mtp else header.tensors
+    if len(table) < len(header.tensors):
+        logger.info("leaving %d MTP tensors unread", len(header.tensors) - len(table))
+    _refuse_unreadable(path, table)
+    read = read_tensors(path, table, keep_quantized=keep_quantized)
     types = {t.name: t.type_name for t in header.tensors}
-    return read.weights, GGUFMetadata(header.metadata, path=path), read.quant, types
+    return read.weights, meta, read.quant, types
 
 
 def _stored_quantization(family: Family, types: Mapping[str, str]) -> dict[str, QuantParams]:
@@ -201,13 +208,6 @@ def gguf_parts_steps(path: str, *, keep_quantized: bool = True) -> LoadSteps[GGU
     renamed, rope = rename_tensors(family, raw_weights)
     del raw_weights
     weights = family.fixup(renamed, config)
-    # The MTP layer (llama.cpp's `nextn` block) is no part of the main model: read again by
-    # models/gguf_mtp.py when `--speculative mtp` builds its head.
-    mtp = [name for name in weights if is_mtp_key(config, name)]
-    if mtp:
-        logger.info("setting aside %d MTP tensors (read for --speculative mtp)", len(mtp))
-        for name in mtp:
-            del weights[name]
     rope_freqs = rope.get("rope_freqs")
     if rope_freqs is not None and not family.takes_rope_freqs:
         raise ModelLoadError(f"{path}: rope_freqs in a {meta.architecture} GGUF is not supported")

@@ -17,13 +17,23 @@ from typing import Any
 import mlx.core as mx
 
 from compat_serve.models.gguf_families import family_for
-from compat_serve.models.gguf_families.common import rename_tensors
+from compat_serve.models.gguf_families.common import Hparams, rename_tensors
 from compat_serve.models.gguf_header import read_header
 from compat_serve.models.gguf_metadata import GGUFMetadata
 from compat_serve.models.gguf_tensors import read_tensors
 from compat_serve.models.mtp_weights import mtp_prefix
 
-__all__ = ["gguf_tensor_name", "read_gguf_mtp_tensors"]
+__all__ = ["gguf_tensor_name", "mtp_blocks", "read_gguf_mtp_tensors"]
+
+
+def mtp_blocks(meta: GGUFMetadata) -> tuple[str, ...]:
+    """The `blk.N.` prefixes of the file's MTP layers: the last `{arch}.nextn_predict_layers`
+    of its `block_count` blocks (none for a file without them). The main model's load
+    leaves them unread."""
+    h = Hparams(meta)
+    count = h.get_int("nextn_predict_layers", 0) or 0
+    total = h.get_int("block_count", 0) or 0
+    return tuple(f"blk.{i}." for i in range(max(total - count, 0), total))
 
 
 def read_gguf_mtp_tensors(
