@@ -192,24 +192,22 @@ class StepApplier:
         recurrent state saw rejected tokens get it rebuilt (engine/verify_rollback.py)."""
         self._ops.append(Rollback(tuple(positions)))
         last, self._verified = self._verified, None
-        if last is None:
-            self.batch.rollback(positions)
-            self._applied()
-            return
-        verified, request_ids, rope_deltas = last
+        verified = None
+        if last is not None:
+            verified, request_ids, rope_deltas = last
 
-        def forward(cache: LayerCaches, rows: list[int], tokens: list[list[int]]) -> None:
-            # A re-feed is a forward: the other ranks get the rollback (they run the same
-            # re-feed, in the same order) before this rank runs its collectives.
-            self._forward_next()
-            deltas = ([rope_deltas[i] for i in rows],) if rope_deltas else ()
-            adapters = self._adapters([request_ids[i] for i in rows])
-            self.runner.verify_logits(cache, tokens, *deltas, **adapters)  # logits unused
-            if self.before_forward is not None:
-                mx.eval([layer.state for layer in cache])
-                self._forward_done()
+            def forward(cache: LayerCaches, rows: list[int], tokens: list[list[int]]) -> None:
+                # A re-feed is a forward: the other ranks get the rollback (they run the same
+                # re-feed, in the same order) before this rank runs its collectives.
+                self._forward_next()
+                deltas = ([rope_deltas[i] for i in rows],) if rope_deltas else ()
+                adapters = self._adapters([request_ids[i] for i in rows])
+                self.runner.verify_logits(cache, tokens, *deltas, **adapters)  # logits unused
+                if self.before_forward is not None:
+                    mx.eval([layer.state for layer in cache])
+                    self._forward_done()
 
-        verified.refeed(self.batch.cache, positions, forward)
+            verified.refeed(self.batch.cache, positions, forward)
         self.batch.rollback(positions, verified)
         self._applied()
 
