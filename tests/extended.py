@@ -35,10 +35,15 @@ EXTENDED_ONLY: tuple[str, ...] = (
     # and `launch` starting, passing the client's exit code and reporting a failed start.
     "tests/e2e/test_graceful_shutdown.py::test_sigterm_ends_what_is_left_at_the_timeout",
     "tests/e2e/test_launch.py::test_sigterm_reaches_the_client_first_then_the_server_stops",
-    # Greedy continuations equal llama.cpp's on the published Gemma file: CI keeps the
-    # users' load (`--dtype quantized`) and the prompt token counts; the float32 load's
-    # continuations, past the sliding window too, run here.
+    # The published Gemma file against llama.cpp: CI keeps the users' load (`--dtype
+    # quantized`), its greedy continuations, prompt ids and counts, BOS and sliding-window
+    # caches; the float32 load (its tokenizer and window are the same code; every tensor
+    # type's float32 dequantization is checked on small files, test_gguf_tensor_types.py
+    # and test_gguf_families.py) and the prompt past the sliding window run here.
+    "tests/llamacpp/test_gemma_vs_llamacpp.py::test_prompt_token_counts_equal_llamacpp[auto]",
+    "tests/llamacpp/test_gemma_vs_llamacpp.py::test_gemma_text_starts_with_one_bos_as_llamacpp[auto]",
     "tests/llamacpp/test_gemma_vs_llamacpp.py::test_greedy_continuations_equal_llamacpp[auto]",
+    "tests/llamacpp/test_gemma_vs_llamacpp.py::test_gemma3_sliding_layers_keep_a_512_token_window[auto]",
     "tests/llamacpp/test_gemma_vs_llamacpp.py::test_past_the_sliding_window_alone_batched_and_cached[auto]",
     # The published Gemma file tensor by tensor against gguf-py: CI keeps every tensor type
     # against gguf-py on small files and the published file's greedy output against

@@ -1,7 +1,8 @@
 """Run as a script: load a model as the server does and print, as JSON, how much the
-process's resident set grew (VmRSS), beside the figures compat-serve reports for it.
-A subprocess so nothing else the test session holds is counted (tests/python/
-test_resident_size.py)."""
+process's resident set grew (VmRSS), beside the figures compat-serve reports for it, and
+which mlx_vlm modules the process imported (none: the text-only install never needs it).
+A subprocess so nothing else the test session holds is counted, and nothing it imported
+is seen (tests/python/test_resident_size.py)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,18 @@ def main(path: str, dtype: str, budget: str | None) -> None:
     from compat_serve.models.blas import ensure_fast_blas
 
     ensure_fast_blas()
-    # Everything a load imports, imported first: code is not what a model holds.
+    # Everything a load imports, imported first: code is not what a model holds. The
+    # server, the CLI and the engine too, for the check that none of them imports mlx_vlm.
     import mlx.core as mx
     import mlx_lm.models.gemma3_text
     import mlx_lm.models.llama  # noqa: F401
     from mlx.utils import tree_flatten
 
-    import compat_serve.models.gguf  # noqa: F401
+    import compat_serve.cli
+    import compat_serve.engine.engine
+    import compat_serve.models.gguf
+    import compat_serve.models.hf_dir
+    import compat_serve.server.app  # noqa: F401
     from compat_serve.bootstrap import ServeOptions, build_state
     from compat_serve.engine.memory import collect_memory
     from compat_serve.models.resident_size import estimate_resident_bytes
@@ -52,6 +58,7 @@ def main(path: str, dtype: str, budget: str | None) -> None:
                 "dtype": state.engine.model.dtype,
                 "weights": state.engine.memory.weights,
                 "auto_note": state.engine.model.extra.get("dtype_auto"),
+                "mlx_vlm_modules": sorted(m for m in sys.modules if m.split(".")[0] == "mlx_vlm"),
             }
         )
     )

@@ -1,7 +1,7 @@
 """The real Gemma 3 270M Q4_K_M file, served by compat-serve on both `--dtype` loads, against
-llama.cpp on the same file: prompt token counts, greedy continuations (tie-aware) and a
-prompt past Gemma 3's 512-token sliding window (alone, batched, repeated from the prefix
-cache)."""
+llama.cpp on the same file: prompt token ids and counts, the one BOS of text and chat
+prompts, greedy continuations (tie-aware) and a prompt past Gemma 3's 512-token sliding
+window (alone, batched, repeated from the prefix cache)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
+from compat_serve.chat.prompt import PromptBuilder
 from tests.extended import EXTENDED
 from tests.greedy_ties import assert_greedy_equal_up_to_tie
 from tests.llamacpp.corpus import LONG_TEXT, MULTILINGUAL, PROMPTS
 from tests.llamacpp.reference import Greedy, LlamaCpp
+from tests.shared_data import templates_dir
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -32,7 +34,7 @@ GREEDY_TOKENS = 12
 
 
 # The users' path (MLX's CPU quantized matmul, ~15x slower than dense here) runs the short
-# prompts only; the tokenizer and the long window are the same code on both loads.
+# prompts only; the long window is the same code on both loads.
 DEFAULT_LOAD_ONLY = pytest.mark.parametrize("gemma_model", ["auto"], indirect=True)
 
 
@@ -58,19 +60,66 @@ def assert_like_llamacpp(reference: Greedy, body: dict[str, Any], what: str) -> 
     )
 
 
-@DEFAULT_LOAD_ONLY
+def rendered_ids(server: RunningServer, text: str) -> list[int]:
+    """The prompt ids /v1/completions would serve `text` with (its render route: the same
+    checks and tokenization, nothing generated)."""
+    body = {"model": "gemma", "prompt": text, "max_tokens": 1, "temperature": 0.0}
+    response = httpx.post(f"{server.base_url}/v1/completions/render", json=body, timeout=600)
+    assert response.status_code == 200, response.text
+    [request] = response.json()
+    ids: list[int] = request["token_ids"]
+    return ids
+
+
 def test_prompt_token_counts_equal_llamacpp(
     llamacpp: LlamaCpp, gemma_model: LoadedModel, gemma_server: RunningServer
 ) -> None:
-    """Text prompts (with the BOS the file's `add_bos_token` asks for) count the tokens
-    llama.cpp's tokenizer makes of them, and are the same ids."""
+    """Text prompts (with the BOS the file's `add_bos_token` asks for) are the ids
+    llama.cpp's tokenizer makes of them, and a completion's usage counts them."""
     for text in MULTILINGUAL:
         expected = llamacpp.tokenize(text)
-        body = {"model": "gemma", "prompt": text, "max_tokens": 1, "temperature": 0.0}
-        response = httpx.post(f"{gemma_server.base_url}/v1/completions", json=body, timeout=600)
-        assert response.status_code == 200, response.text
-        assert response.json()["usage"]["prompt_tokens"] == len(expected), repr(text)
+        assert rendered_ids(gemma_server, text) == expected, repr(text)
         assert gemma_model.tokenizer.encode(text, add_special_tokens=True) == expected, repr(text)
+    # Generating one token after the control tokens written as text.
+    text = MULTILINGUAL[-1]
+    body = {"model": "gemma", "prompt": text, "max_tokens": 1, "temperature": 0.0}
+    response = httpx.post(f"{gemma_server.base_url}/v1/completions", json=body, timeout=600)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] == len(llamacpp.tokenize(text))
+
+
+# BOS on text no chat template wraps (#43: completions used to start one token short and
+# answer " France. France. ..."); the embedded SmolLM2, whose metadata asks for none, is
+# tests/python/test_text_bos_reference.py's.
+BOS_TEXTS = [
+    "The capital of France is",
+    "  leading spaces, then\ttabs\nand lines",
+    "Zürich, 東京, emoji 👩‍💻",
+    "<start_of_turn>user\nHi<end_of_turn>",
+]
+
+
+def test_gemma_text_starts_with_one_bos_as_llamacpp(
+    llamacpp: LlamaCpp, gemma_model: LoadedModel
+) -> None:
+    tokenizer = gemma_model.tokenizer
+    assert tokenizer.add_bos_token and tokenizer.bos_token == "<bos>"
+    bos = tokenizer.bos_token_id
+    builder = PromptBuilder(None, tokenizer)  # the base model has no chat template
+    for text in BOS_TEXTS:
+        ids = builder.encode_text(text)
+        assert ids == llamacpp.tokenize(text), text
+        assert ids[0] == bos and ids[1] != bos
+        # Typed BOS: one, not two (llama.cpp would add a second and warn).
+        assert builder.encode_text("<bos>" + text) == ids
+    # A template that writes {{ bos_token }} keeps exactly that one: the chat path never
+    # adds another, and its ids equal llama.cpp's of the rendered text.
+    template = (templates_dir() / "google-gemma-2-2b-it.jinja").read_text(encoding="utf-8")
+    chat = PromptBuilder(template, tokenizer)
+    text = chat.render([{"role": "user", "content": BOS_TEXTS[0]}])
+    ids = chat.encode(text)
+    assert ids[0] == bos and ids[1] != bos
+    assert ids == llamacpp.tokenize(text, add_special=False)
 
 
 def test_greedy_continuations_equal_llamacpp(
@@ -84,7 +133,6 @@ def test_greedy_continuations_equal_llamacpp(
         assert_like_llamacpp(reference, completion(gemma_server, ids, GREEDY_TOKENS), repr(text))
 
 
-@DEFAULT_LOAD_ONLY
 def test_gemma3_sliding_layers_keep_a_512_token_window(gemma_model: LoadedModel) -> None:
     from mlx_lm.models.cache import RotatingKVCache
 

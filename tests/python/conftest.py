@@ -73,11 +73,12 @@ def gguf_path() -> Path:
 
 @pytest.fixture(scope="session")
 def gguf_tokenizer_info(gguf_path: Path) -> GGUFTokenizerInfo:
-    """The GGUF's tokenizer alone (no weights), built from `mx.load` metadata."""
-    from compat_serve.models.gguf import read_gguf
+    """The GGUF's tokenizer alone, built from the header's metadata (no tensor is read)."""
+    from compat_serve.models.gguf_header import read_header
+    from compat_serve.models.gguf_metadata import GGUFMetadata
     from compat_serve.models.gguf_tokenizer import build_gguf_tokenizer
 
-    _, meta = read_gguf(str(gguf_path))
+    meta = GGUFMetadata(read_header(str(gguf_path)).metadata, path=str(gguf_path))
     return build_gguf_tokenizer(meta)
 
 

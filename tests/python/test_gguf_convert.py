@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
+import pytest
 from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear
 
 from tests.greedy_ties import assert_argmax_equal_up_to_tie
@@ -16,6 +17,15 @@ if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def float32_dir_in_mlx_lm(converted_dirs: dict[str, Path]) -> tuple[Any, Any]:
+    """The float32 directory as mlx-lm loads it (model, tokenizer), once for the module."""
+    import mlx_lm
+
+    loaded: Any = mlx_lm.load(str(converted_dirs["float32"]))
+    return loaded[0], loaded[1]
 
 
 def test_directory_contents(converted_dirs: dict[str, Path]) -> None:
@@ -46,11 +56,10 @@ def test_directory_contents(converted_dirs: dict[str, Path]) -> None:
     assert "quantization" not in json.loads((converted_dirs["float32"] / "config.json").read_text())
 
 
-def test_mlx_lm_loads_float32_dir_and_answers_paris(converted_dirs: dict[str, Path]) -> None:
+def test_mlx_lm_loads_float32_dir_and_answers_paris(float32_dir_in_mlx_lm: tuple[Any, Any]) -> None:
     import mlx_lm
 
-    loaded: Any = mlx_lm.load(str(converted_dirs["float32"]))
-    model, tokenizer = loaded[0], loaded[1]
+    model, tokenizer = float32_dir_in_mlx_lm
     prompt = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False)
     assert prompt == CHATML_FRANCE
     answer = mlx_lm.generate(model, tokenizer, prompt, max_tokens=7, verbose=False)
@@ -89,11 +98,9 @@ def test_mlx_lm_loads_quantized_dir(
 
 
 def test_float32_dir_logits_equal_direct_gguf_load(
-    converted_dirs: dict[str, Path], embedded_model: LoadedModel
+    float32_dir_in_mlx_lm: tuple[Any, Any], embedded_model: LoadedModel
 ) -> None:
-    import mlx_lm
-
-    model, tokenizer = mlx_lm.load(str(converted_dirs["float32"]))[:2]
+    model, tokenizer = float32_dir_in_mlx_lm
     ids = embedded_model.tokenizer.encode(CHATML_FRANCE)
     assert tokenizer.encode(CHATML_FRANCE, add_special_tokens=False) == ids
     x = mx.array([ids])

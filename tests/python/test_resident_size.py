@@ -6,10 +6,13 @@ quantized`, for a byte-level BPE GGUF with Q4_1/Q8_0 tensors (the embedded SmolL
 SentencePiece GGUF with K-quants and a 262k vocabulary (Gemma 3 270M). It used to count the
 KV and prefix-cache budgets (half the machine's spare memory) as resident: 11.9 GB for a
 model that takes 1.1 GB. And `--dtype auto` keeps weights as stored where float32 would
-not fit the budget."""
+not fit the budget. The embedded model's default load also shows that the text-only
+install never imports mlx_vlm: the probe imports the server, the CLI and the engine and
+loads as the server does."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import subprocess
@@ -26,10 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 MARGIN = 0.10  # the issue's bound; measured 1-8% here (the remainder: allocator slack)
 
 
-def _probe(model: str, dtype: str, budget: int | None = None) -> dict[str, object]:
+@functools.cache
+def _probe(model: str, dtype: str) -> dict[str, object]:
+    """One fresh process per load, shared by the checks on it."""
     args = [sys.executable, "-m", "tests.resident_probe", model, dtype]
-    if budget is not None:
-        args.append(str(budget))
     done = subprocess.run(args, check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -46,6 +49,14 @@ def test_reported_size_is_the_measured_resident_size(model: str, dtype: str) -> 
     assert measured["estimate"] == reported  # one figure before and after the load
     assert abs(reported - growth) <= MARGIN * growth, measured
     assert str(measured["dtype"]).startswith("float32" if dtype == "auto" else "quantized")
+
+
+def test_the_text_only_install_never_imports_mlx_vlm() -> None:
+    """The server, the CLI, the engine and the embedded model's default load, in a fresh
+    process, leave mlx_vlm unimported: only a vision model's load imports it."""
+    measured = _probe("embedded", "auto")
+    assert str(measured["dtype"]).startswith("float32")  # the default load, done
+    assert measured["mlx_vlm_modules"] == [], measured["mlx_vlm_modules"]
 
 
 def test_auto_keeps_weights_as_stored_when_float32_exceeds_the_budget(

@@ -1,7 +1,9 @@
 """BOS on text no chat template wraps, held against llama.cpp (xllamacpp's server, its
-/tokenize with add_special) on the real Gemma 3 270M file, whose metadata asks for BOS
-(#43: its completions used to start one token short and answer " France. France. ..."),
-and on the embedded SmolLM2, whose metadata does not (nothing changes there)."""
+/tokenize with add_special) on the embedded SmolLM2, whose metadata does not ask for BOS:
+nothing changes there. The real Gemma 3 270M file, whose metadata asks for it (#43: its
+completions used to start one token short and answer " France. France. ..."), is checked
+in the llama.cpp lane beside its other comparisons, on the model and llama.cpp loaded
+there (tests/llamacpp/test_gemma_vs_llamacpp.py)."""
 
 from __future__ import annotations
 
@@ -11,31 +13,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pytest
-
 from compat_serve.chat.prompt import PromptBuilder
-from compat_serve.models.gguf_metadata import GGUFMetadata
-from compat_serve.models.gguf_tokenizer import build_gguf_tokenizer
-from tests.gemma_gguf import original_gemma_gguf
-from tests.shared_data import templates_dir
 
 if TYPE_CHECKING:
-    from compat_serve.models.tokenizer import Tokenizer
     from compat_serve.models.types import LoadedModel
 
 TEXTS = [
     "The capital of France is",
     "  leading spaces, then\ttabs\nand lines",
     "Zürich, 東京, emoji 👩‍💻",
-    "<start_of_turn>user\nHi<end_of_turn>",
 ]
 
 Tokenize = Callable[[str, bool], list[int]]
-
-
-@pytest.fixture(scope="module")
-def gemma_path() -> Path:
-    return original_gemma_gguf()
 
 
 def _llama_cpp(path: Path) -> Iterator[Tokenize]:
@@ -62,35 +51,6 @@ def _llama_cpp(path: Path) -> Iterator[Tokenize]:
     del server
 
 
-def _tokenizer(path: Path) -> Tokenizer:
-    from compat_serve.models.gguf_header import read_header
-
-    header = read_header(str(path))  # mx.load cannot read the file's Q5_0 tensors
-    return build_gguf_tokenizer(GGUFMetadata(header.metadata, path=str(path))).tokenizer
-
-
-def test_gemma_text_starts_with_bos_as_llama_cpp(gemma_path: Path) -> None:
-    tokenizer = _tokenizer(gemma_path)
-    assert tokenizer.add_bos_token and tokenizer.bos_token == "<bos>"
-    bos = tokenizer.bos_token_id
-    builder = PromptBuilder(None, tokenizer)  # the base model has no chat template
-    for reference in _llama_cpp(gemma_path):
-        for text in TEXTS:
-            ids = builder.encode_text(text)
-            assert ids == reference(text, True), text
-            assert ids[0] == bos and ids[1] != bos
-            # Typed BOS: one, not two (llama.cpp would add a second and warn).
-            assert builder.encode_text("<bos>" + text) == ids
-        # A template that writes {{ bos_token }} keeps exactly that one: the chat path never
-        # adds another, and its ids equal llama.cpp's of the rendered text.
-        template = (templates_dir() / "google-gemma-2-2b-it.jinja").read_text(encoding="utf-8")
-        chat = PromptBuilder(template, tokenizer)
-        text = chat.render([{"role": "user", "content": TEXTS[0]}])
-        ids = chat.encode(text)
-        assert ids[0] == bos and ids[1] != bos
-        assert ids == reference(text, False)
-
-
 def test_smollm2_text_is_unchanged_as_llama_cpp(embedded_model: LoadedModel) -> None:
     from compat_serve.models.embedded import embedded_model_path
 
@@ -98,6 +58,6 @@ def test_smollm2_text_is_unchanged_as_llama_cpp(embedded_model: LoadedModel) -> 
     assert not tokenizer.add_bos_token and not tokenizer.add_eos_token
     builder = PromptBuilder(embedded_model.chat_template, tokenizer)
     for reference in _llama_cpp(embedded_model_path()):
-        for text in TEXTS[:3]:
+        for text in TEXTS:
             ids = builder.encode_text(text)
             assert ids == builder.encode(text) == reference(text, True), text
