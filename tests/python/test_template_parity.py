@@ -13,6 +13,7 @@ on both sides.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Callable
 from datetime import datetime
@@ -336,12 +337,19 @@ def render_jinja2(source: str, context: dict[str, Any], *, immutable: bool = Fal
     return template.render(**{"documents": None, **context})
 
 
+@functools.lru_cache(maxsize=64)
+def rust_template(source: str) -> ChatTemplate:
+    """One compiled template per source, rendered for every conversation (as the server
+    renders each request with its model's one template)."""
+    return ChatTemplate(source, now=FROZEN_NOW)
+
+
 def render_rust(source: str, context: dict[str, Any]) -> str:
     context = dict(context)
     messages = context.pop("messages")
     tools = context.pop("tools")
     add_generation_prompt = context.pop("add_generation_prompt")
-    return ChatTemplate(source, now=FROZEN_NOW).render(
+    return rust_template(source).render(
         messages, tools=tools, add_generation_prompt=add_generation_prompt, **context
     )
 

@@ -154,12 +154,15 @@ class Vocab:
     grammars: Grammars
     size: int
     closers: list[list[int]]
+    is_eos: np.ndarray  # [size] bool: the tokenizer's end-of-sequence ids
 
 
 def _vocab(tokenizer: Tokenizer) -> Vocab:
     size = tokenizer.backend.get_vocab_size()
     closers = [tokenizer.encode(c) for c in CLOSERS]
-    return Vocab(tokenizer, Grammars(tokenizer, size), size, closers)
+    is_eos = np.zeros(size, dtype=bool)
+    is_eos[sorted(tokenizer.eos_token_ids)] = True
+    return Vocab(tokenizer, Grammars(tokenizer, size), size, closers, is_eos)
 
 
 @pytest.fixture(scope="session")
@@ -199,7 +202,6 @@ class Walk:
         self.matcher = matcher
         self.rng = np.random.default_rng(seed)
         self.tokens: list[int] = []
-        self.eos = np.array(sorted(vocab.tokenizer.eos_token_ids), dtype=np.int64)
 
     def allowed(self) -> np.ndarray:
         bits = np.unpackbits(np.frombuffer(self.matcher.mask(), dtype=np.uint8), bitorder="little")
@@ -212,10 +214,13 @@ class Walk:
     def random(self, steps: int) -> None:
         """`steps` tokens drawn with normal logits among the allowed ones (never EOS)."""
         for _ in range(steps):
-            ids = self.allowed()
-            ids = ids[~np.isin(ids, self.eos)]
-            assert ids.size, "the grammar allows nothing but the end here"
-            self.take(int(ids[np.argmax(self.rng.standard_normal(ids.size))]))
+            self._draw(self.allowed())
+
+    def _draw(self, allowed: np.ndarray) -> None:
+        """One token drawn among `allowed` (the ids the grammar allows now) but EOS."""
+        ids = allowed[~self.vocab.is_eos[allowed]]
+        assert ids.size, "the grammar allows nothing but the end here"
+        self.take(int(ids[np.argmax(self.rng.standard_normal(ids.size))]))
 
     def can_write(self, text: str) -> bool:
         ids = self.vocab.tokenizer.encode(text)
@@ -233,7 +238,7 @@ class Walk:
             if self.matcher.is_stopped():  # complete, nothing can follow: ends like EOS
                 return
             ids = self.allowed()
-            eos = [int(i) for i in ids[np.isin(ids, self.eos)]]
+            eos = [int(i) for i in ids[self.vocab.is_eos[ids]]]
             if eos and (len(eos) == ids.size or (steps >= warm and self.rng.random() < 0.8)):
                 self.matcher.consume(eos[0])
                 return
@@ -244,7 +249,7 @@ class Walk:
                     for token in valid[self.rng.integers(len(valid))]:
                         self.take(token)
                     continue
-            self.random(1)
+            self._draw(ids)  # `validate` leaves the matcher as it was: `ids` still hold
         raise AssertionError(f"no end within {MAX_TOKENS} tokens: {self.text()!r}")
 
     def _valid(self, tokens: list[int]) -> bool:
@@ -283,13 +288,27 @@ def _parse_turn(
     return assemble(events + parser.finish()), parser.repeated_call
 
 
+_VALIDATORS: dict[str, Any] = {}
+
+
+def _arguments_validator(schema: Mapping[str, Any]) -> Any:
+    """What `jsonschema.validate` builds for `schema` (checked against its metaschema),
+    built once per schema rather than once per call checked."""
+    key = json.dumps(schema, sort_keys=True)
+    if key not in _VALIDATORS:
+        cls = jsonschema.validators.validator_for(schema)
+        cls.check_schema(schema)
+        _VALIDATORS[key] = cls(schema)
+    return _VALIDATORS[key]
+
+
 def _check_calls(
     fmt: ToolFormat, tools: RequestTools, turn: Any, raw: str, repeated: bool = False
 ) -> None:
     for call in turn.tool_calls:
         assert call.name in tools.schemas
         arguments = json.loads(call.arguments)
-        jsonschema.validate(arguments, arguments_schema(tools.schemas[call.name]))
+        _arguments_validator(arguments_schema(tools.schemas[call.name])).validate(arguments)
     made = [(c.name, json.loads(c.arguments)) for c in turn.tool_calls]
     assert all(made[i] not in made[:i] for i in range(len(made))), raw  # no call twice
     # Parsed back exactly: one parsed call for each call written, up to a repeated one.
