@@ -95,6 +95,37 @@ class ScriptedModel(nn.Module):
         return tokens
 
 
+def embedded_tokenizer_only() -> LoadedModel:
+    """What `scripted_model` keeps of the embedded model (its tokenizer, its fallback
+    sampling), read from the GGUF's metadata alone: no weight is read or dequantized, so a
+    scripted server process (tests/e2e/scripted_serve.py) starts without the model's load.
+    Its `model` is a placeholder that `scripted_model` replaces."""
+    from compat_serve.models.embedded import (
+        EMBEDDED_FILE,
+        EMBEDDED_SAMPLING,
+        EMBEDDED_SAMPLING_SOURCE,
+        embedded_model_path,
+    )
+    from compat_serve.models.gguf_header import read_header
+    from compat_serve.models.gguf_metadata import GGUFMetadata
+    from compat_serve.models.gguf_tokenizer import build_gguf_tokenizer
+
+    path = str(embedded_model_path())
+    info = build_gguf_tokenizer(GGUFMetadata(read_header(path).metadata, path=path))
+    return LoadedModel(
+        model=nn.Module(),
+        tokenizer=info.tokenizer,
+        chat_template=info.chat_template,
+        context_length=8192,
+        name="embedded tokenizer",
+        source=f"embedded:{EMBEDDED_FILE}",
+        dtype="float32",
+        model_type="llama",
+        fallback_sampling=dict(EMBEDDED_SAMPLING),
+        fallback_sampling_source=EMBEDDED_SAMPLING_SOURCE,
+    )
+
+
 def scripted_model(
     embedded: LoadedModel,
     template: str,
