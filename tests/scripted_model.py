@@ -66,15 +66,26 @@ class ScriptedModel(nn.Module):
         keys, _ = cache[0].update_and_fetch(stored, stored)
         histories = np.array(keys[:, 0, :, 0]).astype(np.int64)
         batch, width = inputs.shape[0], inputs.shape[1]
-        logits = np.zeros((batch, width, self.vocab_size), dtype=np.float32)
-        for row in range(batch):
-            history = [int(v) - 1 for v in histories[row] if v > 0]
-            # Each position predicts from the history up to it (a speculative verify feeds
-            # several tokens at once and reads every position).
-            for j, token in enumerate(self._next_tokens(history, width)):
-                logits[row, j, token] = 100.0
+        # Each position predicts from the history up to it (a speculative verify feeds
+        # several tokens at once and reads every position).
+        tokens = [
+            self._next_tokens([int(v) - 1 for v in histories[row] if v > 0], width)
+            for row in range(batch)
+        ]
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
+        if all(len(set(row)) == 1 for row in tokens):
+            # Every position of each row predicts one token (a prompt chunk: EOS): one
+            # row of logits each, broadcast over the positions, a view where a chunk of
+            # 512 positions would fill 100 MB.
+            one = np.zeros((batch, 1, self.vocab_size), dtype=np.float32)
+            for row, row_tokens in enumerate(tokens):
+                one[row, 0, row_tokens[0]] = 100.0
+            return mx.broadcast_to(mx.array(one), (batch, width, self.vocab_size))
+        logits = np.zeros((batch, width, self.vocab_size), dtype=np.float32)
+        for row, row_tokens in enumerate(tokens):
+            for j, token in enumerate(row_tokens):
+                logits[row, j, token] = 100.0
         return mx.array(logits)
 
     def _next_tokens(self, history: list[int], width: int) -> list[int]:
