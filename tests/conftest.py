@@ -165,6 +165,18 @@ def info_logs() -> Iterator[None]:
     logger.setLevel(level)
 
 
+@pytest.fixture
+def kept_log_handlers() -> Iterator[None]:
+    """The command's `main` run in this process attaches the dashboard's log ring to the
+    server's loggers: take it off again."""
+    from compat_serve.server.dashboard.log_ring import LOGGERS
+
+    before = {name: list(logging.getLogger(name).handlers) for name in LOGGERS}
+    yield
+    for name, handlers in before.items():
+        logging.getLogger(name).handlers[:] = handlers
+
+
 @pytest.fixture(scope="session")
 def embedded_model() -> LoadedModel:
     from compat_serve.models.loader import load_model

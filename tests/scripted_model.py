@@ -66,15 +66,26 @@ class ScriptedModel(nn.Module):
         keys, _ = cache[0].update_and_fetch(stored, stored)
         histories = np.array(keys[:, 0, :, 0]).astype(np.int64)
         batch, width = inputs.shape[0], inputs.shape[1]
-        logits = np.zeros((batch, width, self.vocab_size), dtype=np.float32)
-        for row in range(batch):
-            history = [int(v) - 1 for v in histories[row] if v > 0]
-            # Each position predicts from the history up to it (a speculative verify feeds
-            # several tokens at once and reads every position).
-            for j, token in enumerate(self._next_tokens(history, width)):
-                logits[row, j, token] = 100.0
+        # Each position predicts from the history up to it (a speculative verify feeds
+        # several tokens at once and reads every position).
+        tokens = [
+            self._next_tokens([int(v) - 1 for v in histories[row] if v > 0], width)
+            for row in range(batch)
+        ]
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
+        if all(len(set(row)) == 1 for row in tokens):
+            # Every position of each row predicts one token (a prompt chunk: EOS): one
+            # row of logits each, broadcast over the positions, a view where a chunk of
+            # 512 positions would fill 100 MB.
+            one = np.zeros((batch, 1, self.vocab_size), dtype=np.float32)
+            for row, row_tokens in enumerate(tokens):
+                one[row, 0, row_tokens[0]] = 100.0
+            return mx.broadcast_to(mx.array(one), (batch, width, self.vocab_size))
+        logits = np.zeros((batch, width, self.vocab_size), dtype=np.float32)
+        for row, row_tokens in enumerate(tokens):
+            for j, token in enumerate(row_tokens):
+                logits[row, j, token] = 100.0
         return mx.array(logits)
 
     def _next_tokens(self, history: list[int], width: int) -> list[int]:
@@ -93,6 +104,37 @@ class ScriptedModel(nn.Module):
             ok = script is not None and 0 <= produced < len(script)
             tokens.append(script[produced] if ok else self.eos_id)  # type: ignore[index]
         return tokens
+
+
+def embedded_tokenizer_only() -> LoadedModel:
+    """What `scripted_model` keeps of the embedded model (its tokenizer, its fallback
+    sampling), read from the GGUF's metadata alone: no weight is read or dequantized, so a
+    scripted server process (tests/e2e/scripted_serve.py) starts without the model's load.
+    Its `model` is a placeholder that `scripted_model` replaces."""
+    from compat_serve.models.embedded import (
+        EMBEDDED_FILE,
+        EMBEDDED_SAMPLING,
+        EMBEDDED_SAMPLING_SOURCE,
+        embedded_model_path,
+    )
+    from compat_serve.models.gguf_header import read_header
+    from compat_serve.models.gguf_metadata import GGUFMetadata
+    from compat_serve.models.gguf_tokenizer import build_gguf_tokenizer
+
+    path = str(embedded_model_path())
+    info = build_gguf_tokenizer(GGUFMetadata(read_header(path).metadata, path=path))
+    return LoadedModel(
+        model=nn.Module(),
+        tokenizer=info.tokenizer,
+        chat_template=info.chat_template,
+        context_length=8192,
+        name="embedded tokenizer",
+        source=f"embedded:{EMBEDDED_FILE}",
+        dtype="float32",
+        model_type="llama",
+        fallback_sampling=dict(EMBEDDED_SAMPLING),
+        fallback_sampling_source=EMBEDDED_SAMPLING_SOURCE,
+    )
 
 
 def scripted_model(

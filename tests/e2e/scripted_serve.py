@@ -33,15 +33,16 @@ def main() -> None:
     import uvicorn
 
     from compat_serve.bootstrap import ServeOptions, build_state
-    from compat_serve.models.loader import load_model
     from compat_serve.server.app import create_app
-    from tests.scripted_model import scripted_model
+    from tests.scripted_model import embedded_tokenizer_only, scripted_model
 
     with open(ns.template, encoding="utf-8") as f:
         template = f.read()
     with open(ns.replies, encoding="utf-8") as f:
         replies = [(trigger, reply) for trigger, reply in json.load(f)]
-    loaded = scripted_model(load_model(None), template, replies, context_length=ns.context_length)
+    # The embedded model's tokenizer alone: the scripted model needs none of its weights.
+    base = embedded_tokenizer_only()
+    loaded = scripted_model(base, template, replies, context_length=ns.context_length)
     state = build_state(ServeOptions(), loaded=loaded)
     app: Any = create_app(state)
     if ns.capture:

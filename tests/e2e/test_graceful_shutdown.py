@@ -16,12 +16,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
 from tests.conftest import free_port
+from tests.tiny_models import write_model_dir
+
+if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
 
 SERVE = Path(sys.executable).with_name("compat-serve")
 # A JSON array that cannot end within the token budget: these requests run until cut.
@@ -39,12 +43,12 @@ def serve(tmp_path: Path) -> Iterator[Any]:
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Any] = []
 
-    def start(shutdown_timeout: float) -> tuple[str, subprocess.Popen[bytes]]:
+    def start(shutdown_timeout: float, *model: str) -> tuple[str, subprocess.Popen[bytes]]:
         port = free_port()
         log = (tmp_path / f"server-{port}.log").open("wb")
         logs.append(log)
         proc = subprocess.Popen(
-            [str(SERVE), "--port", str(port), "--shutdown-timeout", str(shutdown_timeout)],
+            [str(SERVE), "--port", str(port), "--shutdown-timeout", str(shutdown_timeout), *model],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -165,8 +169,17 @@ def test_sigterm_ends_what_is_left_at_the_timeout(serve: Any) -> None:
     assert proc.wait(timeout=60) == 0
 
 
-def test_a_second_signal_exits_at_once(serve: Any) -> None:
-    base, proc = serve(600)
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, embedded_model: LoadedModel) -> Path:
+    path = tmp_path_factory.mktemp("shutdown-model") / "llama"
+    write_model_dir(path, "llama", embedded_model)
+    return path
+
+
+def test_a_second_signal_exits_at_once(serve: Any, tiny_llama_dir: Path) -> None:
+    # A tiny random llama directory: the endless request's text does not matter, and its
+    # load is a fraction of the embedded model's.
+    base, proc = serve(600, "--model", str(tiny_llama_dir))
 
     async def run() -> None:
         async with httpx.AsyncClient(base_url=base, timeout=60) as client:

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 from compat_serve.launch.command import main
+from tests.tiny_models import write_model_dir
 
 if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
     from tests.conftest import RunningServer
 
 FAKE_CLIENT = """#!/bin/sh
@@ -43,8 +45,16 @@ if [ -n "${FAKE_WAIT_TERM:-}" ]; then
 fi
 exit "${FAKE_RC:-0}"
 """
-# A small, quick server: the embedded model with a short window.
+# A small, quick server: a tiny random llama directory (the fake clients only read
+# /v1/models; its load is a fraction of the embedded model's) with a short window.
 SERVE = ["--context-length", "2048", "--max-output-tokens", "77", "--kv-memory", "256MB"]
+
+
+@pytest.fixture(scope="module")
+def serve_args(tmp_path_factory: pytest.TempPathFactory, embedded_model: LoadedModel) -> list[str]:
+    model = tmp_path_factory.mktemp("launch-model") / "llama"
+    write_model_dir(model, "llama", embedded_model)
+    return ["--model", str(model), *SERVE]
 
 
 @pytest.fixture
@@ -99,11 +109,13 @@ def launch_process(*args: str, **env: str) -> subprocess.Popen[str]:
     )
 
 
-def test_launch_starts_the_server_runs_the_client_and_passes_its_exit_code(fake: Path) -> None:
+def test_launch_starts_the_server_runs_the_client_and_passes_its_exit_code(
+    fake: Path, serve_args: list[str]
+) -> None:
     name = f"launch-{uuid.uuid4().hex[:8]}"
     process = launch_process(
         "claude",
-        *SERVE,
+        *serve_args,
         "--served-model-name",
         name,
         "--",
@@ -129,9 +141,13 @@ def test_launch_starts_the_server_runs_the_client_and_passes_its_exit_code(fake:
     assert processes_with(name) == []
 
 
-def test_sigterm_reaches_the_client_first_then_the_server_stops(fake: Path) -> None:
+def test_sigterm_reaches_the_client_first_then_the_server_stops(
+    fake: Path, serve_args: list[str]
+) -> None:
     name = f"launch-{uuid.uuid4().hex[:8]}"
-    process = launch_process("opencode", *SERVE, "--served-model-name", name, FAKE_WAIT_TERM="1")
+    process = launch_process(
+        "opencode", *serve_args, "--served-model-name", name, FAKE_WAIT_TERM="1"
+    )
     deadline = time.monotonic() + 240
     while not (fake / "ready").exists():
         assert process.poll() is None, process.communicate()[1]

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,14 +75,21 @@ def test_reply_history_is_loop_unless_asked() -> None:
         assert parser.parse_args(["--reply-history", mode]).reply_history == mode
 
 
-def test_convert_gguf_command_writes_a_loadable_directory(tmp_path: Path) -> None:
+def test_convert_gguf_command_writes_a_loadable_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command's own `main`, in this process (a process would add seconds of imports
+    to the conversion), with its default `--dtype` (the GGUF's quantization kept: a fifth
+    of float32's bytes to write; the dense conversions are test_gguf_families.py's)."""
+    from compat_serve.cli import main
     from compat_serve.models.embedded import embedded_model_path
 
     out = tmp_path / "converted"
-    result = run_cli("convert-gguf", str(embedded_model_path()), str(out), "--dtype", "float32")
-    assert result.returncode == 0, result.stderr
+    assert main(["convert-gguf", str(embedded_model_path()), str(out)]) == 0
+    assert capsys.readouterr().out == f"wrote {out}\n"
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "llama"
+    assert config["quantization"]["bits"] == 4  # the embedded file is Q4_1
     assert (out / "tokenizer.json").is_file()
 
 
@@ -126,18 +131,15 @@ def test_startup_errors_are_clear(
     assert needle in capsys.readouterr().err + caplog.text
 
 
-@pytest.fixture
-def kept_log_handlers() -> Iterator[None]:
-    """`main` attaches the dashboard's log ring to the server's loggers: take it off again."""
-    from compat_serve.server.dashboard.log_ring import LOGGERS
+def test_a_bad_models_file_stops_the_start_naming_file_line_and_key(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    kept_log_handlers: None,
+) -> None:
+    """A real process: exit code 2 and no traceback after the server's imports."""
+    from compat_serve.cli import main
 
-    before = {name: list(logging.getLogger(name).handlers) for name in LOGGERS}
-    yield
-    for name, handlers in before.items():
-        logging.getLogger(name).handlers[:] = handlers
-
-
-def test_a_bad_models_file_stops_the_start_naming_file_line_and_key(tmp_path: Path) -> None:
     (tmp_path / "a.gguf").write_bytes(b"GGUF")
     models = tmp_path / "models.yaml"
     models.write_text("models:\n  - id: a\n    path: a.gguf\n    tool_parser: 7\n")
@@ -145,8 +147,9 @@ def test_a_bad_models_file_stops_the_start_naming_file_line_and_key(tmp_path: Pa
     assert result.returncode == 2
     assert f"{models}:4: tool_parser: must be a string, not 7" in result.stderr
     assert "Traceback" not in result.stderr
-    # A per-model option with a bad value fails before any model loads.
+    # A per-model option with a bad value fails before any model loads (in this process:
+    # the exit code and the clean stderr were the process's above).
     models.write_text("models:\n  - id: a\n    path: a.gguf\n    kv_bits: 3\n")
-    result = run_cli("--models", str(models), "--port", "1")
-    assert result.returncode == 2
-    assert f"{models}:2: model 'a': --kv-bits must be 8 or 4, not 3" in result.stderr
+    assert main(["--models", str(models), "--port", "1"]) == 2
+    needle = f"{models}:2: model 'a': --kv-bits must be 8 or 4, not 3"
+    assert needle in capsys.readouterr().err + caplog.text

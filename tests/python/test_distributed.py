@@ -5,9 +5,9 @@ aborts and disconnects, and every start-up refusal."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
 
 RANK_SCRIPT = str(Path(__file__).resolve().parents[1] / "distributed_logits_rank.py")
+REFUSAL_SCRIPT = str(Path(__file__).resolve().parents[1] / "distributed_refusal_rank.py")
 CHUNK = 32  # --prefill-chunk: every prompt below is several chunks long
 
 
@@ -98,11 +99,18 @@ HYBRID = "this model has non-attention layers, whose prefix-cache snapshots are 
 
 
 def test_each_misconfiguration_exits_before_loading(
-    model_dirs: Path, tmp_path: Path, embedded_model: LoadedModel
+    model_dirs: Path,
+    tmp_path: Path,
+    embedded_model: LoadedModel,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    kept_log_handlers: None,
 ) -> None:
     """Each refusal comes before any weight is read, but the prefix cache on a model
     with non-attention layers (gpt-oss's sliding windows), which every rank refuses
-    once its shard is loaded."""
+    once its shard is loaded. Two rank processes joined in a ring run the command's
+    `main` for every case in turn (tests/distributed_refusal_rank.py); the two refusals
+    that come before any group is joined run in this process."""
     llama, deepseek = model_dirs / "llama", model_dirs / "deepseek_v3"
     write_model_dir(tmp_path / "gpt_oss", "gpt_oss", embedded_model)
     heads3 = _config_only(tmp_path, "heads3", llama, num_attention_heads=3, num_key_value_heads=3)
@@ -130,46 +138,65 @@ def test_each_misconfiguration_exits_before_loading(
          "--distributed does not run vision-language models yet"),
         ([["--distributed", "tensor", *plain]] * 2,
          "--distributed needs --model to name an mlx-lm model directory"),
+        # Last: the only case that loads (its shard), after every refusal that must not.
         ([["--model", str(tmp_path / "gpt_oss"), "--distributed", "tensor"]] * 2, HYBRID),
     ]  # fmt: skip
-    groups = [start_ranks(tmp_path, args) for args, _ in cases]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
-    alone = [
-        (
-            subprocess.Popen(
-                [sys.executable, "-m", "compat_serve.cli", "--model", str(bare),
-                 "--distributed", "tensor", *plain],
-                env={**env, **extra},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            ),
-            cause,
-        )
-        for extra, cause in [
-            ({}, "no MLX group in the environment; start every rank with mlx.launch"),
-            ({"MLX_RANK": "0"}, "MLX_HOSTFILE is not set"),
-        ]
-    ]  # fmt: skip
+    cases_file = tmp_path / "cases.json"
+    cases_file.write_text(json.dumps([args for args, _ in cases]))
+    outs = [tmp_path / f"refusals-rank{rank}.json" for rank in (0, 1)]
+    group = start_ranks(
+        tmp_path,
+        [[REFUSAL_SCRIPT, str(cases_file), str(out)] for out in outs],
+        command=[sys.executable, "-P"],  # -P: tests/http must not shadow http
+    )
     try:
-        outcomes = [
-            (group.wait(120), cause) for group, (_, cause) in zip(groups, cases, strict=True)
-        ]
-        outcomes += [([(p.wait(120), p.communicate()[0])], cause) for p, cause in alone]
+        alone = _refusals_without_a_group(bare, monkeypatch, caplog)
+        exits = group.wait(240)
     finally:
-        for group in groups:
-            group.kill()
+        group.kill()
+    assert [code for code, _ in exits] == [0, 0], exits
+    by_rank = [json.loads(out.read_text()) for out in outs]
+    outcomes = [
+        ([by_rank[0][i], by_rank[1][i]], cause) for i, (_, cause) in enumerate(cases)
+    ] + alone
     for ranks, cause in outcomes:
         for rank, (code, output) in enumerate(ranks):
             errors = [line for line in output.splitlines() if " ERROR " in line]
-            assert code != 0, (cause, output)
+            assert code == 2, (cause, output)
             assert len(errors) == 1, (cause, output)
             if cause == HYBRID:  # known only from the loaded shard: every rank says it
                 assert cause in errors[0], output
+                assert "loading model directory" in output, output
                 continue
             assert "loading model directory" not in output, (cause, output)
             if rank == 0:
                 assert cause in errors[0], (cause, output)
+
+
+def _refusals_without_a_group(
+    model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> list[tuple[list[tuple[int, str]], str]]:
+    """`--distributed` with no MLX group, or half of one, in the environment: the command's
+    `main` in this process refuses before it joins anything (each case its return code
+    and its log lines, formatted as the command logs them)."""
+    from compat_serve.cli import main
+
+    formatter = logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    caplog.set_level(logging.INFO, logger="compat_serve")
+    outcomes = []
+    for env, cause in [
+        ({}, "no MLX group in the environment; start every rank with mlx.launch"),
+        ({"MLX_RANK": "0"}, "MLX_HOSTFILE is not set"),
+    ]:
+        for name in [k for k in os.environ if k.startswith("MLX_")]:
+            monkeypatch.delenv(name)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        caplog.clear()
+        code = main(["--model", str(model), "--distributed", "tensor", "--no-prefix-cache"])
+        output = "\n".join(formatter.format(record) for record in caplog.records)
+        outcomes.append(([(code, output)], cause))
+    return outcomes
 
 
 # ---- a server on rank 0 --------------------------------------------------------------------
