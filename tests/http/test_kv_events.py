@@ -1,5 +1,7 @@
 """KV events (vLLM's wire format over ZMQ), vLLM-named metrics, `/version` and the render
-endpoints, against the real server and model.
+endpoints, against the real server on the tiny llama (`tiny_llama_model`: the embedded
+model's tokenizer and template; what is checked is cache bookkeeping and protocol, not
+what the model says).
 
 A subscriber binds a SUB socket the server's publisher connects to (llm-d's topology),
 decodes every batch with msgpack in vLLM's layout, replays the stream from sequence 0
@@ -70,7 +72,7 @@ class EventServer:
 
 
 @pytest.fixture(scope="module")
-def events_server(embedded_model: LoadedModel) -> Iterator[EventServer]:
+def events_server(tiny_llama_model: LoadedModel) -> Iterator[EventServer]:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sub = context.socket(zmq.SUB)
     port = sub.bind_to_random_port("tcp://127.0.0.1")
@@ -79,13 +81,15 @@ def events_server(embedded_model: LoadedModel) -> Iterator[EventServer]:
     subscriber.thread = threading.Thread(target=subscriber.run, args=(sub,), daemon=True)
     subscriber.thread.start()
     replay_port = free_port()
+    args: Any = tiny_llama_model.model.args
+    kv_bytes_per_token = 2 * args.num_hidden_layers * args.num_key_value_heads * args.head_dim * 4
     running = start_server(
-        embedded_model,
+        tiny_llama_model,
         block_size=BLOCK,
         max_output_tokens=2,
         default_temperature=0.0,
-        # About 11 blocks of SmolLM2's K/V: the fourth distinct prompt evicts.
-        cache_memory="8MB",
+        # 10 blocks of float32 K/V: the fourth distinct prompt evicts.
+        cache_memory=str(10 * BLOCK * kv_bytes_per_token),
         kv_events_endpoint=f"tcp://127.0.0.1:{port}",
         kv_events_replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
         kv_events_topic=TOPIC.decode(),
@@ -240,7 +244,7 @@ def test_vllm_metric_names_and_version(events_server: EventServer) -> None:
     samples = scrape(base)
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
         ((labels, count),) = samples[name]
-        assert labels == {"model_name": "SmolLM2-135M-Instruct", "engine": "0"}
+        assert labels == {"model_name": "tiny-llama", "engine": "0"}
         assert count == 0
     assert 0.0 <= value(samples, "vllm:kv_cache_usage_perc") <= 1.0
     queries = value(samples, "vllm:prefix_cache_queries_total")

@@ -54,6 +54,23 @@ def uncached(embedded_model: LoadedModel) -> Iterator[Engine]:
     engine.shutdown()
 
 
+# The same pair on the tiny llama (tests/tiny_models.py), for the tests whose checks do not
+# depend on what the model says: accounting, and a request against its own uncached run on
+# the same model (the embedded model's hits are checked against its uncached output above).
+@pytest.fixture(scope="module")
+def tiny_cached(tiny_llama_model: LoadedModel) -> Iterator[Engine]:
+    engine = started(tiny_llama_model)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_uncached(tiny_llama_model: LoadedModel) -> Iterator[Engine]:
+    engine = started(tiny_llama_model, prefix_cache=False)
+    yield engine
+    engine.shutdown()
+
+
 _ids = iter(range(10**9))
 
 
@@ -132,12 +149,13 @@ def test_next_token_logits_from_assembled_blocks_match_a_full_forward(
 
 
 def test_concurrent_requests_sharing_a_prefix(
-    cached: Engine, uncached: Engine, embedded_model: LoadedModel
+    tiny_cached: Engine, tiny_uncached: Engine, tiny_llama_model: LoadedModel
 ) -> None:
+    cached, uncached, model = tiny_cached, tiny_uncached, tiny_llama_model
     base = FIRST_FACTS
     prompts = [
         tuple(
-            embedded_model.tokenizer.encode(
+            model.tokenizer.encode(
                 f"{base} Question {q}?<|im_end|>\n<|im_start|>assistant\n"
             )
         )
@@ -155,7 +173,7 @@ def test_concurrent_requests_sharing_a_prefix(
 
     outputs = asyncio.run(together())
     for prompt, output in zip(prompts, outputs, strict=True):
-        assert_same_or_near_tie(embedded_model, prompt, run(uncached, prompt)[0], output)
+        assert_same_or_near_tie(model, prompt, run(uncached, prompt)[0], output)
     # A later request with the same prefix reads it from the cache.
     _, usage = run(cached, prompts[0], salt=b"cc")
     assert len(prompts[0]) > 2 * CHUNK  # the shared prefix spans prefill chunks
@@ -163,9 +181,10 @@ def test_concurrent_requests_sharing_a_prefix(
 
 
 def test_the_salt_isolates_and_sampling_settings_do_not(
-    cached: Engine, embedded_model: LoadedModel
+    tiny_cached: Engine, tiny_llama_model: LoadedModel
 ) -> None:
-    prompt = tuple(embedded_model.tokenizer.encode(TEXT.replace("river", "lake")))
+    cached = tiny_cached
+    prompt = tuple(tiny_llama_model.tokenizer.encode(TEXT.replace("river", "lake")))
     _, first = run(cached, prompt, salt=b"alice")
     assert first.cached_tokens == 0
     _, other_key = run(cached, prompt, salt=b"bob")
@@ -273,7 +292,8 @@ def test_many_conversations_stay_within_the_cache_budget(embedded_model: LoadedM
         assert prefix is not None
         rss = []
         for i in range(100):
-            text = f"Conversation {i}: " + " ".join(f"w{i}x{j}" for j in range(150))
+            # 471 to 567 tokens: 29 blocks or more, over three times the budget's 8.
+            text = f"Conversation {i}: " + " ".join(f"w{i}x{j}" for j in range(95))
             prompt = tuple(embedded_model.tokenizer.encode(text))
             assert len(prompt) >= 450
             run(engine, prompt, max_tokens=2)
