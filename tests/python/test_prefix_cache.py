@@ -154,11 +154,7 @@ def test_concurrent_requests_sharing_a_prefix(
     cached, uncached, model = tiny_cached, tiny_uncached, tiny_llama_model
     base = FIRST_FACTS
     prompts = [
-        tuple(
-            model.tokenizer.encode(
-                f"{base} Question {q}?<|im_end|>\n<|im_start|>assistant\n"
-            )
-        )
+        tuple(model.tokenizer.encode(f"{base} Question {q}?<|im_end|>\n<|im_start|>assistant\n"))
         for q in ("one", "two", "three")
     ]
 
