@@ -167,14 +167,15 @@ def keyed_server(tiny_llama_model: LoadedModel) -> Iterator[RunningServer]:
 
 @pytest.fixture
 def paced_runner(keyed_server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every prefill chunk and decode step takes at least 50 ms more, so that polling sees
-    each step even on a machine where the real model runs in milliseconds."""
+    """Every prefill chunk takes at least 250 ms more and every decode step 50 ms, so that
+    polling sees each step even where the model runs in milliseconds (the tiny llama) and
+    a loaded CI machine slows each poll."""
     runner = keyed_server.state.engine._runner  # type: ignore[attr-defined]
-    for name in ("prefill", "decode_logits"):
+    for name, delay in (("prefill", 0.25), ("decode_logits", 0.05)):
         real = getattr(runner, name)
 
-        def paced(*args: Any, _real: Any = real) -> Any:
-            time.sleep(0.05)
+        def paced(*args: Any, _real: Any = real, _delay: float = delay) -> Any:
+            time.sleep(_delay)
             return _real(*args)
 
         monkeypatch.setattr(runner, name, paced)
@@ -205,11 +206,12 @@ def test_status_follows_a_running_request(keyed_server: RunningServer) -> None:
     worker = threading.Thread(target=run)
     worker.start()
     snapshots: list[dict[str, Any]] = []
-    while worker.is_alive():
-        status = httpx.get(f"{base}/v1/status", headers=auth, timeout=10).json()
-        if status["requests"]:
-            snapshots.append(status)
-        time.sleep(0.02)
+    with httpx.Client(headers=auth, timeout=10) as poller:  # one connection for every poll
+        while worker.is_alive():
+            status = poller.get(f"{base}/v1/status").json()
+            if status["requests"]:
+                snapshots.append(status)
+            time.sleep(0.02)
     worker.join()
     response = result["response"]
     assert response.status_code == 200
