@@ -1,5 +1,7 @@
 """KV events (vLLM's wire format over ZMQ), vLLM-named metrics, `/version` and the render
-endpoints, against the real server and model.
+endpoints, against the real server on the tiny llama (`tiny_llama_model`: the embedded
+model's tokenizer and template; what is checked is cache bookkeeping and protocol, not
+what the model says).
 
 A subscriber binds a SUB socket the server's publisher connects to (llm-d's topology),
 decodes every batch with msgpack in vLLM's layout, replays the stream from sequence 0
@@ -28,6 +30,10 @@ from tests.conftest import free_port, start_server
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
     from tests.conftest import RunningServer
+
+# One client for the module: `httpx.post` builds a client, and its TLS context from the
+# CA bundle (~50 ms of CPU), per request.
+HTTP = httpx.Client()
 
 BLOCK = 16
 TOPIC = b"kv@127.0.0.1@smollm2"
@@ -70,7 +76,7 @@ class EventServer:
 
 
 @pytest.fixture(scope="module")
-def events_server(embedded_model: LoadedModel) -> Iterator[EventServer]:
+def events_server(tiny_llama_model: LoadedModel) -> Iterator[EventServer]:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sub = context.socket(zmq.SUB)
     port = sub.bind_to_random_port("tcp://127.0.0.1")
@@ -79,13 +85,15 @@ def events_server(embedded_model: LoadedModel) -> Iterator[EventServer]:
     subscriber.thread = threading.Thread(target=subscriber.run, args=(sub,), daemon=True)
     subscriber.thread.start()
     replay_port = free_port()
+    args: Any = tiny_llama_model.model.args
+    kv_bytes_per_token = 2 * args.num_hidden_layers * args.num_key_value_heads * args.head_dim * 4
     running = start_server(
-        embedded_model,
+        tiny_llama_model,
         block_size=BLOCK,
         max_output_tokens=2,
         default_temperature=0.0,
-        # About 11 blocks of SmolLM2's K/V: the fourth distinct prompt evicts.
-        cache_memory="8MB",
+        # 10 blocks of float32 K/V: the fourth distinct prompt evicts.
+        cache_memory=str(10 * BLOCK * kv_bytes_per_token),
         kv_events_endpoint=f"tcp://127.0.0.1:{port}",
         kv_events_replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
         kv_events_topic=TOPIC.decode(),
@@ -98,7 +106,7 @@ def events_server(embedded_model: LoadedModel) -> Iterator[EventServer]:
 
 
 def scrape(base_url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    text = HTTP.get(f"{base_url}/metrics", timeout=30).text
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -133,7 +141,7 @@ def replay(port: int, start: int) -> list[tuple[int, bytes]]:
 
 def chat(base_url: str, content: str) -> dict[str, Any]:
     body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": content}]}
-    response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=120)
+    response = HTTP.post(f"{base_url}/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     result: dict[str, Any] = response.json()
     return result
@@ -166,7 +174,7 @@ def test_events_mirror_the_prefix_cache_and_replay_fills_the_gaps(
     events_server: EventServer,
 ) -> None:
     base = events_server.running.base_url
-    render = httpx.post(
+    render = HTTP.post(
         f"{base}/v1/chat/completions/render",
         json={"model": "m", "messages": [{"role": "user", "content": prompt(0)}]},
         timeout=30,
@@ -240,7 +248,7 @@ def test_vllm_metric_names_and_version(events_server: EventServer) -> None:
     samples = scrape(base)
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
         ((labels, count),) = samples[name]
-        assert labels == {"model_name": "SmolLM2-135M-Instruct", "engine": "0"}
+        assert labels == {"model_name": "tiny-llama", "engine": "0"}
         assert count == 0
     assert 0.0 <= value(samples, "vllm:kv_cache_usage_perc") <= 1.0
     queries = value(samples, "vllm:prefix_cache_queries_total")
@@ -251,7 +259,7 @@ def test_vllm_metric_names_and_version(events_server: EventServer) -> None:
     ((info, one),) = samples["vllm:cache_config_info"]
     assert one == 1 and info["block_size"] == str(BLOCK)
     assert int(info["num_gpu_blocks"]) == value(samples, "compat_prefix_cache_capacity_blocks")
-    version = httpx.get(f"{base}/version", timeout=10)
+    version = HTTP.get(f"{base}/version", timeout=10)
     assert version.status_code == 200 and set(version.json()) == {"version"}
 
 
@@ -261,7 +269,7 @@ def test_render_endpoints_return_the_served_prompt_ids(events_server: EventServe
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Name a colour."},
     ]
-    rendered = httpx.post(
+    rendered = HTTP.post(
         f"{base}/v1/chat/completions/render",
         json={"model": "m", "messages": messages, "max_tokens": 7, "temperature": 0.5},
         timeout=30,
@@ -271,30 +279,30 @@ def test_render_endpoints_return_the_served_prompt_ids(events_server: EventServe
     assert body["request_id"].startswith("chatcmpl-")
     assert body["sampling_params"]["max_tokens"] == 7
     assert body["sampling_params"]["temperature"] == 0.5
-    served = httpx.post(
+    served = HTTP.post(
         f"{base}/v1/chat/completions",
         json={"model": "m", "messages": messages, "max_tokens": 1},
         timeout=60,
     ).json()
     assert served["usage"]["prompt_tokens"] == len(body["token_ids"])
 
-    (text,) = httpx.post(
+    (text,) = HTTP.post(
         f"{base}/v1/completions/render", json={"model": "m", "prompt": "Once upon"}, timeout=30
     ).json()
     assert text["request_id"].startswith("cmpl-") and text["token_ids"]
-    (ids,) = httpx.post(
+    (ids,) = HTTP.post(
         f"{base}/v1/completions/render", json={"model": "m", "prompt": [1, 2, 3]}, timeout=30
     ).json()
     assert ids["token_ids"] == [1, 2, 3]
     # max_tokens -1 is "up to the context window" on /v1/completions, and in its render.
-    (unbounded,) = httpx.post(
+    (unbounded,) = HTTP.post(
         f"{base}/v1/completions/render",
         json={"model": "m", "prompt": [1, 2, 3], "max_tokens": -1},
         timeout=30,
     ).json()
-    window = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["max_model_len"]
+    window = HTTP.get(f"{base}/v1/models", timeout=30).json()["data"][0]["max_model_len"]
     assert unbounded["sampling_params"]["max_tokens"] == window
-    bad = httpx.post(
+    bad = HTTP.post(
         f"{base}/v1/chat/completions/render",
         json={"model": "m", "messages": "not a list"},
         timeout=30,

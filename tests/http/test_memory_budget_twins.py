@@ -25,6 +25,10 @@ from compat_serve.server.app import create_app
 from tests.conftest import RunningServer, run_app
 from tests.http.test_kv_quant_http import rss_bytes
 
+# One client for the module: `httpx.post` builds a client, and its TLS context from the
+# CA bundle (~50 ms of CPU), per request.
+HTTP = httpx.Client()
+
 MIB = 2**20
 TWINS = ("main", "fast")
 # What a load holds beyond the model it makes resident: the GGUF's quantized tensors
@@ -43,11 +47,11 @@ def _twins_server(tmp_path: Path, budget: str) -> RunningServer:
 
 
 def _ask(base: str, model: str) -> httpx.Response:
-    return httpx.post(
+    return HTTP.post(
         f"{base}/v1/messages",
         json={
             "model": model,
-            "max_tokens": 8,
+            "max_tokens": 2,  # an answer; the loads are what is measured
             "messages": [{"role": "user", "content": "What is the capital of France?"}],
         },
         timeout=120,
@@ -93,7 +97,7 @@ def test_twins_under_a_budget_neither_fits_are_both_refused_at_once(tmp_path: Pa
                 f"model {model!r} needs about 206 MiB (weights, KV and prefix cache, estimated "
                 "before loading) and can never fit the memory budget of 150 MiB (--memory-budget)"
             )
-        assert httpx.get(f"{base}/api/ps").json()["models"] == []  # nothing was loaded
+        assert HTTP.get(f"{base}/api/ps").json()["models"] == []  # nothing was loaded
     finally:
         running.stop()
 
@@ -112,7 +116,7 @@ def test_twins_under_a_budget_that_fits_one_both_answer_and_swap(tmp_path: Path)
                 reply = _ask(base, model)
                 assert reply.status_code == 200, reply.text
                 assert reply.json()["content"][0]["text"]
-                resident = [m["name"] for m in httpx.get(f"{base}/api/ps").json()["models"]]
+                resident = [m["name"] for m in HTTP.get(f"{base}/api/ps").json()["models"]]
                 assert resident == [f"{model}:latest"]
                 # What the load measured is what was estimated before it.
                 assert hub.slots[model].measured_bytes == estimates[model]

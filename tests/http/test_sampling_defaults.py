@@ -21,6 +21,10 @@ from tests.tiny_models import write_model_dir
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
 
+# One client for the module: `httpx.post` builds a client, and its TLS context from the
+# CA bundle (~50 ms of CPU), per request.
+HTTP = httpx.Client()
+
 GEN = "generation_config.json"
 CARD = "SmolLM2-135M-Instruct model card"
 # top_k 1 makes every request that keeps it greedy, whatever its temperature and seed.
@@ -69,7 +73,7 @@ def built_defaults(loaded: LoadedModel, **options: Any) -> dict[str, Any]:
 
 def chat(server: RunningServer, messages: list[Any], **fields: Any) -> str:
     body = {"model": "m", "messages": messages, "max_tokens": 8, **fields}
-    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
+    response = HTTP.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     text: str = response.json()["choices"][0]["message"]["content"]
     return text
@@ -77,14 +81,14 @@ def chat(server: RunningServer, messages: list[Any], **fields: Any) -> str:
 
 def anthropic_text(server: RunningServer, messages: list[Any], **fields: Any) -> str:
     body = {"model": "claude-x", "messages": messages, "max_tokens": 8, **fields}
-    response = httpx.post(f"{server.base_url}/v1/messages", json=body, timeout=120)
+    response = HTTP.post(f"{server.base_url}/v1/messages", json=body, timeout=120)
     assert response.status_code == 200, response.text
     return "".join(b.get("text", "") for b in response.json()["content"])
 
 
 def completion(server: RunningServer, **fields: Any) -> str:
     body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 8, **fields}
-    response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=120)
+    response = HTTP.post(f"{server.base_url}/v1/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     text: str = response.json()["choices"][0]["text"]
     return text
@@ -97,9 +101,9 @@ def test_the_model_generation_config_is_shown(model_defaults: RunningServer) -> 
         "top_k": 1,
         "sources": {"temperature": GEN, "top_p": GEN, "top_k": GEN},
     }
-    card = httpx.get(f"{model_defaults.base_url}/v1/models").json()["data"][0]
+    card = HTTP.get(f"{model_defaults.base_url}/v1/models").json()["data"][0]
     assert card["sampling_defaults"] == expected
-    status = httpx.get(f"{model_defaults.base_url}/v1/status").json()
+    status = HTTP.get(f"{model_defaults.base_url}/v1/status").json()
     assert status["sampling_defaults"] == expected
 
 
@@ -150,7 +154,7 @@ def test_the_generation_config_shadows_flags_and_the_log_says_so(
 def test_generation_config_none_lets_the_flags_apply(
     flags_over_an_ignored_file: RunningServer,
 ) -> None:
-    card = httpx.get(f"{flags_over_an_ignored_file.base_url}/v1/models").json()["data"][0]
+    card = HTTP.get(f"{flags_over_an_ignored_file.base_url}/v1/models").json()["data"][0]
     assert card["sampling_defaults"] == {
         "temperature": 1.0,
         "top_p": 1.0,
@@ -181,7 +185,7 @@ SEEDS = range(8)
 
 
 def test_the_embedded_model_uses_its_model_card_sampling(server: RunningServer) -> None:
-    card = httpx.get(f"{server.base_url}/v1/models").json()["data"][0]
+    card = HTTP.get(f"{server.base_url}/v1/models").json()["data"][0]
     defaults = card["sampling_defaults"]
     assert (defaults["temperature"], defaults["top_p"], defaults["top_k"]) == (0.2, 0.9, 0)
     assert defaults["sources"]["temperature"] == CARD

@@ -21,7 +21,12 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from tests.conftest import start_server
 from tests.http.responses_helpers import final_response, stream_events
-from tests.http.scripted_servers import WEATHER_TOOLS, scripted_server, template
+from tests.http.scripted_servers import (
+    SCRIPTED_CACHE_MEMORY,
+    WEATHER_TOOLS,
+    scripted_server,
+    template,
+)
 from tests.http.sdk_clients import claude_streamed_and_whole, oai
 from tests.scripted_model import scripted_model
 
@@ -30,6 +35,10 @@ if TYPE_CHECKING:
 
     from compat_serve.models.types import LoadedModel
     from tests.conftest import RunningServer
+
+# One client for the module: `httpx.post` builds a client, and its TLS context from the
+# CA bundle (~50 ms of CPU), per request.
+HTTP = httpx.Client()
 
 GREEDY: dict[str, Any] = {"temperature": 0}
 LOW = 16  # --reasoning-budgets low=16
@@ -165,7 +174,7 @@ def test_responses_reasoning_effort_maps_to_its_level(
         "reasoning": {"effort": "low", "summary": "auto"},
         **GREEDY,
     }
-    whole = httpx.post(f"{budgeted.base_url}/v1/responses", json=body, timeout=60).json()
+    whole = HTTP.post(f"{budgeted.base_url}/v1/responses", json=body, timeout=60).json()
     streamed = final_response(stream_events(budgeted.base_url, body))
     for response in (whole, streamed):
         reasoning, message = response["output"]
@@ -268,7 +277,7 @@ def test_a_tool_call_after_the_forced_close_and_a_forced_call(
 def test_an_unknown_effort_level_is_a_400_naming_the_allowed_ones(
     budgeted: RunningServer, path: str, body: dict[str, Any], field: str
 ) -> None:
-    response = httpx.post(f"{budgeted.base_url}{path}", json=body, timeout=30)
+    response = HTTP.post(f"{budgeted.base_url}{path}", json=body, timeout=30)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     message = error if isinstance(error, str) else error["message"]
@@ -276,7 +285,7 @@ def test_an_unknown_effort_level_is_a_400_naming_the_allowed_ones(
 
 
 def test_anthropic_budget_at_max_tokens_is_a_400(budgeted: RunningServer) -> None:
-    response = httpx.post(
+    response = HTTP.post(
         f"{budgeted.base_url}/v1/messages",
         json={
             "model": "m",
@@ -319,7 +328,7 @@ def gpt_oss(embedded_model: LoadedModel) -> Iterator[tuple[RunningServer, str]]:
         replies,
         reply_start="start|>assistant",
     )
-    running = start_server(loaded, reasoning_budgets="low=16")
+    running = start_server(loaded, reasoning_budgets="low=16", cache_memory=SCRIPTED_CACHE_MEMORY)
     try:
         yield running, reasoning
     finally:

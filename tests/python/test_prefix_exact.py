@@ -36,6 +36,22 @@ def uncached(embedded_model: LoadedModel) -> Iterator[Engine]:
     engine.shutdown()
 
 
+@pytest.fixture(scope="module")
+def tiny_cached(tiny_llama_model: LoadedModel) -> Iterator[Engine]:
+    """For a test whose checks do not depend on what the model says: where a request's
+    read stops, and its output against its own uncached run on the same model."""
+    engine = started(tiny_llama_model)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_uncached(tiny_llama_model: LoadedModel) -> Iterator[Engine]:
+    engine = started(tiny_llama_model, prefix_cache=False)
+    yield engine
+    engine.shutdown()
+
+
 def _prompt(model: LoadedModel, length: int, tag: str) -> tuple[int, ...]:
     ids = tuple(model.tokenizer.encode(f"[{tag}] " + TEXT * 4))
     assert len(ids) >= length
@@ -60,13 +76,14 @@ def test_an_exact_repeat_reads_all_but_the_last_token(
 
 
 def test_a_turn_diverging_inside_a_reply_block_reads_up_to_the_divergence(
-    cached: Engine, uncached: Engine, embedded_model: LoadedModel
+    tiny_cached: Engine, tiny_uncached: Engine, tiny_llama_model: LoadedModel
 ) -> None:
-    prompt = _prompt(embedded_model, 37, "diverge")
+    cached, uncached, model = tiny_cached, tiny_uncached, tiny_llama_model
+    prompt = _prompt(model, 37, "diverge")
     reply, first = run(cached, prompt, max_tokens=14, salt=b"diverge")
     assert first.cached_tokens == 0
     assert len(reply) == 14
-    other = embedded_model.tokenizer.encode(" Blue, grey and gold.")
+    other = model.tokenizer.encode(" Blue, grey and gold.")
     # Divergence points inside the block the reply filled (37..47) and after it.
     for d in (0, 3, 10, 11, 12):
         echoed = list(reply[:d]) + [t for t in other if t != reply[d]][:1]
@@ -74,7 +91,7 @@ def test_a_turn_diverging_inside_a_reply_block_reads_up_to_the_divergence(
         tokens, usage = run(cached, follow_up, max_tokens=3, salt=b"diverge")
         assert usage.cached_tokens == len(prompt) + d, d
         expected, _ = run(uncached, follow_up, max_tokens=3)
-        assert_same_or_near_tie(embedded_model, follow_up, expected, tokens)
+        assert_same_or_near_tie(model, follow_up, expected, tokens)
         check_usage(usage)
 
 
