@@ -51,7 +51,8 @@ def scripted(embedded_model: LoadedModel) -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture
+# One client per module: each builds an httpx client and an SSL context (~40 ms of CPU).
+@pytest.fixture(scope="module")
 def client(scripted: RunningServer) -> ollama.Client:
     return ollama.Client(host=scripted.base_url)
 

@@ -1,16 +1,20 @@
 """The Responses API (`POST /v1/responses`) through the openai SDK's Responses client and
-raw SSE, on the real embedded model (the session's shared server)."""
+raw SSE, on the real embedded model (the session's shared server); the raw events' framing,
+which does not depend on what the model says, on the tiny llama (the embedded tokenizer
+and template)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import openai
 import pytest
 
+from tests.conftest import start_server
 from tests.http.responses_helpers import (
     APPLY_PATCH_TOOL,
     client,
@@ -19,6 +23,7 @@ from tests.http.responses_helpers import (
 )
 
 if TYPE_CHECKING:
+    from compat_serve.models.types import LoadedModel
     from tests.conftest import RunningServer
 
 pytestmark = pytest.mark.model
@@ -41,6 +46,13 @@ WEATHER: dict[str, Any] = {
 }
 
 TOOLS: Any = [WEATHER]
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_llama_model: LoadedModel) -> Iterator[RunningServer]:
+    running = start_server(tiny_llama_model)
+    yield running
+    running.stop()
 
 
 def test_stream_helper_final_response_equals_non_streamed(server: RunningServer) -> None:
@@ -81,9 +93,9 @@ def test_stream_helper_final_response_equals_non_streamed(server: RunningServer)
     ]
 
 
-def test_raw_events_validate_and_deltas_add_up(server: RunningServer) -> None:
+def test_raw_events_validate_and_deltas_add_up(tiny_server: RunningServer) -> None:
     events = stream_events(
-        server.base_url,
+        tiny_server.base_url,
         {"model": "m", "input": QUESTION, "temperature": 0, "max_output_tokens": 16},
     )
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")

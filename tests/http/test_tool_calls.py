@@ -49,12 +49,13 @@ def server(embedded_model: LoadedModel) -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture
+# One client per module: each builds an httpx client and an SSL context (~40 ms of CPU).
+@pytest.fixture(scope="module")
 def oai(server: RunningServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def claude(server: RunningServer) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
 

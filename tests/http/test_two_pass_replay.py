@@ -54,26 +54,36 @@ def replay_server(
     running.stop()
 
 
+@pytest.fixture(scope="module")
+def http() -> Iterator[httpx.Client]:
+    """One client for the module's requests: each `httpx.post` builds a client, and with
+    it an SSL context from certifi's bundle (~40 ms of CPU), hundreds of times here."""
+    with httpx.Client(timeout=300) as client:
+        yield client
+
+
 def _post(
-    server: RunningServer, captured: dict[str, Any], path: str | None = None
+    http: httpx.Client, server: RunningServer, captured: dict[str, Any], path: str | None = None
 ) -> httpx.Response:
     headers = {k: v for k, v in captured["headers"].items() if k.lower() not in DROP_HEADERS}
     query = "&".join(f"{k}={v}" for k, vs in (captured.get("query") or {}).items() for v in vs)
     url = f"{server.base_url}{path or captured['path']}" + (f"?{query}" if query else "")
-    return httpx.post(url, content=captured["raw_body"].encode(), headers=headers, timeout=300)
+    return http.post(url, content=captured["raw_body"].encode(), headers=headers)
 
 
-def _count_tokens(server: RunningServer, captured: dict[str, Any]) -> int:
-    response = _post(server, captured, "/v1/messages/count_tokens")
+def _count_tokens(http: httpx.Client, server: RunningServer, captured: dict[str, Any]) -> int:
+    response = _post(http, server, captured, "/v1/messages/count_tokens")
     assert response.status_code == 200, response.text[:300]
     count: int = response.json()["input_tokens"]
     return count
 
 
-def _replay(server: RunningServer, captured: dict[str, Any]) -> tuple[int, dict[str, int]] | None:
+def _replay(
+    http: httpx.Client, server: RunningServer, captured: dict[str, Any]
+) -> tuple[int, dict[str, int]] | None:
     """(count_tokens, usage) of one request; None for the 400 that a too-long prompt gets."""
-    response = _post(server, captured)
-    counted = _count_tokens(server, captured)
+    response = _post(http, server, captured)
+    counted = _count_tokens(http, server, captured)
     if counted > CONTEXT - 1:
         assert response.status_code == 400, response.text[:300]
         assert response.json()["error"]["message"] == (
@@ -89,13 +99,13 @@ def _replay(server: RunningServer, captured: dict[str, Any]) -> tuple[int, dict[
 
 
 @pytest.mark.parametrize("capture", CAPTURES, ids=[p.stem for p in CAPTURES])
-def test_each_session_twice(replay_server: RunningServer, capture: Any) -> None:
+def test_each_session_twice(http: httpx.Client, replay_server: RunningServer, capture: Any) -> None:
     requests = [r for r in load(capture) if r["path"] == "/v1/messages"]
     assert requests
     for captured in requests:
-        _replay(replay_server, captured)  # pass 1: the usage checks are in _replay
+        _replay(http, replay_server, captured)  # pass 1: the usage checks are in _replay
     for i, captured in enumerate(requests):
-        replayed = _replay(replay_server, captured)
+        replayed = _replay(http, replay_server, captured)
         if replayed is None:
             continue
         counted, usage = replayed
@@ -103,7 +113,9 @@ def test_each_session_twice(replay_server: RunningServer, capture: Any) -> None:
         assert read >= counted - 1, f"{capture.stem}[{i}]: repeat read {read} of {counted}"
 
 
-def test_count_tokens_follows_max_tool_rounds(tiny_llama_model: LoadedModel) -> None:
+def test_count_tokens_follows_max_tool_rounds(
+    http: httpx.Client, tiny_llama_model: LoadedModel
+) -> None:
     """Past `--max-tool-rounds` a request is served without tools: count_tokens counts
     that prompt too, not the one with the tools told."""
     from tests.shared_data import shared_dir
@@ -113,8 +125,8 @@ def test_count_tokens_follows_max_tool_rounds(tiny_llama_model: LoadedModel) -> 
     )
     try:
         first, second = load(shared_dir() / "claude_code" / "tool_default.jsonl")
-        with_tools = _replay(running, first)
-        without_tools = _replay(running, second)  # it carries one tool round
+        with_tools = _replay(http, running, first)
+        without_tools = _replay(http, running, second)  # it carries one tool round
         assert with_tools is not None and without_tools is not None
         # Served without the tools' text: shorter than the first turn it extends.
         assert without_tools[0] < with_tools[0]
