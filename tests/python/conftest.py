@@ -6,12 +6,14 @@ embedded GGUF loaded once per session through `load_model(None)`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
+    from compat_serve.engine.engine import Engine
     from compat_serve.models.gguf_tokenizer import GGUFTokenizerInfo
     from compat_serve.models.tokenizer import Tokenizer
     from compat_serve.models.types import LoadedModel
@@ -97,3 +99,36 @@ def converted_dirs(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) ->
         dtype: convert_gguf(str(gguf_path), str(root / dtype), dtype=dtype)
         for dtype in ("float32", "quantized")
     }
+
+
+# Prefix-cache engines (tests/python/prefix_engines.py sizes), one of each per module that
+# asks: the embedded model with the cache and without, for hits checked against uncached
+# output; the same pair on the tiny llama (tests/tiny_models.py) for the tests whose checks
+# do not depend on what the model says (accounting, and a request against its own uncached
+# run on the same model).
+@pytest.fixture(scope="module")
+def cached(embedded_model: LoadedModel) -> Iterator[Engine]:
+    yield from _prefix_engine(embedded_model)
+
+
+@pytest.fixture(scope="module")
+def uncached(embedded_model: LoadedModel) -> Iterator[Engine]:
+    yield from _prefix_engine(embedded_model, prefix_cache=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_cached(tiny_llama_model: LoadedModel) -> Iterator[Engine]:
+    yield from _prefix_engine(tiny_llama_model)
+
+
+@pytest.fixture(scope="module")
+def tiny_uncached(tiny_llama_model: LoadedModel) -> Iterator[Engine]:
+    yield from _prefix_engine(tiny_llama_model, prefix_cache=False)
+
+
+def _prefix_engine(loaded: LoadedModel, **config: Any) -> Iterator[Engine]:
+    from tests.python.prefix_engines import started
+
+    engine = started(loaded, **config)
+    yield engine
+    engine.shutdown()

@@ -7,23 +7,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import resource
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
 from tests.greedy_ties import assert_same_or_near_tie
 from tests.platform_gates import needs_proc_rss
+from tests.python.prefix_engines import BLOCK, CHUNK, started
 from tests.tiny_models import tiny_model
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
 
-BLOCK = 16
-CHUNK = 64
 TEXT = (
     "<|im_start|>system\nYou are a careful assistant.<|im_end|>\n<|im_start|>user\n"
     + " ".join(f"Fact {i}: the river number {i} flows north." for i in range(16))
@@ -32,43 +29,6 @@ TEXT = (
 # TEXT up to its tenth fact, unterminated: 8 blocks and three prefill chunks, for the tests
 # that need a long prefix but not TEXT's whole length.
 FIRST_FACTS = TEXT[: TEXT.index(" Fact 10:")]
-
-
-def started(loaded: LoadedModel, **config: Any) -> Engine:
-    engine = Engine(loaded, EngineConfig(prefill_chunk=CHUNK, block_size=BLOCK, **config))
-    engine.start()
-    return engine
-
-
-@pytest.fixture(scope="module")
-def cached(embedded_model: LoadedModel) -> Iterator[Engine]:
-    engine = started(embedded_model)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def uncached(embedded_model: LoadedModel) -> Iterator[Engine]:
-    engine = started(embedded_model, prefix_cache=False)
-    yield engine
-    engine.shutdown()
-
-
-# The same pair on the tiny llama (tests/tiny_models.py), for the tests whose checks do not
-# depend on what the model says: accounting, and a request against its own uncached run on
-# the same model (the embedded model's hits are checked against its uncached output above).
-@pytest.fixture(scope="module")
-def tiny_cached(tiny_llama_model: LoadedModel) -> Iterator[Engine]:
-    engine = started(tiny_llama_model)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tiny_uncached(tiny_llama_model: LoadedModel) -> Iterator[Engine]:
-    engine = started(tiny_llama_model, prefix_cache=False)
-    yield engine
-    engine.shutdown()
 
 
 _ids = iter(range(10**9))

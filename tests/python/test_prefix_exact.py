@@ -4,14 +4,13 @@ or a tail. Greedy output equals the uncached run; logits stay within 1e-3."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from compat_serve.engine.engine import Engine
 from tests.greedy_ties import assert_same_or_near_tie
-from tests.python.test_prefix_cache import BLOCK, check_usage, run, started
+from tests.python.test_prefix_cache import BLOCK, check_usage, run
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -20,36 +19,6 @@ TEXT = (
     "<|im_start|>system\nYou answer in short sentences.<|im_end|>\n<|im_start|>user\n"
     "List three colours of the sea at dawn and say why.<|im_end|>\n<|im_start|>assistant\n"
 )
-
-
-@pytest.fixture(scope="module")
-def cached(embedded_model: LoadedModel) -> Iterator[Engine]:
-    engine = started(embedded_model)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def uncached(embedded_model: LoadedModel) -> Iterator[Engine]:
-    engine = started(embedded_model, prefix_cache=False)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tiny_cached(tiny_llama_model: LoadedModel) -> Iterator[Engine]:
-    """For a test whose checks do not depend on what the model says: where a request's
-    read stops, and its output against its own uncached run on the same model."""
-    engine = started(tiny_llama_model)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tiny_uncached(tiny_llama_model: LoadedModel) -> Iterator[Engine]:
-    engine = started(tiny_llama_model, prefix_cache=False)
-    yield engine
-    engine.shutdown()
 
 
 def _prompt(model: LoadedModel, length: int, tag: str) -> tuple[int, ...]:
