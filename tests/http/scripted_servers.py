@@ -15,12 +15,6 @@ if TYPE_CHECKING:
     from tests.conftest import RunningServer
 
 
-# The scripted model's K/V is 8 bytes a token, so the default prefix cache (20% of the
-# memory) would be tens of millions of blocks, ~1.5 CPU-s to set up per server; 64 MB is
-# 500,000 blocks (8M tokens), more than any test sends.
-SCRIPTED_CACHE_MEMORY = "64MB"
-
-
 def template(name: str) -> str:
     return (templates_dir() / name).read_text(encoding="utf-8")
 
@@ -35,7 +29,7 @@ def scripted_server(
     **options: Any,
 ) -> Iterator[RunningServer]:
     loaded = scripted_model(embedded, template(template_file), replies, step_delay_s=step_delay_s)
-    running = start_server(loaded, **{"cache_memory": SCRIPTED_CACHE_MEMORY, **options})
+    running = start_server(loaded, **options)
     try:
         yield running
     finally:

@@ -21,12 +21,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from tests.conftest import start_server
 from tests.http.responses_helpers import final_response, stream_events
-from tests.http.scripted_servers import (
-    SCRIPTED_CACHE_MEMORY,
-    WEATHER_TOOLS,
-    scripted_server,
-    template,
-)
+from tests.http.scripted_servers import WEATHER_TOOLS, scripted_server, template
 from tests.http.sdk_clients import claude_streamed_and_whole, oai
 from tests.scripted_model import scripted_model
 
@@ -328,7 +323,7 @@ def gpt_oss(embedded_model: LoadedModel) -> Iterator[tuple[RunningServer, str]]:
         replies,
         reply_start="start|>assistant",
     )
-    running = start_server(loaded, reasoning_budgets="low=16", cache_memory=SCRIPTED_CACHE_MEMORY)
+    running = start_server(loaded, reasoning_budgets="low=16")
     try:
         yield running, reasoning
     finally:
