@@ -68,7 +68,7 @@ def test_decode_steps_match_the_stock_block(
     assert_argmax_equal_up_to_tie(expected, got)
 
 
-def test_only_single_position_steps_take_the_fused_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_steps_of_few_positions_take_the_fused_path(monkeypatch: pytest.MonkeyPatch) -> None:
     _, fused = fused_and_stock(seed=6)
     seen: list[int] = []
     real = llama.TransformerBlock.__call__
@@ -80,13 +80,51 @@ def test_only_single_position_steps_take_the_fused_path(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(llama.TransformerBlock, "__call__", counting)
     decode_logits(fused, PROMPTS, steps=2)
-    # Each prompt's prefill ran the stock block in both layers; no decode step did.
-    assert seen == [3, 3, 10, 10]
-    seen.clear()
+    # No decode step and no prefill of up to MAX_KERNEL_ROWS positions ran the stock block.
+    assert seen == []
     cache = make_prompt_cache(fused)
     fused(mx.array([[4]]), cache=None)  # no cache: stock
     fused(mx.array([[4]] * 17), cache=cache)  # more rows than the kernel takes
-    assert seen == [1, 1, 1, 1]
+    fused(mx.array([list(range(17))]), cache=make_prompt_cache(fused))  # more positions
+    assert seen == [1, 1, 1, 1, 17, 17]
+
+
+def few_at_once_and_stepwise(
+    model: Any, prompts: tuple[list[int], ...], new: list[int]
+) -> tuple[mx.array, mx.array]:
+    """Logits of `new` fed to every row in one step, and one position a step, after the
+    prompts (left-padded batch when several)."""
+
+    def cache_after_prompts() -> Any:
+        caches = []
+        for prompt in prompts:
+            cache = make_prompt_cache(model)
+            model(mx.array([prompt]), cache=cache)
+            caches.append(cache)
+        return caches[0] if len(caches) == 1 else merge_caches(caches)
+
+    rows = len(prompts)
+    at_once = model(mx.array([new] * rows), cache=cache_after_prompts())
+    cache = cache_after_prompts()
+    steps = [model(mx.array([[token]] * rows), cache=cache) for token in new]
+    stepwise = mx.concatenate(steps, axis=1)
+    mx.eval(at_once, stepwise)
+    return at_once, stepwise
+
+
+def test_a_verify_of_few_positions_equals_that_many_decode_steps() -> None:
+    """A speculative verify feeds a row its last token and its drafts in one step: on the
+    fused path each position is a row of the same two Rust calls, so one row's logits are
+    the decode steps' bit for bit; a batch (left padding, mlx-lm's attention) agrees within
+    two float orders. (Over 8-bit KV: test_mtp.py's q8 test, on the embedded model.)"""
+    _, fused = fused_and_stock(seed=9)
+    new = [40, 41, 42]
+    at_once, stepwise = few_at_once_and_stepwise(fused, PROMPTS[1:], new)
+    assert mx.array_equal(at_once, stepwise)
+    at_once, stepwise = few_at_once_and_stepwise(fused, PROMPTS, new)
+    assert at_once.shape == stepwise.shape == (len(PROMPTS), len(new), 1024)
+    assert mx.abs(at_once - stepwise).max().item() < 1e-4
+    assert_argmax_equal_up_to_tie(stepwise, at_once)
 
 
 def test_a_row_gets_the_same_bits_alone_and_in_a_batch() -> None:
