@@ -42,6 +42,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=1, help="--speculative-tokens for mtp")
     parser.add_argument("--concurrency", default="1,4")
+    parser.add_argument("--prompts", default=",".join(PROMPTS), help="which of them")
+    parser.add_argument("--always-verify", action="store_true", help="verify every draft "
+                        "(cost-aware policy off): the raw acceptance and step cost")  # fmt: skip
     args = parser.parse_args()
     loaded = load_model(None)
     head = load_head(args.head, loaded.model)
@@ -51,6 +54,7 @@ def main() -> None:
             mode,
             num_tokens=args.tokens if mode == "mtp" else 4,
             mtp=head if mode == "mtp" else None,
+            cost_aware=not args.always_verify,
         )
         eng = Engine(loaded, EngineConfig(prefix_cache=False, max_num_seqs=8, speculation=spec))
         eng.start()
@@ -62,7 +66,8 @@ def main() -> None:
     print(line.format("prompt", "conc", "off tok/s", "ngram tok/s", "mtp tok/s", "ngram x",
                       "mtp x", "ng acc", "mtp acc"))  # fmt: skip
     try:
-        for name, text in PROMPTS.items():
+        for name in args.prompts.split(","):
+            text = PROMPTS[name]
             prompt = chat(loaded, text)
             for concurrency in (int(c) for c in args.concurrency.split(",")):
                 rates: dict[str, list[float]] = {mode: [] for mode in engines}

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import math
 import random
 import time
@@ -61,7 +62,11 @@ TASKS = [
     "What are the main facts about {}?",
     "Describe {} to a child.",
     "Write a short poem about {}.",
+    "Write a paragraph about {}.",
+    "List five things to know about {}.",
 ]
+# The speed bench's prompts (a fox and a key, why the sky is blue, learning the guitar)
+# are held out: none of these topics is theirs.
 TOPICS = [
     "rain forms in clouds", "a lighthouse keeper", "learning to cook", "the moon", "bees",
     "a city at night", "saving money", "volcanoes", "a lost dog", "the ocean tides",
@@ -70,6 +75,22 @@ TOPICS = [
     "good sleep habits", "a robot that paints", "the planets", "writing a letter",
     "an old library", "photosynthesis", "running a marathon", "a rainy Sunday", "music",
     "the first airplane", "a garden in spring", "recycling", "a chess game", "deserts",
+    "a cat who loves boxes", "the human heart", "electricity reaches a home", "a dragon",
+    "keeping a diary", "the Roman empire", "a summer fair", "how bridges stand up",
+    "penguins", "a grandmother's recipe", "the internet", "an island village",
+    "learning a new language", "earthquakes", "a young astronaut", "coffee", "a bicycle",
+    "the seasons", "a haunted house", "how vaccines work", "a football match",
+    "the rainforest", "a clockmaker", "public speaking", "whales", "a snowy forest",
+    "how plants drink water", "a lost letter", "staying focused", "the pyramids",
+    "a birthday party", "thunderstorms", "a museum at night", "making friends at school",
+    "honey", "a pirate ship", "how magnets work", "a quiet morning", "the printing press",
+    "a farmer and his horse", "time management", "rivers", "a mysterious map",
+    "how the eye sees", "a street musician", "healthy breakfasts", "the Arctic",
+    "a wizard's apprentice", "solar power", "an old photograph", "owls", "a picnic",
+    "the stock market", "a night train", "teamwork", "glaciers", "a toy shop",
+    "how sound travels", "a brave knight", "drinking enough water", "the stars",
+    "a fishing village", "how money was invented", "a kind stranger", "mushrooms",
+    "a treehouse", "how airplanes fly", "a long winter", "kindness",
 ]  # fmt: skip
 
 
@@ -90,7 +111,9 @@ def replies(
 ) -> list[list[int]]:
     """The model's own replies, 16 at a time (greedy, or sampled with a seed per prompt for
     more varied contexts: the labels are the argmax at every position either way)."""
-    engine = Engine(loaded, EngineConfig(max_num_seqs=16, prefix_cache=False))
+    engine = Engine(
+        loaded, EngineConfig(max_num_seqs=32, max_queue=len(prompt_ids), prefix_cache=False)
+    )
     engine.start()
 
     async def one(i: int, ids: tuple[int, ...]) -> list[int]:
@@ -108,50 +131,92 @@ def replies(
 
 
 Data = dict[str, mx.array]
+# (the prompt's ids, the model's reply); cached as JSON (generation is the slow part)
+Sequence = tuple[list[int], list[int]]
 
 
-def examples(loaded: Any, sequences: list[list[int]], rows: int = 8) -> Data:
-    """For every position t of every sequence: the final-norm hidden state at t (the head's
-    input), token t+1, the model's argmax after t+1 (the label a draft must match) and
-    the hidden state at t+1 (what the head's normed output is regressed on, as EAGLE
-    does). Teacher-forced, `rows` sequences per forward, right-padded (causal attention:
-    the padding never reaches a real position)."""
+def examples(loaded: Any, sequences: list[Sequence], rows: int = 8) -> Data:
+    """Every sequence teacher-forced once: the final-norm hidden state at every position
+    (`hidden`, float16), the token there (`token`) and the model's argmax after it
+    (`label`), concatenated, with each sequence's start (`offsets`, one past the last at
+    the end) and its prompt's length (`prompt`). `rows` sequences per forward,
+    right-padded (causal attention: the padding never reaches a real position)."""
     model = loaded.model
     capture = HiddenCapture(model)
-    parts: dict[str, list[mx.array]] = {"hidden": [], "token": [], "label": [], "target": []}
-    ordered = sorted(sequences, key=len)
-    for start in range(0, len(ordered), rows):
-        chunk = ordered[start : start + rows]
+    hidden: list[mx.array] = []
+    labels: list[mx.array] = []
+    for start in range(0, len(sequences), rows):
+        chunk = [prompt + reply for prompt, reply in sequences[start : start + rows]]
         width = max(len(seq) for seq in chunk)
         padded = mx.array([seq + [0] * (width - len(seq)) for seq in chunk], dtype=mx.uint32)
-        logits = model(padded)
-        hidden, argmax = capture.last, mx.argmax(logits, axis=-1)
+        argmax = mx.argmax(model(padded), axis=-1).astype(mx.uint32)
+        normed = capture.last.astype(mx.float16)
         for row, seq in enumerate(chunk):
-            n = len(seq)
-            parts["hidden"].append(hidden[row, : n - 2].astype(mx.float16))
-            parts["token"].append(mx.array(seq[1 : n - 1], dtype=mx.uint32))
-            parts["label"].append(argmax[row, 1 : n - 1].astype(mx.uint32))
-            parts["target"].append(hidden[row, 1 : n - 1].astype(mx.float16))
-        mx.eval(*(part[-1] for part in parts.values()))
-    return {name: mx.concatenate(part) for name, part in parts.items()}
+            hidden.append(normed[row, : len(seq)])
+            labels.append(argmax[row, : len(seq)])
+        mx.eval(hidden[-len(chunk) :], labels[-len(chunk) :])
+    lengths = [len(prompt) + len(reply) for prompt, reply in sequences]
+    tokens = [t for prompt, reply in sequences for t in (*prompt, *reply)]
+    return {
+        "hidden": mx.concatenate(hidden),
+        "token": mx.array(tokens, dtype=mx.uint32),
+        "label": mx.concatenate(labels),
+        "offsets": mx.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)),
+        "prompt": mx.array([len(prompt) for prompt, _ in sequences], dtype=mx.int32),
+    }
+
+
+def make_sequences(loaded: Any, args: argparse.Namespace) -> list[Sequence]:
+    if args.replies and Path(args.replies).exists():
+        with open(args.replies) as f:
+            saved = json.load(f)
+        print(f"replies from {args.replies}: {len(saved)}")
+        return [(list(p), list(r)) for p, r in saved]
+    ids = prompts(loaded)[: args.prompts]
+    sequences: list[Sequence] = []
+    started = time.perf_counter()
+    for temperature in args.temperatures:
+        got = replies(loaded, ids, args.reply_tokens, temperature)
+        sequences += [(list(p), r) for p, r in zip(ids, got, strict=True)]
+        print(f"replies at temperature {temperature}: {time.perf_counter() - started:.0f}s")
+    if args.replies:
+        with open(args.replies, "w") as f:
+            json.dump(sequences, f)
+    return sequences
 
 
 def make_data(loaded: Any, args: argparse.Namespace) -> tuple[Data, Data]:
+    """Whole prompts are held out (every reply to every tenth prompt text), so no context
+    leaks across."""
+    sequences = make_sequences(loaded, args)
     started = time.perf_counter()
-    ids = prompts(loaded)[: args.prompts]
-    held = max(4, len(ids) // 10)  # whole prompts held out, so no context leaks across
-    sequences: list[list[int]] = []
-    for temperature in args.temperatures:
-        got = replies(loaded, ids, args.reply_tokens, temperature)
-        sequences += [[*p, *r] for p, r in zip(ids, got, strict=True)]
-        print(f"replies at temperature {temperature}: {time.perf_counter() - started:.0f}s")
-    is_held = [i % len(ids) < held for i in range(len(sequences))]
-    train = examples(loaded, [s for s, h in zip(sequences, is_held, strict=True) if not h])
-    test = examples(loaded, [s for s, h in zip(sequences, is_held, strict=True) if h])
+    order = {p: i for i, p in enumerate(dict.fromkeys(tuple(p) for p, _ in sequences))}
+    is_held = [order[tuple(p)] % 10 == 0 for p, _ in sequences]
+
+    def part(held: bool) -> list[Sequence]:  # by length: less padding in each forward
+        chosen = [s for s, h in zip(sequences, is_held, strict=True) if h == held]
+        return sorted(chosen, key=lambda s: len(s[0]) + len(s[1]))
+
+    train, test = examples(loaded, part(False)), examples(loaded, part(True))
     print(
         f"data: {len(sequences)} sequences, {train['label'].shape[0]} train / "
         f"{test['label'].shape[0]} held-out positions in {time.perf_counter() - started:.0f}s"
     )
+    return train, test
+
+
+def load_or_make_data(loaded: Any, args: argparse.Namespace) -> tuple[Data, Data]:
+    if args.data and Path(args.data).exists():
+        saved = mx.load(args.data)
+        assert isinstance(saved, dict)
+        train = {k.removeprefix("train."): v for k, v in saved.items() if k.startswith("train.")}
+        test = {k.removeprefix("test."): v for k, v in saved.items() if k.startswith("test.")}
+        print(f"data from {args.data}: {train['label'].shape[0]} / {test['label'].shape[0]}")
+        return train, test
+    train, test = make_data(loaded, args)
+    if args.data:
+        parts = (("train", train), ("test", test))
+        mx.save_safetensors(args.data, {f"{p}.{k}": v for p, d in parts for k, v in d.items()})
     return train, test
 
 
@@ -162,47 +227,67 @@ def frequent_labels(data: Data, n: int) -> mx.array:
     return mx.array(np.sort(top).astype(np.uint32))
 
 
+def batch_of(data: Data, picked: np.ndarray, slot: np.ndarray) -> Data:
+    """Sequences `picked` as the head runs them, right-padded to the longest: the pairs
+    (hidden[t], token[t+1]) for t = 0..n-2, the label (the model's argmax after t+1, as a
+    slot of the draft vocabulary, -1 outside it), the regression target (hidden[t+1]),
+    `valid` (not padding) and `reply` (the label is a reply token's prediction: where a
+    draft is proposed while decoding)."""
+    offsets, prompt = data["_offsets"], data["_prompt"]
+    starts, ends = offsets[picked], offsets[picked + 1]
+    width = int((ends - starts).max()) - 1
+    pos = np.arange(width)[None, :]
+    valid = pos < (ends - starts - 1)[:, None]
+    index = np.where(valid, starts[:, None] + pos, 0)
+    nxt = np.where(valid, index + 1, 0)
+    labels = data["_label"][nxt]
+    return {
+        "hidden": data["hidden"][mx.array(index)],
+        "token": mx.array(data["_token"][nxt]),
+        "target": data["hidden"][mx.array(nxt)],
+        "slot": mx.array(np.where(valid, slot[labels], -1).astype(np.int32)),
+        "label": mx.array(labels.astype(np.uint32)),
+        "valid": mx.array(valid),
+        "reply": mx.array(valid & (pos + 1 >= prompt[picked][:, None])),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="training time")
-    parser.add_argument("--prompts", type=int, default=192)
+    parser.add_argument("--prompts", type=int, default=len(TOPICS) * len(TASKS))
     parser.add_argument("--reply-tokens", type=int, default=96)
     parser.add_argument(
-        "--temperatures", type=lambda t: [float(x) for x in t.split(",")], default=[0.0, 0.8]
+        "--temperatures", type=lambda t: [float(x) for x in t.split(",")], default=[0.0]
     )
-    parser.add_argument("--data", help="cache of the examples (made once, read after)")
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--replies", help="cache of the model's replies (JSON)")
+    parser.add_argument("--data", help="cache of the teacher-forced examples (safetensors)")
+    parser.add_argument("--batch", type=int, default=4, help="sequences per step")
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--warmup", type=int, default=30, help="steps of linear warm-up")
     parser.add_argument("--regression", type=float, default=1.0, help="weight of the loss on "
                         "the next hidden state (EAGLE's feature regression)")  # fmt: skip
-    parser.add_argument("--draft-vocab", type=int, default=8192, help="drafts are chosen "
+    parser.add_argument("--draft-vocab", type=int, default=4096, help="drafts are chosen "
                         "among the N most frequent labels (FR-Spec); 0: every id")  # fmt: skip
+    parser.add_argument("--init", choices=["random", "last-layer"], default="last-layer",
+                        help="the head's layer starts random or as the model's last")  # fmt: skip
+    parser.add_argument("--report", type=int, default=200, help="steps between reports")
     parser.add_argument("--bits", type=int, default=8, choices=[0, 8], help="0: float16")
     parser.add_argument("--out", default="mtp_head.safetensors")
     args = parser.parse_args()
 
     loaded = load_model(None)
     model = loaded.model
-    if args.data and Path(args.data).exists():
-        saved = mx.load(args.data)
-        assert isinstance(saved, dict)
-        train = {k.removeprefix("train."): v for k, v in saved.items() if k.startswith("train.")}
-        test = {k.removeprefix("test."): v for k, v in saved.items() if k.startswith("test.")}
-        print(f"data from {args.data}: {train['label'].shape[0]} / {test['label'].shape[0]}")
-    else:
-        train, test = make_data(loaded, args)
-        if args.data:
-            mx.save_safetensors(
-                args.data,
-                {
-                    f"{part}.{k}": v
-                    for part, d in (("train", train), ("test", test))
-                    for k, v in d.items()
-                },
-            )
+    train, test = load_or_make_data(loaded, args)
+    for data in (train, test):  # index arrays on the host, gathered per batch
+        for key in ("offsets", "prompt", "token", "label"):
+            data[f"_{key}"] = np.asarray(data[key]).astype(np.int64)  # type: ignore[assignment]
 
     mx.random.seed(0)
     layer = new_llama_head(model)
+    if args.init == "last-layer":  # the decoder layer starts as the model's last one
+        own = model.model.layers[-1]
+        layer.load_weights(list(tree_flatten(own.parameters())), strict=False)
     # Start the head's output norm as the main model's final norm: its output is read by
     # the same vocabulary head.
     layer.shared_head.norm.weight = mx.array(model.model.norm.weight)
@@ -213,64 +298,80 @@ def main() -> None:
     # a label outside them cannot be drafted and only its regression term counts.
     ids = draft_vocab if draft_vocab is not None else mx.arange(vocabulary_rows(model))
     rows = head_rows(model, ids)
-    slot = np.full(vocabulary_rows(model), -1, dtype=np.int32)
+    slot = np.full(vocabulary_rows(model), -1, dtype=np.int64)
     slot[np.asarray(ids)] = np.arange(ids.size)
-    train["slot"] = mx.array(slot)[train["label"]]
     if draft_vocab is not None:
-        covered = float(np.mean(np.asarray(train["slot"]) >= 0))
+        covered = float(np.mean(slot[train["_label"]] >= 0))  # type: ignore[index]
         print(f"draft vocabulary: {ids.size} ids cover {covered:.1%} of the training labels")
 
+    def forward(layer_: Any, batch: Data) -> mx.array:
+        """The head over whole sequences, causal (as the engine runs it with its cache)."""
+        normed, _ = head._compose(layer_, head._embed(batch["token"]), batch["hidden"], None)
+        return normed
+
     def loss_fn(layer_: Any, batch: Data) -> tuple[mx.array, mx.array]:
-        normed, _ = head._compose(layer_, head._embed(batch["token"]), batch["hidden"])
+        normed = forward(layer_, batch)
         logits = (normed @ rows.T).astype(mx.float32)
         inside = batch["slot"] >= 0
-        picked = mx.take_along_axis(logits, mx.maximum(batch["slot"], 0)[:, None], -1)[:, 0]
-        per_row = mx.where(inside, mx.logsumexp(logits, axis=-1) - picked, 0.0)
-        ce = mx.sum(per_row) / mx.maximum(mx.sum(inside), 1)
+        picked = mx.take_along_axis(logits, mx.maximum(batch["slot"], 0)[..., None], -1)[..., 0]
+        per_pos = mx.where(inside, mx.logsumexp(logits, axis=-1) - picked, 0.0)
+        ce = mx.sum(per_pos) / mx.maximum(mx.sum(inside), 1)
         diff = mx.abs(normed.astype(mx.float32) - batch["target"].astype(mx.float32))
-        smooth_l1 = mx.mean(mx.where(diff < 1.0, 0.5 * diff * diff, diff - 0.5))
-        return ce + args.regression * smooth_l1, ce
+        smooth_l1 = mx.where(diff < 1.0, 0.5 * diff * diff, diff - 0.5).mean(axis=-1)
+        valid = batch["valid"]
+        regression = mx.sum(mx.where(valid, smooth_l1, 0.0)) / mx.maximum(mx.sum(valid), 1)
+        return ce + args.regression * regression, ce
+
+    def agreement(data: Data) -> tuple[float, float]:
+        """Top-1 agreement with the model's argmax: (reply positions, every position)."""
+        hits = [mx.array(0), mx.array(0)]
+        counts = [mx.array(0), mx.array(0)]
+        n_seq = data["_prompt"].shape[0]
+        for start in range(0, n_seq, 32):
+            batch = batch_of(data, np.arange(start, min(n_seq, start + 32)), slot)
+            normed = forward(layer, batch)
+            best = ids[mx.argmax(normed @ rows.T, axis=-1)]
+            right = best == batch["label"]
+            for i, where in enumerate((batch["reply"], batch["valid"])):
+                hits[i] = hits[i] + mx.sum(right & where)
+                counts[i] = counts[i] + mx.sum(where)
+        return hits[0].item() / counts[0].item(), hits[1].item() / counts[1].item()
 
     step_fn = mx.value_and_grad(loss_fn)
-    n = train["label"].shape[0]
+    n_train = train["_prompt"].shape[0]
     deadline = time.perf_counter() + args.minutes * 60
     optimizer = optim.AdamW(learning_rate=args.lr, weight_decay=0.0)
-
-    def agreement(data: Data) -> float:
-        hits = mx.array(0)
-        for start in range(0, data["label"].shape[0], 512):
-            part = slice(start, start + 512)
-            logits, _ = head.step(data["hidden"][part], data["token"][part])
-            hits = hits + mx.sum(mx.argmax(logits, axis=-1) == data["label"][part])
-        return int(np.asarray(hits)) / data["label"].shape[0]
-
+    rng = np.random.default_rng(0)
     step = 0
     started = time.perf_counter()
     while (now := time.perf_counter()) < deadline:
         # Cosine decay over the time given (the number of steps is not known up front).
         optimizer.learning_rate = (
             args.lr
+            * min(1.0, (step + 1) / args.warmup)
             * 0.5
             * (1 + math.cos(math.pi * min(1.0, (now - started) / (deadline - started))))
         )
-        picks = mx.random.randint(0, n, (args.batch,))
-        batch = {k: v[picks] for k, v in train.items()}
+        batch = batch_of(train, rng.choice(n_train, args.batch, replace=False), slot)
         (loss, ce), grads = step_fn(layer, batch)
         optimizer.update(layer, grads)
         mx.eval(layer.parameters(), optimizer.state, loss, ce)
         step += 1
-        if step % 200 == 0:
+        if step % args.report == 0:
+            reply, every = agreement(test)
             print(
-                f"step {step} loss {loss.item():.3f} ce {ce.item():.3f} "
-                f"held-out agreement {agreement(test):.3f}",
+                f"step {step} ({time.perf_counter() - started:.0f}s) loss {loss.item():.3f} "
+                f"ce {ce.item():.3f} held-out agreement: replies {reply:.3f}, all {every:.3f}",
                 flush=True,
             )
-    print(f"{step} steps; held-out top-1 agreement (float): {agreement(test):.3f}")
+    reply, every = agreement(test)
+    print(f"{step} steps; held-out top-1 agreement (float): replies {reply:.3f}, all {every:.3f}")
     weights = dict(tree_flatten(layer.parameters()))
     if args.bits:
         weights = quantize_head_weights(weights, args.bits)
         layer.load_weights(list(dequantized(weights, param_shapes(layer), mx.float32).items()))
-        print(f"held-out top-1 agreement ({args.bits}-bit): {agreement(test):.3f}")
+        reply, every = agreement(test)
+        print(f"held-out top-1 agreement ({args.bits}-bit): replies {reply:.3f}, all {every:.3f}")
     else:
         weights = {k: v.astype(mx.float16) for k, v in weights.items()}
     if draft_vocab is not None:
