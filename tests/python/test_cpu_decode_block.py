@@ -112,15 +112,24 @@ def few_at_once_and_stepwise(
     return at_once, stepwise
 
 
-def test_a_verify_of_few_positions_equals_that_many_decode_steps() -> None:
+def test_a_verify_of_few_positions_equals_that_many_decode_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A speculative verify feeds a row its last token and its drafts in one step: on the
     fused path each position is a row of the same two Rust calls, so one row's logits are
-    the decode steps' bit for bit; a batch (left padding, mlx-lm's attention) agrees within
-    two float orders. (Over 8-bit KV: test_mtp.py's q8 test, on the embedded model.)"""
+    the decode steps' bit for bit; a batch (left padding: the attention kernel once per
+    position, with that position's row of the mask) agrees within two float orders. (Over
+    8-bit KV: test_mtp.py's q8 test, on the embedded model.)"""
     _, fused = fused_and_stock(seed=9)
     new = [40, 41, 42]
     at_once, stepwise = few_at_once_and_stepwise(fused, PROMPTS[1:], new)
     assert mx.array_equal(at_once, stepwise)
+    import compat_serve.models.cpu_decode_block as fused_block
+
+    def no_mlx_attention(*args: Any, **kwargs: Any) -> mx.array:
+        raise AssertionError("a batch of few positions left the attention kernel")
+
+    monkeypatch.setattr(fused_block, "scaled_dot_product_attention", no_mlx_attention)
     at_once, stepwise = few_at_once_and_stepwise(fused, PROMPTS, new)
     assert at_once.shape == stepwise.shape == (len(PROMPTS), len(new), 1024)
     assert mx.abs(at_once - stepwise).max().item() < 1e-4

@@ -18,11 +18,18 @@ block's step in two calls:
 `__call__` bodies of the block and its attention (checked by source hash, so an mlx-lm
 release that changes them falls back to MLX instead of computing something else), plain
 `nn.RoPE`, `nn.RMSNorm` norms, bias-free float32 projections already on the skinny
-kernel, and the fused SwiGLU feed-forward. Only steps with one new position per row, at
-most `MAX_KERNEL_ROWS` rows, an unquantized cache and a mask the attention kernel reads
-take this path; over a quantized cache (`--kv-bits`) such a step runs the first call,
-mlx-lm's quantized attention, then the second call's part after attention
-(`finish_attended`); prefill chunks and everything else run the stock block.
+kernel, and the fused SwiGLU feed-forward. Steps with one new position per row, at most
+`MAX_KERNEL_ROWS` rows, an unquantized cache and a mask the attention kernel reads take
+this path; over a quantized cache (`--kv-bits`) such a step runs the first call, mlx-lm's
+quantized attention, then the second call's part after attention (`finish_attended`).
+Steps of a few positions per row (a speculative verify: the last token and its drafts; a
+short prefill chunk), at most `MAX_KERNEL_ROWS` positions in all, take the same calls with
+each position a row of its own: one row's positions attend in the second call, one
+query each (so its logits equal that many decode steps bit for bit), several rows'
+through the decode attention kernel once per position, a quantized cache's through
+mlx-lm's attention. Off this path a width-2 verify of the embedded model cost 2.2 decode
+steps, most of it the stock block's small MLX ops. Longer prefill chunks and everything
+else run the stock block.
 
 Rows are independent in every call (a request gets the same bits batched or alone).
 RoPE angles are computed in float64: MLX computes them in float32, which drifts by up to
@@ -48,7 +55,7 @@ from mlx_lm.models import llama
 from mlx_lm.models.base import scaled_dot_product_attention
 
 from compat_serve._native import DecodeBlock
-from compat_serve.models.cpu_decode_attention import kernel_mask
+from compat_serve.models.cpu_decode_attention import decode_attention, kernel_mask
 from compat_serve.models.cpu_linear import MAX_KERNEL_ROWS, SkinnyLinear, fused_swiglu_classes
 from compat_serve.models.kernel_perturbation import PERTURB, nudge
 
@@ -248,9 +255,16 @@ def _multi_position_step(self: Any, x: mx.array, mask: Any, cache: Any) -> mx.ar
         if PERTURB:
             nudge(out)
         return mx.array(out).reshape(rows, width, hidden)
-    attended = scaled_dot_product_attention(
-        per_row(queries, heads), cached_keys, cached_values, cache, attention.scale, mask
-    )
+    queries_per_row = per_row(queries, heads)
+    attended = None
+    if plain_cache:  # several rows: the decode attention kernel once per position
+        attended = _per_position_attention(
+            queries_per_row, cached_keys, cached_values, mask, attention.scale
+        )
+    if attended is None:
+        attended = scaled_dot_product_attention(
+            queries_per_row, cached_keys, cached_values, cache, attention.scale, mask
+        )
     attended = attended.transpose(0, 2, 1, 3).reshape(rows * width * heads, head_dim)
     mx.eval(attended, cache.offset)
     out = np.empty((rows * width, hidden), dtype=np.float32)
@@ -258,6 +272,40 @@ def _multi_position_step(self: Any, x: mx.array, mask: Any, cache: Any) -> mx.ar
     if PERTURB:
         nudge(out)
     return mx.array(out).reshape(rows, width, hidden)
+
+
+def _per_position_attention(
+    queries: mx.array, keys: mx.array, values: mx.array, mask: Any, scale: float
+) -> mx.array | None:
+    """`queries` `[rows, heads, width, dim]` over the cached `keys`/`values`, position j of
+    every row on the decode attention kernel with row j of the mask (what that position
+    sees); None when the mask is not one the kernel reads."""
+    rows, _, width, _ = queries.shape
+    masks = _position_masks(mask, rows, width, keys.shape[2])
+    if masks is None:
+        return None
+    outputs = []
+    for j, seen in enumerate(masks):
+        out = decode_attention(
+            queries[:, :, j : j + 1], keys, values, scale=scale, mask=seen, sinks=None
+        )
+        if out is None:
+            return None
+        outputs.append(out)
+    return mx.concatenate(outputs, axis=2)
+
+
+def _position_masks(mask: Any, rows: int, width: int, total: int) -> list[mx.array] | None:
+    """For each of `width` new positions, the boolean `[rows or 1, 1, 1, total]` mask of
+    the cached positions it sees: the causal rule, or that row of the model's mask."""
+    if mask is None or (isinstance(mask, str) and mask == "causal"):
+        ends = total - width + mx.arange(width)
+        return [(mx.arange(total) <= ends[j]).reshape(1, 1, 1, total) for j in range(width)]
+    if not isinstance(mask, mx.array) or mask.dtype != mx.bool_ or mask.ndim != 4:
+        return None
+    if mask.shape[0] not in (1, rows) or mask.shape[1] != 1 or mask.shape[2:] != (width, total):
+        return None
+    return [mask[:, :, j : j + 1] for j in range(width)]
 
 
 def _one_row_visible(mask: Any, width: int, keys: mx.array) -> mx.array | None:
