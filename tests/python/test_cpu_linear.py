@@ -22,6 +22,7 @@ from compat_serve.models.cpu_linear import (
     SkinnyLinear,
     install_skinny_linears,
     kernel_available,
+    kernels_disabled,
 )
 from tests.greedy_ties import assert_argmax_equal_up_to_tie
 from tests.tiny_models import tiny_llama
@@ -176,6 +177,7 @@ def test_the_embedded_model_decodes_on_the_kernel(embedded_model: LoadedModel) -
         else "input-major (211 dense weights)"
     )
     assert embedded_model.extra["weight_layout"] == expected
-    # The kernel path loads exactly where the AVX-512 kernel runs (CPUs differ: an EPYC
-    # without AVX-512 runs the input-major fallback here, as `make test-cpu-fallback` does).
-    assert kernel_available() == (matmul_kernel() != "scalar")
+    # The kernel path loads exactly where the AVX-512 kernel runs and is not turned off
+    # (CPUs differ: an EPYC without AVX-512 runs the input-major fallback here, as
+    # `make test-cpu-fallback` does on an AVX-512 CPU with COMPAT_SERVE_CPU_KERNELS=off).
+    assert kernel_available() == (matmul_kernel() != "scalar" and not kernels_disabled())
