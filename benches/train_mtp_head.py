@@ -1,21 +1,25 @@
 """Fit a one-layer MTP head for the embedded SmolLM2 on its own greedy outputs (#45).
 
 No trained MTP checkpoint can be downloaded here, so this trains one: a llama decoder
-layer sized like SmolLM2's, with DeepSeek-V3's `enorm`/`hnorm`/`eh_proj`/`shared_head.norm`
-around it (engine/mtp_head.py `MTPLayer`); the model's embedding and tied head are
-shared and stay frozen. Data: the model's own greedy replies to generated instructions
-(copy-free: questions, stories, explanations), run once more through the model to take
-the final-norm hidden state at every position. Each example is (hidden at t, token t+1)
-and its label the model's own argmax after token t+1: exactly what a draft must match to
-be accepted. The head is trained over one position (no cache of its own); the engine now
-runs it with its own KV cache (engine/mtp_cache.py), so a head trained here sees earlier
-positions at inference that it never saw in training. Training it as it runs means whole
-sequences of (hidden[t], token[t+1]) pairs through the layer with a causal mask
-(notes/2026-11-29-mtp-cache.md).
+layer sized like SmolLM2's (starting as the model's last layer, `--init`), with
+DeepSeek-V3's `enorm`/`hnorm`/`eh_proj`/`shared_head.norm` around it (engine/mtp_head.py
+`MTPLayer`); the model's embedding and tied head are shared and stay frozen. Data: the
+model's own greedy replies to 808 generated instructions (101 topics x 8 tasks, copy-free;
+the speed bench's prompts held out), run once more through the model to take the
+final-norm hidden state at every position. The head is trained as the engine runs it with
+its own KV cache (engine/mtp_cache.py): a whole sequence of pairs (hidden[t], token[t+1])
+through the layer with a causal mask, the label at each pair the model's own argmax after
+token t+1 (exactly what a draft must match to be accepted), beside EAGLE's regression on
+hidden[t+1]. Whole prompts are held out (every reply to every tenth prompt text).
 
-Run: `.venv/bin/python benches/train_mtp_head.py [--minutes 6] [--out FILE]`; it prints
-the held-out top-1 agreement (the acceptance rate a one-token draft can expect) and saves
-the head as safetensors (8-bit weights with `--bits 8`).
+The replies are the slow part (25 minutes at 48 tok/s on two cores): those of one run are
+kept in benches/data/smollm2_greedy_replies.json (`--replies`, the default; a path that
+does not exist is generated and written). The teacher-forced examples take another 14
+minutes; `--data FILE` keeps them.
+
+Run: `.venv/bin/python benches/train_mtp_head.py [--minutes 20] [--out FILE]`; it prints
+the held-out top-1 agreement on reply positions (the acceptance a one-token draft can
+expect) and on all positions, and saves the head as safetensors (8-bit with `--bits 8`).
 """
 
 from __future__ import annotations
@@ -131,6 +135,7 @@ def replies(
 
 
 Data = dict[str, mx.array]
+REPLIES = Path(__file__).parent / "data" / "smollm2_greedy_replies.json"
 # (the prompt's ids, the model's reply); cached as JSON (generation is the slow part)
 Sequence = tuple[list[int], list[int]]
 
@@ -254,13 +259,13 @@ def batch_of(data: Data, picked: np.ndarray, slot: np.ndarray) -> Data:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--minutes", type=float, default=10.0, help="training time")
+    parser.add_argument("--minutes", type=float, default=20.0, help="training time")
     parser.add_argument("--prompts", type=int, default=len(TOPICS) * len(TASKS))
     parser.add_argument("--reply-tokens", type=int, default=96)
     parser.add_argument(
         "--temperatures", type=lambda t: [float(x) for x in t.split(",")], default=[0.0]
     )
-    parser.add_argument("--replies", help="cache of the model's replies (JSON)")
+    parser.add_argument("--replies", default=str(REPLIES), help="the model's replies (JSON)")
     parser.add_argument("--data", help="cache of the teacher-forced examples (safetensors)")
     parser.add_argument("--batch", type=int, default=4, help="sequences per step")
     parser.add_argument("--lr", type=float, default=3e-3)
