@@ -13,31 +13,21 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
-import pytest
 from mlx_lm.models import llama
 
 from compat_serve.engine.applier import StepApplier
 from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.mtp_cache import MTPDrafter
-from compat_serve.engine.mtp_head import (
-    HiddenCapture,
-    MTPHead,
-    MTPLayer,
-    new_llama_head,
-    on_model_fast_paths,
-)
+from compat_serve.engine.mtp_head import HiddenCapture, MTPHead, new_llama_head
 from compat_serve.engine.runner import ModelRunner
 from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.step_plan import Decode, Restore
 from compat_serve.engine.types import EngineRequest
-from compat_serve.models.cpu_decode_block import install_fused_decode_blocks
-from compat_serve.models.cpu_linear import SkinnyLinear, install_skinny_linears
 from tests.chat_prompts import chat_ids
 from tests.greedy_ties import assert_same_or_near_tie
 from tests.python.test_batching import greedy
 from tests.python.test_speculative import COPY_PROMPTS, FREE_PROMPT, outputs, tokens
-from tests.tiny_models import tiny_llama
 
 if TYPE_CHECKING:
     from compat_serve.models.types import LoadedModel
@@ -70,26 +60,18 @@ class Row:
     cached: int = 0  # of them, restored from the prefix cache (no hidden states)
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["stock", "fused"])
 def test_the_cached_head_steps_as_its_layer_over_the_whole_sequence_and_keeps_only_verified(
-    tiny_llama_model: LoadedModel, fused: bool
+    tiny_llama_model: LoadedModel,
 ) -> None:
     """Four rows reach the batch four ways (two prefill chunks, the last one's two
     forwards; a prefix-cache restore then a chunk; a batched prefill of two prompts of
     different lengths), then a plain decode step and a verify whose rows keep 3, 1, 1 and
     2 of their positions. The head's cache then holds each row's computed positions less
     one (the last hidden state waits for its next token), none of the rejected ones; two
-    chained steps on it give the reference's logits, and drafting leaves it as it was.
-    `fused`: the head's layer on the CPU decode path (its decode and verify hand-overs
-    and drafts in the Rust calls), as `on_model_fast_paths` puts it; the reference stays
-    mlx-lm's block."""
+    chained steps on it give the reference's logits, and drafting leaves it as it was."""
     model = tiny_llama_model.model
     mx.random.seed(45)
     head = MTPHead(new_llama_head(model), model)
-    if fused:
-        install_skinny_linears(head.layer)
-        assert install_fused_decode_blocks(head.layer) == 1
-        assert isinstance(head.layer, MTPLayer) and type(head.layer) is not MTPLayer
     applier = StepApplier(ModelRunner(tiny_llama_model))
     drafter = MTPDrafter(head, HiddenCapture(model))
     applier.observers.append(drafter.observe)
@@ -151,18 +133,6 @@ def test_the_cached_head_steps_as_its_layer_over_the_whole_sequence_and_keeps_on
     drafter.observe(Decode(("a", "d"), (1, 2), ()))  # rows the head does not have
     assert drafter.broken is not None and "not the batch's" in drafter.broken
     assert not drafter.ready("a", len(rows["a"].fed)) and not drafter.rows
-
-
-def test_the_head_takes_the_cpu_fast_paths_only_where_the_model_took_them() -> None:
-    model = tiny_llama()
-    head = MTPHead(new_llama_head(model), model)
-    assert on_model_fast_paths(head, model) == 0  # the model kept MLX's products
-    assert type(head.layer) is MTPLayer
-    assert not any(isinstance(m, SkinnyLinear) for _, m in head.layer.named_modules())
-    install_skinny_linears(model)
-    assert on_model_fast_paths(head, model) == 1
-    assert isinstance(head.layer, MTPLayer) and isinstance(head.layer.eh_proj, SkinnyLinear)
-    assert on_model_fast_paths(head, model) == 0  # once only
 
 
 def test_greedy_mtp_equals_plain_decoding_for_rows_of_different_lengths_and_a_cache_hit(

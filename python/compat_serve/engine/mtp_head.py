@@ -383,22 +383,4 @@ def with_mtp_head(config: SpeculationConfig, loaded: LoadedModel) -> Speculation
     `mtp`. Raises `MTPHeadError` (one line) when the model has no head."""
     if config.mode != "mtp" or config.mtp is not None:
         return config
-    head = head_for(loaded, config.mtp_head)
-    on_model_fast_paths(head, loaded.model)
-    return dataclasses.replace(config, mtp=head)
-
-
-def on_model_fast_paths(head: MTPHead, model: Module) -> int:
-    """Put the head's layer on the CPU decode paths the model's layers took at load (the
-    skinny products, the fused llama block: models/cpu_linear.py, cpu_decode_block.py), so
-    its per-step hand-over and drafts cost what a model block's step does. Nothing changes
-    elsewhere (a GPU, the users' quantized path, a CPU without the kernel). Returns how
-    many of the head's blocks run fused."""
-    from compat_serve.models.cpu_decode_block import install_fused_decode_blocks
-    from compat_serve.models.cpu_linear import SkinnyLinear, install_skinny_linears
-
-    untyped: Any = model
-    if not any(isinstance(module, SkinnyLinear) for _, module in untyped.named_modules()):
-        return 0
-    install_skinny_linears(head.layer)
-    return install_fused_decode_blocks(head.layer)
+    return dataclasses.replace(config, mtp=head_for(loaded, config.mtp_head))

@@ -39,6 +39,7 @@ that much at long context (logits at short context agree within 1e-4: tests).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import logging
@@ -88,14 +89,7 @@ def _stock_llama_sources() -> bool:
 
 
 def _is_llama_block(module: Any) -> bool:
-    """A stock llama block, or a subclass that adds modules but keeps the stock arithmetic
-    (its `__call__` is the stock one: the MTP head's `MTPLayer`)."""
-    kind = type(module)
-    stock_call = kind is llama.TransformerBlock or (
-        issubclass(kind, llama.TransformerBlock)
-        and kind.__call__ is llama.TransformerBlock.__call__
-    )
-    return stock_call and type(module.self_attn) is llama.Attention
+    return type(module) is llama.TransformerBlock and type(module.self_attn) is llama.Attention
 
 
 def _kernel_ready(module: Any) -> bool:
@@ -340,16 +334,10 @@ def _one_row_visible(mask: Any, width: int, keys: mx.array) -> mx.array | None:
 _visible = threading.local()
 
 
-_fused_classes: dict[type, type] = {}
-
-
-def _fused_block_class(stock: type = llama.TransformerBlock) -> type:
-    """`stock` (the llama block or a subclass of it) with its steps on the fused path."""
-    fused = _fused_classes.get(stock)
-    if fused is None:
-        fused = type(stock.__name__, (stock,), {"__call__": _fused_call})
-        fused.__qualname__ = f"FusedDecode[{stock.__module__.rsplit('.', 1)[-1]}.{stock.__name__}]"
-        _fused_classes[stock] = fused
+@functools.cache
+def _fused_block_class() -> type:
+    fused = type("TransformerBlock", (llama.TransformerBlock,), {"__call__": _fused_call})
+    fused.__qualname__ = "FusedDecode[llama.TransformerBlock]"
     return fused
 
 
@@ -367,7 +355,7 @@ def install_fused_decode_blocks(model: Module) -> int:
         if not _kernel_ready(module):
             continue
         module._compat_decode_block = _decode_block(module)
-        module.__class__ = _fused_block_class(type(module))
+        module.__class__ = _fused_block_class()
         changed += 1
     log.debug("%d decoder blocks run decode steps fused", changed)
     return changed
