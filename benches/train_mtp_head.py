@@ -12,10 +12,11 @@ through the layer with a causal mask, the label at each pair the model's own arg
 token t+1 (exactly what a draft must match to be accepted), beside EAGLE's regression on
 hidden[t+1]. Whole prompts are held out (every reply to every tenth prompt text).
 
-The replies are the slow part (25 minutes at 48 tok/s on two cores): those of one run are
-kept in benches/data/smollm2_greedy_replies.json (`--replies`, the default; a path that
-does not exist is generated and written). The teacher-forced examples take another 14
-minutes; `--data FILE` keeps them.
+The replies are the slow part (25 minutes for 75k tokens at 48 tok/s on two cores): those
+made so far are kept in benches/data/smollm2_replies.json (`--replies`, the default; a
+path that does not exist is generated and written): 808 greedy replies, then 404 sampled
+at temperature 0.7 (seeded per prompt: other contexts, the labels still the argmax). The
+teacher-forced examples take another 14 minutes; `--data FILE` keeps them.
 
 Run: `.venv/bin/python benches/train_mtp_head.py [--minutes 20] [--out FILE]`; it prints
 the held-out top-1 agreement on reply positions (the acceptance a one-token draft can
@@ -135,7 +136,7 @@ def replies(
 
 
 Data = dict[str, mx.array]
-REPLIES = Path(__file__).parent / "data" / "smollm2_greedy_replies.json"
+REPLIES = Path(__file__).parent / "data" / "smollm2_replies.json"
 # (the prompt's ids, the model's reply); cached as JSON (generation is the slow part)
 Sequence = tuple[list[int], list[int]]
 
