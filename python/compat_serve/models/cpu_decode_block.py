@@ -214,9 +214,11 @@ def _few_positions(x: mx.array) -> bool:
 def _multi_position_step(self: Any, x: mx.array, mask: Any, cache: Any) -> mx.array:
     """Several new positions per row (a verify's draft tokens) through the same two Rust
     calls as a decode step, each position a row of its own (rows are independent in both
-    calls): norm, q/k/v products and RoPE at each position, mlx-lm's attention over the
-    cache (plain or quantized) with the causal mask the model built, then the output
-    product, norm and feed-forward (`finish_attended`). Off this path such a step ran the
+    calls): norm, q/k/v products and RoPE at each position; attention over the cache with
+    the mask the model built (one row: inside the second call, a query per position;
+    several rows: the decode attention kernel once per position; a quantized cache or a
+    mask the kernel cannot read: mlx-lm's attention); then the output product, norm and
+    feed-forward. Off this path such a step ran the
     stock block, whose dozens of small MLX ops per block cost about as much again as the
     products: a width-2 verify took 2.2x a decode step on the embedded model."""
     rows, width, hidden = x.shape
@@ -281,11 +283,17 @@ def _per_position_attention(
     every row on the decode attention kernel with row j of the mask (what that position
     sees); None when the mask is not one the kernel reads."""
     rows, _, width, _ = queries.shape
-    masks = _position_masks(mask, rows, width, keys.shape[2])
-    if masks is None:
+    total = keys.shape[2]
+
+    def masks() -> list[mx.array] | None:  # bool [rows or 1, 1, 1, total] per position
+        seen = _seen(mask, rows, width, total)
+        return None if seen is None else [seen[:, j].reshape(-1, 1, 1, total) for j in range(width)]
+
+    per_position = _once_a_step(mask, ("rows", rows, width, total), masks)
+    if per_position is None:
         return None
     outputs = []
-    for j, seen in enumerate(masks):
+    for j, seen in enumerate(per_position):
         out = decode_attention(
             queries[:, :, j : j + 1], keys, values, scale=scale, mask=seen, sinks=None
         )
@@ -295,43 +303,47 @@ def _per_position_attention(
     return mx.concatenate(outputs, axis=2)
 
 
-def _position_masks(mask: Any, rows: int, width: int, total: int) -> list[mx.array] | None:
-    """For each of `width` new positions, the boolean `[rows or 1, 1, 1, total]` mask of
-    the cached positions it sees: the causal rule, or that row of the model's mask."""
+def _one_row_visible(mask: Any, width: int, keys: mx.array) -> mx.array | None:
+    """For one row's `width` new positions over its `keys` (`[1, heads, total, dim]`),
+    which cached positions each sees, as the attention kernel reads them (uint8
+    `[width, 1, 1, total]`); None for a mask of another kind."""
+    total = keys.shape[2]
+
+    def visible() -> mx.array | None:
+        seen = _seen(mask, 1, width, total)
+        return None if seen is None else seen.reshape(width, 1, 1, total).astype(mx.uint8)
+
+    found: mx.array | None = _once_a_step(mask, ("one row", width, total), visible)
+    return found
+
+
+def _seen(mask: Any, rows: int, width: int, total: int) -> mx.array | None:
+    """Boolean `[rows or 1, width, total]`: which cached positions each of `width` new
+    positions sees, by the causal rule or the model's boolean mask; None for a mask of
+    another kind."""
     if mask is None or (isinstance(mask, str) and mask == "causal"):
         ends = total - width + mx.arange(width)
-        return [(mx.arange(total) <= ends[j]).reshape(1, 1, 1, total) for j in range(width)]
+        return (mx.arange(total)[None, :] <= ends[:, None])[None]
     if not isinstance(mask, mx.array) or mask.dtype != mx.bool_ or mask.ndim != 4:
         return None
     if mask.shape[0] not in (1, rows) or mask.shape[1] != 1 or mask.shape[2:] != (width, total):
         return None
-    return [mask[:, :, j : j + 1] for j in range(width)]
+    return mask[:, 0]
 
 
-def _one_row_visible(mask: Any, width: int, keys: mx.array) -> mx.array | None:
-    """For one row's `width` new positions over its `keys` (`[1, heads, total, dim]`),
-    which cached positions each sees, as the attention kernel reads them (uint8
-    `[width, 1, 1, total]`): the causal rule, or the model's boolean mask. None for a mask
-    of another kind."""
-    total = keys.shape[2]
-    last = getattr(_visible, "last", None)  # one conversion a step, not one a block
-    if last is not None and last[0] is mask and last[1] == (width, total):
-        kept: mx.array = last[2]
-        return kept
-    if mask is None or (isinstance(mask, str) and mask == "causal"):
-        seen = mx.arange(total)[None, :] <= (total - width + mx.arange(width))[:, None]
-    elif isinstance(mask, mx.array) and mask.dtype == mx.bool_ and mask.ndim == 4:
-        if mask.shape[0] != 1 or mask.shape[1] != 1 or mask.shape[2:] != (width, total):
-            return None
-        seen = mask[0, 0]
-    else:
-        return None
-    visible = seen.reshape(width, 1, 1, total).astype(mx.uint8)
-    _visible.last = (mask, (width, total), visible)
-    return visible
+def _once_a_step(mask: Any, key: tuple[Any, ...], build: Any) -> Any:
+    """`build()` for this step's `mask` and `key`, kept from the step's first block: every
+    block of a step gets the same mask object, so the conversion runs once a step, not
+    once a block (as `kernel_mask` does for decode steps)."""
+    last = getattr(_converted, "last", None)
+    if last is not None and last[0] is mask and last[1] == key:
+        return last[2]
+    value = build()
+    _converted.last = (mask, key, value)
+    return value
 
 
-_visible = threading.local()
+_converted = threading.local()
 
 
 @functools.cache
