@@ -37,13 +37,26 @@ def kernel_mask(mask: Any, batch: int) -> tuple[bool, mx.array | None]:
         return False, None
     if mask.shape[1:3] != (1, 1) or mask.shape[0] not in (1, batch):
         return False, None
-    last = getattr(_converted, "last", None)
-    if last is not None and last[0] is mask and last[1] == batch:
-        converted: mx.array = last[2]
-        return True, converted
-    converted = mx.broadcast_to(mask, (batch, 1, 1, mask.shape[3])).astype(mx.uint8)
-    _converted.last = (mask, batch, converted)
+    converted: mx.array = once_a_step(
+        _converted,
+        mask,
+        (batch,),
+        lambda: mx.broadcast_to(mask, (batch, 1, 1, mask.shape[3])).astype(mx.uint8),
+    )
     return True, converted
+
+
+def once_a_step(slot: threading.local, mask: Any, key: tuple[Any, ...], build: Any) -> Any:
+    """`build()` for this step's `mask` and `key`, kept in `slot` from the step's first
+    layer: every layer of a step gets the same mask object, so a conversion runs once a
+    step, not once a layer (one slot per kind of conversion, so they do not evict each
+    other)."""
+    last = getattr(slot, "last", None)
+    if last is not None and last[0] is mask and last[1] == key:
+        return last[2]
+    value = build()
+    slot.last = (mask, key, value)
+    return value
 
 
 def decode_attention(

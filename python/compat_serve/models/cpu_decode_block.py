@@ -55,7 +55,7 @@ from mlx_lm.models import llama
 from mlx_lm.models.base import scaled_dot_product_attention
 
 from compat_serve._native import DecodeBlock
-from compat_serve.models.cpu_decode_attention import decode_attention, kernel_mask
+from compat_serve.models.cpu_decode_attention import decode_attention, kernel_mask, once_a_step
 from compat_serve.models.cpu_linear import MAX_KERNEL_ROWS, SkinnyLinear, fused_swiglu_classes
 from compat_serve.models.kernel_perturbation import PERTURB, nudge
 
@@ -289,7 +289,7 @@ def _per_position_attention(
         seen = _seen(mask, rows, width, total)
         return None if seen is None else [seen[:, j].reshape(-1, 1, 1, total) for j in range(width)]
 
-    per_position = _once_a_step(mask, ("rows", rows, width, total), masks)
+    per_position = once_a_step(_converted, mask, ("rows", rows, width, total), masks)
     if per_position is None:
         return None
     outputs = []
@@ -313,7 +313,7 @@ def _one_row_visible(mask: Any, width: int, keys: mx.array) -> mx.array | None:
         seen = _seen(mask, 1, width, total)
         return None if seen is None else seen.reshape(width, 1, 1, total).astype(mx.uint8)
 
-    found: mx.array | None = _once_a_step(mask, ("one row", width, total), visible)
+    found: mx.array | None = once_a_step(_converted, mask, ("one row", width, total), visible)
     return found
 
 
@@ -331,19 +331,7 @@ def _seen(mask: Any, rows: int, width: int, total: int) -> mx.array | None:
     return mask[:, 0]
 
 
-def _once_a_step(mask: Any, key: tuple[Any, ...], build: Any) -> Any:
-    """`build()` for this step's `mask` and `key`, kept from the step's first block: every
-    block of a step gets the same mask object, so the conversion runs once a step, not
-    once a block (as `kernel_mask` does for decode steps)."""
-    last = getattr(_converted, "last", None)
-    if last is not None and last[0] is mask and last[1] == key:
-        return last[2]
-    value = build()
-    _converted.last = (mask, key, value)
-    return value
-
-
-_converted = threading.local()
+_converted = threading.local()  # the few-position steps' mask conversions
 
 
 @functools.cache
