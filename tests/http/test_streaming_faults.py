@@ -110,13 +110,19 @@ def test_engine_fault_without_streaming_is_a_500_in_each_shape(slow_server: Runn
 
 def test_anthropic_disconnect_during_prefill_aborts(slow_server: RunningServer) -> None:
     engine = slow_server.state.engine  # type: ignore[attr-defined]
-    body = {"model": "m", "max_tokens": 50, "stream": True, "messages": LONG}
+    # A prompt no earlier test sent: the prefix cache cannot serve it, so a dozen prefill
+    # steps follow message_start (LONG itself may be cached, and a sampled reply to a
+    # cached prompt can end before the check below).
+    fresh = [{"role": "user", "content": "disconnect " + "word " * 200}]
+    body = {"model": "m", "max_tokens": 50, "stream": True, "messages": fresh}
     with httpx.stream("POST", f"{slow_server.base_url}/v1/messages", json=body, timeout=60) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("event: message_start"):
                 break
-        assert engine.status.snapshot(), "the request should be in the engine"
+        live = engine.status.snapshot()
+        assert live, "the request should be in the engine"
+        assert live[0]["phase"] in ("queued", "prefill"), live
     deadline = time.monotonic() + 10
     while engine.status.snapshot() and time.monotonic() < deadline:
         time.sleep(0.05)
