@@ -273,6 +273,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=30, help="steps of linear warm-up")
     parser.add_argument("--regression", type=float, default=1.0, help="weight of the loss on "
                         "the next hidden state (EAGLE's feature regression)")  # fmt: skip
+    parser.add_argument("--soft", type=float, default=0.0, help="weight of EAGLE's soft "
+                        "classification loss: cross-entropy against the model's own "
+                        "distribution after t+1 (from its hidden state there)")  # fmt: skip
     parser.add_argument("--draft-vocab", type=int, default=4096, help="drafts are chosen "
                         "among the N most frequent labels (FR-Spec); 0: every id")  # fmt: skip
     parser.add_argument("--init", choices=["random", "last-layer"], default="last-layer",
@@ -326,7 +329,14 @@ def main() -> None:
         smooth_l1 = mx.where(diff < 1.0, 0.5 * diff * diff, diff - 0.5).mean(axis=-1)
         valid = batch["valid"]
         regression = mx.sum(mx.where(valid, smooth_l1, 0.0)) / mx.maximum(mx.sum(valid), 1)
-        return ce + args.regression * regression, ce
+        loss = ce + args.regression * regression
+        if args.soft:  # the model's logits after t+1: its final-norm hidden state there
+            teacher = mx.softmax((batch["target"] @ rows.T).astype(mx.float32), axis=-1)
+            soft = -mx.sum(teacher * (logits - mx.logsumexp(logits, -1, keepdims=True)), -1)
+            loss = loss + args.soft * mx.sum(mx.where(valid, soft, 0.0)) / mx.maximum(
+                mx.sum(valid), 1
+            )
+        return loss, ce
 
     def agreement(data: Data) -> tuple[float, float]:
         """Top-1 agreement with the model's argmax: (reply positions, every position)."""
