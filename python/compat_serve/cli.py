@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
 import sys
@@ -472,9 +473,13 @@ def _serve(ns: argparse.Namespace) -> int:
         log.error("%s", failure)
         return 2
     # The fast BLAS must be loaded before anything imports mlx.core.
+    from compat_serve.engine.mlx_threads import release_thread_mlx
     from compat_serve.models.blas import ensure_fast_blas
 
     ensure_fast_blas()
+    # The main thread's MLX state goes before the interpreter does (the engine threads
+    # free theirs as they end).
+    atexit.register(release_thread_mlx)
     build = None
     if ns.distributed is not None:  # refusals before the heavy imports and the weights
         if ns.models_dir is not None or ns.models_file is not None:

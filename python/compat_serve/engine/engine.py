@@ -42,6 +42,7 @@ from compat_serve.engine.memory import (
     weights_nbytes,
 )
 from compat_serve.engine.metrics import EngineMetrics, Gauge
+from compat_serve.engine.mlx_threads import release_thread_mlx
 from compat_serve.engine.mtp_head import with_mtp_head
 from compat_serve.engine.prefix.cache import PrefixCaching
 from compat_serve.engine.prefix.disk import DiskStore, open_disk_tier
@@ -515,6 +516,7 @@ class Engine:
         except Exception:  # a scheduler bug: fail every request loudly, never hang them
             log.exception("the engine loop failed; aborting every request")
         self._end_leftovers()
+        release_thread_mlx()
         log.info("engine thread stopped")
 
     def _end_leftovers(self) -> None:

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from compat_serve.engine.mlx_threads import release_thread_mlx
+
 if TYPE_CHECKING:
     from compat_serve.models.load_steps import Step
 
@@ -216,9 +218,12 @@ class EngineHost:
             self.wake.clear()  # before reading the inboxes: a later put sets it again
             with self._lock:
                 hosted = list(self._hosted)
-                if not hosted and not self._slices and not self._loads:  # the thread ends
+                ending = not hosted and not self._slices and not self._loads
+                if ending:
                     self._thread = None
-                    return
+            if ending:
+                release_thread_mlx()
+                return
             busy = [h for h in hosted if self._poll(h)]
             if busy:
                 self._step(busy)
