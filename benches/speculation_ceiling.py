@@ -21,7 +21,6 @@ import asyncio
 import hashlib
 import os
 import statistics
-from typing import Any
 
 from compat_serve.models.blas import ensure_fast_blas
 
@@ -32,7 +31,7 @@ from compat_serve.engine.engine import Engine  # noqa: E402
 from compat_serve.engine.speculation import SpeculationConfig  # noqa: E402
 from compat_serve.engine.types import EngineRequest, SamplingParams  # noqa: E402
 from compat_serve.models.loader import load_model  # noqa: E402
-from mtp_speed import PROMPTS  # noqa: E402
+from mtp_speed import PROMPTS, _delta  # noqa: E402
 from speculative import chat, run  # noqa: E402
 
 
@@ -95,7 +94,7 @@ def main() -> None:
 
     plain = engine("off")
     prompts = {name: chat(loaded, PROMPTS[name]) for name in args.prompts.split(",")}
-    # One more token than asked: the oracle must know the token after the last draft.
+    # More tokens than asked: the oracle must know the tokens after the last one kept.
     replies = {p: record(plain, p, args.max_tokens + 8) for p in prompts.values()}
     engines: dict[str, Engine] = {"off": plain}
     for point in args.points.split(","):
@@ -138,10 +137,6 @@ def main() -> None:
 
 def _cell(rates: list[float]) -> str:
     return f"{statistics.median(rates):6.1f} [{min(rates):5.1f}-{max(rates):5.1f}]"
-
-
-def _delta(before: dict[str, Any], after: dict[str, Any], key: str) -> int:
-    return int(after.get(key) or 0) - int(before.get(key) or 0)
 
 
 if __name__ == "__main__":

@@ -323,7 +323,8 @@ def main() -> None:
         logits = (normed @ rows.T).astype(mx.float32)
         inside = batch["slot"] >= 0
         picked = mx.take_along_axis(logits, mx.maximum(batch["slot"], 0)[..., None], -1)[..., 0]
-        per_pos = mx.where(inside, mx.logsumexp(logits, axis=-1) - picked, 0.0)
+        normalizer = mx.logsumexp(logits, axis=-1, keepdims=True)
+        per_pos = mx.where(inside, normalizer[..., 0] - picked, 0.0)
         ce = mx.sum(per_pos) / mx.maximum(mx.sum(inside), 1)
         diff = mx.abs(normed.astype(mx.float32) - batch["target"].astype(mx.float32))
         smooth_l1 = mx.where(diff < 1.0, 0.5 * diff * diff, diff - 0.5).mean(axis=-1)
@@ -332,7 +333,7 @@ def main() -> None:
         loss = ce + args.regression * regression
         if args.soft:  # the model's logits after t+1: its final-norm hidden state there
             teacher = mx.softmax((batch["target"] @ rows.T).astype(mx.float32), axis=-1)
-            soft = -mx.sum(teacher * (logits - mx.logsumexp(logits, -1, keepdims=True)), -1)
+            soft = -mx.sum(teacher * (logits - normalizer), -1)
             loss = loss + args.soft * mx.sum(mx.where(valid, soft, 0.0)) / mx.maximum(
                 mx.sum(valid), 1
             )

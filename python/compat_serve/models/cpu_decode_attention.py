@@ -16,6 +16,7 @@ Everything else keeps MLX.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -46,7 +47,9 @@ def kernel_mask(mask: Any, batch: int) -> tuple[bool, mx.array | None]:
     return True, converted
 
 
-def once_a_step(slot: threading.local, mask: Any, key: tuple[Any, ...], build: Any) -> Any:
+def once_a_step(
+    slot: threading.local, mask: Any, key: tuple[Any, ...], build: Callable[[], Any]
+) -> Any:
     """`build()` for this step's `mask` and `key`, kept in `slot` from the step's first
     layer: every layer of a step gets the same mask object, so a conversion runs once a
     step, not once a layer (one slot per kind of conversion, so they do not evict each
