@@ -210,15 +210,17 @@ lint-rust:
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 lint-python: $(BUILT)
-	$(VENV)/bin/ruff check python tests benches
-	$(VENV)/bin/ruff format --check python tests benches
+	$(VENV)/bin/ruff check python tests benches tools
+	$(VENV)/bin/ruff format --check python tests benches tools
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
+	$(PY) tools/file_lengths.py
 	$(PY) -m mypy.stubtest compat_serve._native
 	$(ACTIONLINT) .github/workflows/*.yml
 
 fmt:
 	cargo fmt --all
-	$(VENV)/bin/ruff format python tests benches
+	$(VENV)/bin/ruff format python tests benches tools
 	$(VENV)/bin/ruff check --fix python tests benches
 
 bench: bench-rust bench-python
