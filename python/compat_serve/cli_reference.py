@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from compat_serve.cli import build_convert_parser, build_serve_parser
+from compat_serve.cli import build_convert_parser
 from compat_serve.codex_config import build_parser as build_codex_config_parser
 from compat_serve.launch.command import build_parser as build_launch_parser
+from compat_serve.serve_flags import build_serve_parser
 
 __all__ = ["command_parsers", "render_cli_reference"]
 

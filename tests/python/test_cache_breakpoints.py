@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from compat_serve.cli import build_serve_parser
 from compat_serve.engine.prefix.pins import creation_split
+from compat_serve.serve_flags import build_serve_parser
 from compat_serve.server.anthropic.adapter import to_chat_request
 from compat_serve.server.anthropic.protocol import MessagesRequest
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from compat_serve.cli import build_convert_parser, build_serve_parser
+from compat_serve.cli import build_convert_parser
+from compat_serve.serve_flags import build_serve_parser
 
 SERVE_FLAGS = [
     "--model",

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from compat_serve.cli import build_serve_parser
 from compat_serve.cli_reference import command_parsers, render_cli_reference
+from compat_serve.serve_flags import build_serve_parser
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "cli.md"
 

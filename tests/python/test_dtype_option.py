@@ -13,13 +13,13 @@ import httpx
 import pytest
 
 from compat_serve.bootstrap import ServeOptions, build_state, check_serve_options
-from compat_serve.cli import DTYPE_CHOICES as CLI_DTYPES
-from compat_serve.cli import build_serve_parser
 from compat_serve.models import cpu_linear
 from compat_serve.models.loader import load_model
 from compat_serve.models.weight_report import weights_status
 from compat_serve.models.weights import DTYPE_CHOICES
 from compat_serve.registry.entries import ModelEntry
+from compat_serve.serve_flags import DTYPE_CHOICES as CLI_DTYPES
+from compat_serve.serve_flags import build_serve_parser
 from compat_serve.serve_models import ModelFlags, build_hub, entry_options
 from tests.conftest import RunningServer
 from tests.tiny_models import write_model_dir

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from compat_serve.cli import build_serve_parser
 from compat_serve.registry.adapters import AdapterEntry, parse_lora_flag
 from compat_serve.registry.config_file import ModelsFileError, load_models_file
 from compat_serve.registry.entries import ModelEntry
 from compat_serve.registry.routing import ModelRegistry, UnknownAdapter
+from compat_serve.serve_flags import build_serve_parser
 from compat_serve.serve_models import SINGLE_ORIGIN, check_adapter_bases, with_lora_flags
 from tests.python.test_cli import run_cli
 

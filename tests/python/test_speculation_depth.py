@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from compat_serve.bootstrap import ServeOptions
-from compat_serve.cli import build_serve_parser
 from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.speculation import SpeculationConfig, StepCosts
 from compat_serve.engine.speculation_depth import DepthTuner, choose_depth, expected_tokens
+from compat_serve.serve_flags import build_serve_parser
 from compat_serve.serve_models import ModelFlags, build_hub, entry_options
 from tests.greedy_ties import assert_same_or_near_tie
 from tests.python.test_speculative import outputs, requests, tokens

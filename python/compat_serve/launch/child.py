@@ -29,9 +29,10 @@ def _stop_when_stdin_closes() -> None:
 
 def main() -> int:
     threading.Thread(target=_stop_when_stdin_closes, name="launcher-watch", daemon=True).start()
-    from compat_serve.cli import main as cli_main
+    from compat_serve.serve_command import serve
+    from compat_serve.serve_flags import build_serve_parser
 
-    return cli_main(sys.argv[1:])
+    return serve(build_serve_parser().parse_args(sys.argv[1:]))
 
 
 if __name__ == "__main__":

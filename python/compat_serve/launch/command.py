@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
     if client != "opencode" and _option_given(own, "--api"):
         parser.error("--api applies to opencode only")
 
-    from compat_serve.cli import build_serve_parser
+    from compat_serve.serve_flags import build_serve_parser
 
     serve_ns = build_serve_parser().parse_args(serve_args)
     if ns.url and [a for a in serve_args if a.startswith("-") and not a.startswith("--api-key")]:
