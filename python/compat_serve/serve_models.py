@@ -25,14 +25,9 @@ from typing import TYPE_CHECKING
 
 from compat_serve.bootstrap import ServeOptions, build_state, check_serve_options
 from compat_serve.engine.host import EngineHost
-from compat_serve.engine.memory import (
-    collect_memory,
-    device_memory,
-    headroom_bytes,
-    parse_memory_size,
-    plan_memory,
-)
+from compat_serve.engine.memory import headroom_bytes, parse_memory_size, plan_memory
 from compat_serve.models.auto_dtype import choose_auto_dtype
+from compat_serve.models.device_memory import collect_memory, device_memory
 from compat_serve.models.load_steps import LoadSteps, host, note_evaluation
 from compat_serve.models.resident_size import estimate_resident_bytes
 from compat_serve.models.weight_estimate import estimate_weight_bytes

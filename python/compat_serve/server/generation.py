@@ -43,7 +43,7 @@ from compat_serve.server.turn import TurnOutput
 
 if TYPE_CHECKING:
     from compat_serve.engine.reasoning_budget import ReasoningBudget
-    from compat_serve.engine.vision import VisionInput
+    from compat_serve.models.vision_input import VisionInput
     from compat_serve.registry.slots import ServedState
 
 RETRY_AFTER_S = "2"
