@@ -21,7 +21,6 @@ import asyncio
 import dataclasses
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from compat_serve.bootstrap import ServeOptions, build_state, check_serve_options
 from compat_serve.engine.host import EngineHost
@@ -37,10 +36,7 @@ from compat_serve.registry.entries import ModelEntry, entries_from_dir
 from compat_serve.registry.hub import ModelHub
 from compat_serve.registry.routing import ModelRegistry
 from compat_serve.registry.slots import add_adapters, path_kind
-from compat_serve.server.state import ServerState
-
-if TYPE_CHECKING:
-    from compat_serve.registry.slots import ServedState
+from compat_serve.server.state import ServedState, ServerState
 
 log = logging.getLogger("compat_serve")
 
@@ -188,7 +184,7 @@ def check_adapter_bases(entries: list[ModelEntry]) -> None:
 
 def build_hub(
     base: ServeOptions, flags: ModelFlags, single_state: ServedState | None = None
-) -> ModelHub:
+) -> ModelHub[ServerState]:
     """The registry, with `--model` (or, with no model flags at all, the embedded model)
     and every pinned or preloaded model loaded now. `single_state`: that model already
     built (rank 0 of `--distributed`, on its sharded weights)."""
