@@ -41,7 +41,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """What exists once the tests are collected (the imported libraries, the test items)
     lives to the end: move it out of the garbage collector's sight (`gc.freeze`). Every
     full collection then walks only what the tests made since: `load_model` collects after
-    each load (engine/memory.py `collect_memory`), which walked the whole heap of a test
+    each load (models/device_memory.py `collect_memory`), which walked the whole heap of a test
     process each time (~0.2-0.4 CPU s a load; test_families.py loads 18 models)."""
     import gc
 

@@ -35,7 +35,7 @@ def main(path: str, dtype: str, budget: str | None) -> None:
     import compat_serve.models.hf_dir
     import compat_serve.server.app  # noqa: F401
     from compat_serve.bootstrap import ServeOptions, build_state
-    from compat_serve.engine.memory import collect_memory
+    from compat_serve.models.device_memory import collect_memory
     from compat_serve.models.resident_size import estimate_resident_bytes
     from compat_serve.registry.slots import resident_bytes
 

@@ -40,7 +40,7 @@ import sections  # noqa: E402
 from report import Budget, Report  # noqa: E402
 from shapes import build, random_prompt, shapes  # noqa: E402
 
-from compat_serve.engine.memory import device_memory  # noqa: E402
+from compat_serve.models.device_memory import device_memory  # noqa: E402
 from compat_serve.models.loader import load_model  # noqa: E402
 from compat_serve.models.types import LoadedModel  # noqa: E402
 from compat_serve.models.weights import compute_backend  # noqa: E402

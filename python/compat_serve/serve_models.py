@@ -21,18 +21,12 @@ import asyncio
 import dataclasses
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from compat_serve.bootstrap import ServeOptions, build_state, check_serve_options
 from compat_serve.engine.host import EngineHost
-from compat_serve.engine.memory import (
-    collect_memory,
-    device_memory,
-    headroom_bytes,
-    parse_memory_size,
-    plan_memory,
-)
+from compat_serve.engine.memory import headroom_bytes, parse_memory_size, plan_memory
 from compat_serve.models.auto_dtype import choose_auto_dtype
+from compat_serve.models.device_memory import collect_memory, device_memory
 from compat_serve.models.load_steps import LoadSteps, host, note_evaluation
 from compat_serve.models.resident_size import estimate_resident_bytes
 from compat_serve.models.weight_estimate import estimate_weight_bytes
@@ -42,10 +36,7 @@ from compat_serve.registry.entries import ModelEntry, entries_from_dir
 from compat_serve.registry.hub import ModelHub
 from compat_serve.registry.routing import ModelRegistry
 from compat_serve.registry.slots import add_adapters, path_kind
-from compat_serve.server.state import ServerState
-
-if TYPE_CHECKING:
-    from compat_serve.registry.slots import ServedState
+from compat_serve.server.state import ServedState, ServerState
 
 log = logging.getLogger("compat_serve")
 
@@ -193,7 +184,7 @@ def check_adapter_bases(entries: list[ModelEntry]) -> None:
 
 def build_hub(
     base: ServeOptions, flags: ModelFlags, single_state: ServedState | None = None
-) -> ModelHub:
+) -> ModelHub[ServerState]:
     """The registry, with `--model` (or, with no model flags at all, the embedded model)
     and every pinned or preloaded model loaded now. `single_state`: that model already
     built (rank 0 of `--distributed`, on its sharded weights)."""

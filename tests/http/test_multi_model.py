@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from compat_serve.bootstrap import ServeOptions
-from compat_serve.engine.memory import weights_nbytes
+from compat_serve.models.device_memory import weights_nbytes
 from compat_serve.models.embedded import embedded_model_path
 from compat_serve.serve_models import ModelFlags, build_hub
 from compat_serve.server.app import create_app

@@ -21,8 +21,7 @@ from compat_serve.server.anthropic.adapter import (
     MessageStreamEncoder,
     message_response,
 )
-from compat_serve.server.anthropic.errors import anthropic_error_body
-from compat_serve.server.errors import ApiError
+from compat_serve.server.errors import ApiError, anthropic_error_body
 
 MODEL = "claude-opus-5-5"
 MSG_ID = "msg_0123456789abcdef01234567"

@@ -8,7 +8,7 @@ nothing and budgeted the KV cache from the host's RAM instead of the card's memo
 
 from __future__ import annotations
 
-from compat_serve.engine.memory import (
+from compat_serve.models.device_memory import (
     cgroup_limit_bytes,
     device_memory,
     gpu_memory_from_info,

@@ -12,8 +12,9 @@ import pytest
 from mlx.nn.layers.quantized import QuantizedLinear, quantize
 from mlx.utils import tree_flatten
 
+from compat_serve.models.context_length import context_length_from_config
 from compat_serve.models.errors import ModelLoadError
-from compat_serve.models.hf_dir import context_length_from_config, looks_like_hub_id
+from compat_serve.models.hf_dir import looks_like_hub_id
 from compat_serve.models.loader import load_model
 from compat_serve.models.weights import model_arrays
 from tests.greedy_ties import assert_argmax_equal_up_to_tie

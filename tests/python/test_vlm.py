@@ -18,8 +18,8 @@ import pytest
 from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.types import EngineRequest, FinishReason, SamplingParams, Usage
-from compat_serve.engine.vision import VisionInput
 from compat_serve.models.types import LoadedModel
+from compat_serve.models.vision_input import VisionInput
 from tests.greedy_ties import assert_same_as_engine_or_near_tie
 from tests.tiny_vlm import QWEN_VL_TYPES, tiny_vlm
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import pytest
 
-from compat_serve.engine.memory import weights_nbytes
+from compat_serve.models.device_memory import weights_nbytes
 from compat_serve.models.embedded import embedded_model_path
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.hf_dir import load_hf_dir

@@ -27,7 +27,7 @@ from compat_serve.chat.types import ChatRequest, Message
 from compat_serve.templating import ChatTemplate, TemplateError
 
 if TYPE_CHECKING:
-    from compat_serve.engine.vision import VisionInput
+    from compat_serve.models.vision_input import VisionInput
 
 
 class Encoder(Protocol):

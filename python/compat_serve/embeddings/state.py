@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from compat_serve.embeddings.scheduler import EmbeddingEngine
 
 if TYPE_CHECKING:
-    from compat_serve.bootstrap import ServeOptions
     from compat_serve.embeddings.model import EmbeddingModel
     from compat_serve.models.load_steps import LoadSteps
 
@@ -28,6 +27,23 @@ KIND_CAPABILITIES = {
     "embedding": ["embedding"],
     "reranker": ["rerank", "score"],
 }
+
+
+class EmbeddingOptions(Protocol):
+    """The serve options an embedding model reads (the bootstrap's `ServeOptions`)."""
+
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def served_model_name(self) -> str | None: ...
+    @property
+    def api_key(self) -> str | None: ...
+    @property
+    def strict_model_names(self) -> bool: ...
+    @property
+    def max_request_bytes(self) -> int: ...
 
 
 @dataclass
@@ -54,7 +70,7 @@ class EmbeddingState:
         return int(self.engine.model.max_tokens)
 
 
-def embedding_state(options: ServeOptions, model: EmbeddingModel) -> EmbeddingState:
+def embedding_state(options: EmbeddingOptions, model: EmbeddingModel) -> EmbeddingState:
     """The state of a loaded embedding model (its engine is started by the hub)."""
     return EmbeddingState(
         engine=EmbeddingEngine(model),
@@ -65,14 +81,14 @@ def embedding_state(options: ServeOptions, model: EmbeddingModel) -> EmbeddingSt
     )
 
 
-def build_embedding_state(options: ServeOptions) -> EmbeddingState:
+def build_embedding_state(options: EmbeddingOptions) -> EmbeddingState:
     from compat_serve.embeddings.loader import load_embedding_model
 
     assert options.model is not None  # the embedded default model is a chat model
     return embedding_state(options, load_embedding_model(Path(options.model), dtype=options.dtype))
 
 
-def embedding_state_steps(options: ServeOptions) -> LoadSteps[EmbeddingState]:
+def embedding_state_steps(options: EmbeddingOptions) -> LoadSteps[EmbeddingState]:
     """`build_embedding_state` as load steps: MLX work on the host's thread in slices."""
     from compat_serve.embeddings.loader import load_embedding_model_steps
 

@@ -41,7 +41,7 @@ from compat_serve.engine.step_plan import (
     Verify,
 )
 from compat_serve.engine.verify_rollback import PADDING_MASKED, VerifyPass
-from compat_serve.engine.vision import VisionInput
+from compat_serve.models.vision_input import VisionInput
 
 if TYPE_CHECKING:
     from compat_serve.engine.prefix.shard import ShardPrefix

@@ -35,12 +35,7 @@ from compat_serve.engine.executor import StepExecutor
 from compat_serve.engine.host import EngineHost, WakingInbox
 from compat_serve.engine.kv_events import open_kv_events
 from compat_serve.engine.kv_quant import KVFormat, check_head_dim
-from compat_serve.engine.memory import (
-    MemoryBudget,
-    auto_context_length,
-    plan_memory,
-    weights_nbytes,
-)
+from compat_serve.engine.memory import MemoryBudget, auto_context_length, plan_memory
 from compat_serve.engine.metrics import EngineMetrics, Gauge
 from compat_serve.engine.mlx_threads import release_thread_mlx
 from compat_serve.engine.mtp_head import with_mtp_head
@@ -56,6 +51,7 @@ from compat_serve.engine.stop_strings import StopStringMatcher
 from compat_serve.engine.stream import RequestStream
 from compat_serve.engine.types import EngineRequest, FinishReason, Grammar
 from compat_serve.engine.vllm_metrics import attach_vllm_metrics
+from compat_serve.models.device_memory import weights_nbytes
 from compat_serve.models.types import LoadedModel
 
 log = logging.getLogger("compat_serve.engine")

@@ -13,8 +13,9 @@ from compat_serve.engine.batch import merge_caches
 from compat_serve.engine.kv_format import describe_kv_cache, parameter_bytes
 from compat_serve.engine.kv_quant import KVFormat, is_attention_layer, quantize_cache
 from compat_serve.engine.metrics import kv_bytes_per_token
-from compat_serve.engine.vision import FeatureCache, VisionInput, chunk_inputs
+from compat_serve.engine.vision import FeatureCache, chunk_inputs
 from compat_serve.models.types import LoadedModel
+from compat_serve.models.vision_input import VisionInput
 
 if TYPE_CHECKING:
     from compat_serve.adapters.bank import AdapterBank

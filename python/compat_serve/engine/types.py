@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from compat_serve.engine.reasoning_budget import ReasoningBudget
-    from compat_serve.engine.vision import VisionInput
+    from compat_serve.models.vision_input import VisionInput
 
 
 class FinishReason(enum.Enum):

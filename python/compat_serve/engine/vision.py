@@ -1,5 +1,6 @@
-"""Images in the engine: what a request carries (`VisionInput`), the vision-encoder
-feature LRU, and the input embeddings and positions of a prefill chunk of an image row.
+"""Images in the engine: the vision-encoder feature LRU, and the input embeddings and
+positions of a prefill chunk of an image row (what a request carries, `VisionInput`, is
+models/vision_input.py's).
 
 The engine sees embeddings and positions, never HTTP or PIL. A chunk may start or end
 inside an image: the image's features are computed once (whole image) and sliced. An
@@ -17,34 +18,7 @@ from typing import Any, Protocol
 import mlx.core as mx
 import numpy as np
 
-
-@dataclass(frozen=True)
-class ImageSpan:
-    """An image's placeholder tokens `[start, start + length)` in the prompt."""
-
-    start: int
-    length: int
-    hash: bytes  # 16 bytes: the prefix cache's per-block key and the feature LRU's key
-    pixel_values: Any  # what the model's vision tower takes (numpy)
-    grid: tuple[int, int, int]
-
-
-@dataclass(frozen=True)
-class VisionInput:
-    """A request's images and its M-RoPE positions (`[3, prompt_len]` numpy), plus the
-    delta every position after the prompt gets (generated tokens)."""
-
-    spans: tuple[ImageSpan, ...]
-    positions: Any
-    rope_delta: int
-
-    def cache_keys(self) -> list[tuple[int, int, bytes]]:
-        """`(start, length, hash)` per image: the prefix cache's `images=`."""
-        return [(s.start, s.length, s.hash) for s in self.spans]
-
-    def first_image_at_or_after(self, position: int) -> int | None:
-        starts = [s.start for s in self.spans if s.start >= position]
-        return min(starts) if starts else None
+from compat_serve.models.vision_input import ImageSpan, VisionInput
 
 
 class ImageEncoder(Protocol):

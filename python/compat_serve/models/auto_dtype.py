@@ -21,7 +21,7 @@ class AutoChoice:
 def _memory_limit(budget: int | None) -> tuple[int, str]:
     if budget is not None:
         return budget, "the memory budget"
-    from compat_serve.engine.memory import device_memory
+    from compat_serve.models.device_memory import device_memory
 
     size, source = device_memory()
     return size // 2, f"half the {source}"

@@ -16,6 +16,7 @@ from typing import Any
 import mlx.core as mx
 from mlx.nn.layers.base import Module
 
+from compat_serve.models.context_length import context_length_from_config
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.hf_tokenizer import load_hf_tokenizer, read_json
 from compat_serve.models.hub import HUB_ALLOW_PATTERNS, download_hub_model, looks_like_hub_id
@@ -38,7 +39,6 @@ from compat_serve.models.weights import (
 
 __all__ = [
     "HUB_ALLOW_PATTERNS",
-    "context_length_from_config",
     "download_hub_model",
     "load_hf_dir",
     "load_hf_dir_steps",
@@ -47,26 +47,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_CONTEXT_LENGTH = 4096
-
-
-def context_length_from_config(
-    config: dict[str, Any], tokenizer_config: dict[str, Any] | None = None
-) -> int:
-    """The model's context window from config.json (or tokenizer_config.json)."""
-    sources = [config]
-    if isinstance(config.get("text_config"), dict):
-        sources.append(config["text_config"])
-    for source in sources:
-        for key in ("max_position_embeddings", "max_sequence_length", "seq_length", "n_ctx"):
-            value = source.get(key)
-            if isinstance(value, int) and value > 0:
-                return value
-    value = (tokenizer_config or {}).get("model_max_length")
-    if isinstance(value, int) and 0 < value < 10_000_000:
-        return value
-    return DEFAULT_CONTEXT_LENGTH
 
 
 def _dtype_name(model: Module, quantization: Any) -> str:

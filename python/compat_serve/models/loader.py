@@ -74,12 +74,12 @@ def load_model_steps(
 ) -> LoadSteps[LoadedModel]:
     """`load_model` as load steps (models/load_steps.py): what a server of several models
     runs with every MLX evaluation on its engine thread."""
-    from compat_serve.engine.memory import collect_memory
     from compat_serve.models.auto_dtype import choose_auto_dtype
     from compat_serve.models.cpu_attention import install_split_attention
     from compat_serve.models.cpu_decode_block import install_fused_decode_blocks
     from compat_serve.models.cpu_layout import store_input_major
     from compat_serve.models.cpu_linear import install_skinny_linears, kernel_available
+    from compat_serve.models.device_memory import collect_memory
     from compat_serve.models.weights import compute_backend, resolve_dtype
 
     # Check the cheap things first: a typo should fail before a multi-second load.

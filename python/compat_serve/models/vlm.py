@@ -29,9 +29,10 @@ import numpy as np
 from mlx.nn.layers.base import Module
 
 from compat_serve._native import image_hash
-from compat_serve.engine.vision import ImageSpan, VisionInput
+from compat_serve.models.context_length import context_length_from_config
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.types import LoadedModel
+from compat_serve.models.vision_input import ImageSpan, VisionInput
 from compat_serve.models.vision_tokens import QwenVisionTokens, qwen_vision_tokens
 from compat_serve.models.vlm_config import mlx_vlm_readable_dir
 
@@ -401,7 +402,6 @@ def load_vlm_dir(
             model_dir,
         )
         return None
-    from compat_serve.models.hf_dir import context_length_from_config
     from compat_serve.models.hf_tokenizer import load_hf_tokenizer
     from compat_serve.models.load_steps import evaluate_in_slices, run_inline
     from compat_serve.models.weights import (

@@ -1,7 +1,7 @@
 """Which configured models are resident, and the one place that loads and unloads them.
 
 - A request names a model; `acquire` routes the name (registry/routing.py) and returns
-  that model's `ServerState`, loading it first if it is cold. Concurrent requests for a
+  that model's state, loading it first if it is cold. Concurrent requests for a
   cold model share one load (one task, awaited by all).
 - Listing and polling routes read `slots` and never load anything.
 - Every size decision (admission, eviction, the never-fits refusal) reads one estimate
@@ -34,13 +34,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic
 
 from compat_serve.registry.adapters import AdapterEntry
 from compat_serve.registry.entries import ModelEntry
 from compat_serve.registry.metrics import HubMetrics
 from compat_serve.registry.routing import ModelRegistry, Route, UnknownAdapter
 from compat_serve.registry.slots import (
+    ChatT,
     ModelRequestError,
     ModelSlot,
     add_adapters,
@@ -54,8 +55,7 @@ from compat_serve.registry.slots import (
 __all__ = ["ModelHub", "ModelRequestError", "ModelSlot", "parse_lifetime"]
 
 if TYPE_CHECKING:
-    from compat_serve.registry.slots import ServedState
-    from compat_serve.server.state import ServerState
+    from compat_serve.embeddings.state import EmbeddingState
 
 log = logging.getLogger("compat_serve.registry")
 
@@ -64,12 +64,12 @@ _POLL_S = 0.05
 ESTIMATE_MARGIN = 0.10
 
 
-class ModelHub:
+class ModelHub(Generic[ChatT]):
     def __init__(
         self,
         registry: ModelRegistry,
-        load: Callable[[ModelEntry], ServedState],
-        release: Callable[[ServedState], None],
+        load: Callable[[ModelEntry], ChatT | EmbeddingState],
+        release: Callable[[ChatT | EmbeddingState], None],
         collect: Callable[[], None],
         estimate: Callable[[ModelEntry], int],
         *,
@@ -77,8 +77,8 @@ class ModelHub:
         max_request_bytes: int = 32 * 1024 * 1024,
         budget_bytes: int | None = None,
         wait_timeout_s: float = 300.0,
-        start: Callable[[ServedState], None] | None = None,
-        load_async: Callable[[ModelEntry], Awaitable[ServedState]] | None = None,
+        start: Callable[[ChatT | EmbeddingState], None] | None = None,
+        load_async: Callable[[ModelEntry], Awaitable[ChatT | EmbeddingState]] | None = None,
     ) -> None:
         self.registry = registry
         self._load_fn, self._release_fn, self._estimate_fn = load, release, estimate
@@ -90,7 +90,7 @@ class ModelHub:
         self.max_request_bytes = max_request_bytes
         self.budget_bytes = budget_bytes
         self.wait_timeout_s = wait_timeout_s
-        self.slots = {
+        self.slots: dict[str, ModelSlot[ChatT]] = {
             entry.id: ModelSlot(entry, ttl_s=entry.ttl_s, pinned=entry.pin)
             for entry in registry.entries
         }
@@ -109,7 +109,7 @@ class ModelHub:
         self.engines_started = False
 
     @classmethod
-    def of_one(cls, state: ServerState) -> ModelHub:
+    def of_one(cls, state: ChatT) -> ModelHub[ChatT]:
         """A hub around an already built state (tests and embedders that build their
         own): single-model mode, the model pinned and never reloaded."""
         entry = ModelEntry(
@@ -134,7 +134,9 @@ class ModelHub:
 
     # ---- resident models -------------------------------------------------------------
 
-    def adopt(self, model_id: str, state: ServedState, estimate: int | None = None) -> None:
+    def adopt(
+        self, model_id: str, state: ChatT | EmbeddingState, estimate: int | None = None
+    ) -> None:
         """Make an already built state resident (preloaded at start, or a test's), with
         the adapters its model serves added to its engine (a bad adapter file raises
         AdapterError, a ValueError: the load fails naming it)."""
@@ -157,10 +159,10 @@ class ModelHub:
         if self.engines_started:
             self._start_fn(state)
 
-    def resident(self) -> list[ModelSlot]:
+    def resident(self) -> list[ModelSlot[ChatT]]:
         return [slot for slot in self.slots.values() if slot.status == "loaded"]
 
-    def front_state(self) -> ServerState | None:
+    def front_state(self) -> ChatT | None:
         """The default model's state if resident, else the most recently used resident
         one, else None: what single-model routes (/props, /metrics, /v1/status) show.
         Chat models only: an embedding model has no generation settings to show."""
@@ -230,8 +232,8 @@ class ModelHub:
         self,
         name: str | None,
         lifetime: Mapping[str, Any] | None = None,
-        leases: list[ModelSlot] | None = None,
-    ) -> ServedState:
+        leases: list[ModelSlot[ChatT]] | None = None,
+    ) -> ChatT | EmbeddingState:
         """The state serving a request for `name`, loading its model if it is cold.
         `lifetime`: the body's `keep_alive` (Ollama) or `ttl` (LM Studio), if any.
         `leases`: the request's list; the model stays resident until its owner calls
@@ -243,8 +245,8 @@ class ModelHub:
         self,
         name: str | None,
         lifetime: Mapping[str, Any] | None = None,
-        leases: list[ModelSlot] | None = None,
-    ) -> tuple[ServedState, AdapterEntry | None]:
+        leases: list[ModelSlot[ChatT]] | None = None,
+    ) -> tuple[ChatT | EmbeddingState, AdapterEntry | None]:
         """`acquire`, with the adapter the name picked (None: the base model)."""
         routed = self.resolve(name)
         entry = routed.entry
@@ -305,7 +307,7 @@ class ModelHub:
                 await asyncio.sleep(_POLL_S)
         log.info("adapter %s unloaded from model %s", adapter.name, base.id)
 
-    async def ensure_loaded(self, entry: ModelEntry) -> ServedState:
+    async def ensure_loaded(self, entry: ModelEntry) -> ChatT | EmbeddingState:
         slot = self.slots[entry.id]
         while True:
             if slot.state is not None and not slot.unloading:
@@ -320,7 +322,7 @@ class ModelHub:
             # shield: a request that goes away does not cancel the load others await.
             await asyncio.shield(slot.loading)
 
-    async def _yield_to_waiting_loads(self, slot: ModelSlot) -> None:
+    async def _yield_to_waiting_loads(self, slot: ModelSlot[ChatT]) -> None:
         """Swap thrash: while another model has waited `yield_after_s` for memory that
         this resident model holds, new requests for this one wait too, so it drains and
         the other loads and serves the requests queued for it; then these run (this
@@ -337,13 +339,13 @@ class ModelHub:
             await asyncio.sleep(_POLL_S)
 
     @staticmethod
-    def release(leases: list[ModelSlot]) -> None:
+    def release(leases: list[ModelSlot[Any]]) -> None:
         """End a request's leases (its response is over)."""
         for slot in leases:
             slot.leases -= 1
         leases.clear()
 
-    def _check_loadable(self, slot: ModelSlot) -> None:
+    def _check_loadable(self, slot: ModelSlot[ChatT]) -> None:
         model_id = slot.entry.id
         if model_id in self._never_fits:
             raise ModelRequestError(400, self._never_fits[model_id], code="model_too_large")
@@ -356,7 +358,7 @@ class ModelHub:
                 )
             slot.failure = None  # its files changed: try again
 
-    async def _load(self, slot: ModelSlot) -> ServedState:
+    async def _load(self, slot: ModelSlot[ChatT]) -> ChatT | EmbeddingState:
         """One model's load. Loads run one at a time: each sees the sizes the previous
         one measured, and two loads never hold their peak memory together."""
         if self._load_lock is None:
@@ -367,7 +369,7 @@ class ModelHub:
         finally:
             slot.loading = None
 
-    async def _load_now(self, slot: ModelSlot) -> ServedState:
+    async def _load_now(self, slot: ModelSlot[ChatT]) -> ChatT | EmbeddingState:
         entry = slot.entry
         try:
             estimate = await self._make_room(slot)
@@ -410,7 +412,7 @@ class ModelHub:
         )
         return state
 
-    def _load_failed(self, slot: ModelSlot, exc: Exception) -> ModelRequestError:
+    def _load_failed(self, slot: ModelSlot[ChatT], exc: Exception) -> ModelRequestError:
         """Remember a failed load (400 until the model's files change); its 500."""
         slot.resident_bytes = 0
         slot.failure, slot.failure_stamp = str(exc), files_stamp(slot.entry.path)
@@ -421,7 +423,7 @@ class ModelHub:
 
     # ---- memory ----------------------------------------------------------------------
 
-    def estimate(self, slot: ModelSlot) -> int:
+    def estimate(self, slot: ModelSlot[ChatT]) -> int:
         """A model's size: as measured at its last load, else as estimated before
         loading from its weight plan (the same for two entries of the same files)."""
         if slot.measured_bytes is not None:
@@ -444,7 +446,7 @@ class ModelHub:
             if s.state is not None or s.loading is not None
         )
 
-    async def _make_room(self, slot: ModelSlot) -> int | None:
+    async def _make_room(self, slot: ModelSlot[ChatT]) -> int | None:
         """Wait until the model's estimated size fits; that estimate (None: no budget)."""
         budget = self.budget_bytes
         if budget is None:
@@ -492,7 +494,7 @@ class ModelHub:
                 return
             await self.unload(victim.entry.id, "lru")
 
-    def _victim(self) -> ModelSlot | None:
+    def _victim(self) -> ModelSlot[ChatT] | None:
         """Expired TTL first, then the least recently used, among idle unpinned models."""
         now = time.monotonic()
         idle = [s for s in self.resident() if not s.pinned and not s.busy()]
@@ -523,7 +525,7 @@ class ModelHub:
             slot.unloading = False
         return True
 
-    async def _release(self, slot: ModelSlot, reason: str) -> None:
+    async def _release(self, slot: ModelSlot[ChatT], reason: str) -> None:
         """Stop a resident model's engine and free its memory (the caller has waited for
         its requests, or none has run on it)."""
         state, slot.state = slot.state, None

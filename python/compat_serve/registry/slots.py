@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar, cast
 
 from compat_serve.registry.adapters import AdapterEntry
 from compat_serve.registry.entries import ModelEntry
@@ -16,10 +16,30 @@ if TYPE_CHECKING:
     import asyncio
 
     from compat_serve.embeddings.state import EmbeddingState
-    from compat_serve.server.state import ServerState
+    from compat_serve.engine.engine import Engine
 
-    # What a resident model is: a chat model's state, or an embedding/reranker model's.
-    ServedState = ServerState | EmbeddingState
+
+class ChatState(Protocol):
+    """What the hub reads and sets on a chat model's state (the server's `ServerState`):
+    its engine, what a hub of that one model takes from it, and the draining flag."""
+
+    draining: bool
+
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def served_model_name(self) -> str: ...
+    @property
+    def api_key(self) -> str | None: ...
+    @property
+    def strict_model_names(self) -> bool: ...
+    @property
+    def max_request_bytes(self) -> int: ...
+
+
+# The chat models' state type a hub holds; a resident model is a `ChatT` or an
+# embedding/reranker model's `EmbeddingState`.
+ChatT = TypeVar("ChatT", bound=ChatState)
 
 
 class ModelRequestError(Exception):
@@ -34,10 +54,10 @@ class ModelRequestError(Exception):
 
 
 @dataclass
-class ModelSlot:
+class ModelSlot(Generic[ChatT]):
     entry: ModelEntry
-    state: ServedState | None = None
-    loading: asyncio.Task[ServedState] | None = None
+    state: ChatT | EmbeddingState | None = None
+    loading: asyncio.Task[ChatT | EmbeddingState] | None = None
     unloading: bool = False
     last_used: float = 0.0
     loaded_at: float = 0.0
@@ -67,11 +87,11 @@ class ModelSlot:
         return path_kind(self.entry.path)
 
     @property
-    def chat_state(self) -> ServerState | None:
+    def chat_state(self) -> ChatT | None:
         """The state if it is a chat model's (what chat routes and engine views read)."""
-        from compat_serve.server.state import ServerState
+        from compat_serve.embeddings.state import EmbeddingState
 
-        return self.state if isinstance(self.state, ServerState) else None
+        return None if isinstance(self.state, EmbeddingState) else self.state
 
     @property
     def in_flight(self) -> int:
@@ -124,11 +144,11 @@ def parse_lifetime(body: Mapping[str, Any]) -> float | None:
     return None
 
 
-def cannot_reload(entry: ModelEntry) -> ServerState:
+def cannot_reload(entry: ModelEntry) -> NoReturn:
     raise RuntimeError(f"model {entry.id!r} was built by its embedder and cannot be reloaded")
 
 
-def model_kind_of(state: ServedState) -> str:
+def model_kind_of(state: ChatState | EmbeddingState) -> str:
     from compat_serve.embeddings.state import EmbeddingState
 
     return state.kind if isinstance(state, EmbeddingState) else "chat"
@@ -155,7 +175,7 @@ def path_kind(path: str | None) -> str:
     return _KINDS[key]
 
 
-def resident_bytes(state: ServedState) -> int:
+def resident_bytes(state: ChatState | EmbeddingState) -> int:
     """What a model holds once loaded (models/resident_size.py): its weights, its
     tokenizer, and the KV and prefix-cache memory the command line set aside for it
     (--kv-memory / --cache-memory as sizes). The default KV and cache budgets are limits
@@ -169,7 +189,7 @@ def resident_bytes(state: ServedState) -> int:
     return held_bytes(memory.weights, vocab) + int(getattr(memory, "reserved", 0))
 
 
-def add_adapters(state: ServedState, adapters: Sequence[AdapterEntry]) -> None:
+def add_adapters(state: ChatState | EmbeddingState, adapters: Sequence[AdapterEntry]) -> None:
     """Add to a model's engine the adapters it serves that it does not hold yet (blocks
     on the engine thread once started; AdapterError, a ValueError, for bad files or a
     model that is not a chat model)."""
@@ -178,7 +198,7 @@ def add_adapters(state: ServedState, adapters: Sequence[AdapterEntry]) -> None:
     kind = model_kind_of(state)
     if kind != "chat":
         raise ValueError(f"LoRA adapters apply to chat models; this is an {kind} model")
-    engine = cast("ServerState", state).engine
+    engine = cast("ChatState", state).engine
     held = set(engine.adapter_names())
     for adapter in adapters:
         if adapter.name not in held:

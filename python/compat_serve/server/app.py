@@ -45,7 +45,9 @@ async def require_api_key(request: Request) -> None:
         raise ApiError(401, "invalid API key")
 
 
-def create_app(served: ServerState | ModelHub, *, manage_engine: bool = True) -> FastAPI:
+def create_app(
+    served: ServerState | ModelHub[ServerState], *, manage_engine: bool = True
+) -> FastAPI:
     """Build the app for one model's state or a hub of several. With `manage_engine`,
     the app starts and stops the engine threads."""
     hub = served if isinstance(served, ModelHub) else ModelHub.of_one(served)

@@ -20,13 +20,14 @@ from compat_serve.registry.hub import ModelHub, ModelRequestError, ModelSlot
 from compat_serve.server.discovery import context_fields
 from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import model_hub
+from compat_serve.server.state import ServerState
 
 router = APIRouter()
 health_router = APIRouter()
 _STARTED = int(time.time())
 
 
-def model_card(slot: ModelSlot) -> dict[str, Any]:
+def model_card(slot: ModelSlot[ServerState]) -> dict[str, Any]:
     """One model as OpenAI- and Anthropic-style lists show it."""
     card: dict[str, Any] = {
         "id": slot.entry.id,
@@ -68,7 +69,7 @@ def model_card(slot: ModelSlot) -> dict[str, Any]:
     return card
 
 
-def adapter_card(slot: ModelSlot, adapter: AdapterEntry) -> dict[str, Any]:
+def adapter_card(slot: ModelSlot[ServerState], adapter: AdapterEntry) -> dict[str, Any]:
     """A LoRA adapter as a model of its own, as vLLM lists one: `parent` is the base
     model's id, `root` the adapter's directory; its state is its base's."""
     card = model_card(slot)
@@ -88,7 +89,7 @@ def adapter_card(slot: ModelSlot, adapter: AdapterEntry) -> dict[str, Any]:
     return card
 
 
-def all_cards(hub: ModelHub) -> list[dict[str, Any]]:
+def all_cards(hub: ModelHub[ServerState]) -> list[dict[str, Any]]:
     """Every configured model, each followed by its adapters."""
     cards = []
     for slot in hub.slots.values():

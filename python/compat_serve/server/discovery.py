@@ -105,7 +105,7 @@ def _ollama_name(model_id: str) -> str:
     return model_id if ":" in model_id else f"{model_id}:latest"
 
 
-def _slot_for(hub: ModelHub, requested: str) -> ModelSlot | None:
+def _slot_for(hub: ModelHub[ServerState], requested: str) -> ModelSlot[ServerState] | None:
     """The slot a name routes to; None for an unknown name under --strict-model-names."""
     try:
         return hub.slots[hub.route(requested).id]
@@ -122,7 +122,7 @@ def _file_format(path: str) -> str:
     return "gguf" if path.lower().endswith(".gguf") or is_gguf_file(path) else "mlx"
 
 
-def _ollama_details(slot: ModelSlot) -> dict[str, Any]:
+def _ollama_details(slot: ModelSlot[ServerState]) -> dict[str, Any]:
     state = slot.chat_state
     path = slot.entry.path or "embedded.gguf"
     arch = _architecture(state) if state is not None else ""
@@ -138,7 +138,7 @@ def _ollama_details(slot: ModelSlot) -> dict[str, Any]:
     }
 
 
-def _digest(slot: ModelSlot) -> str:
+def _digest(slot: ModelSlot[ServerState]) -> str:
     chat = slot.chat_state
     source = chat.engine.model.source if chat is not None else slot.entry.path
     return hashlib.sha256(str(source).encode()).hexdigest()
@@ -177,7 +177,7 @@ async def llama_props(request: Request) -> dict[str, Any]:
 # --- LM Studio ---------------------------------------------------------------------------
 
 
-def _lmstudio_card(slot: ModelSlot) -> dict[str, Any]:
+def _lmstudio_card(slot: ModelSlot[ServerState]) -> dict[str, Any]:
     state = slot.chat_state
     path = slot.entry.path or ""
     card: dict[str, Any] = {
@@ -232,7 +232,7 @@ async def ollama_version() -> dict[str, str]:
     return {"version": OLLAMA_API_VERSION}
 
 
-def _ollama_tag(slot: ModelSlot) -> dict[str, Any]:
+def _ollama_tag(slot: ModelSlot[ServerState]) -> dict[str, Any]:
     name = _ollama_name(slot.entry.id)
     return {
         "name": name,
@@ -247,7 +247,7 @@ def _ollama_tag(slot: ModelSlot) -> dict[str, Any]:
     }
 
 
-def _ollama_adapter_tag(slot: ModelSlot, adapter: AdapterEntry) -> dict[str, Any]:
+def _ollama_adapter_tag(slot: ModelSlot[ServerState], adapter: AdapterEntry) -> dict[str, Any]:
     """An adapter as Ollama lists a model made `FROM base` with an `ADAPTER`: its base in
     `details.parent_model`."""
     name = _ollama_name(adapter.name)
@@ -264,7 +264,7 @@ def _ollama_adapter_tag(slot: ModelSlot, adapter: AdapterEntry) -> dict[str, Any
     return tag
 
 
-def _tag_capabilities(slot: ModelSlot) -> list[str]:
+def _tag_capabilities(slot: ModelSlot[ServerState]) -> list[str]:
     if slot.kind != "chat":
         return KIND_CAPABILITIES[slot.kind]
     state = slot.chat_state
@@ -285,7 +285,7 @@ async def ollama_tags(request: Request) -> dict[str, Any]:
 _NEVER = "2318-01-01T00:00:00Z"
 
 
-def _expires_at(slot: ModelSlot) -> str:
+def _expires_at(slot: ModelSlot[ServerState]) -> str:
     if slot.pinned or slot.ttl_s is None:
         return _NEVER
     idle = time.monotonic() - slot.last_used
@@ -352,7 +352,7 @@ async def ollama_show(request: Request) -> dict[str, Any] | JSONResponse:
     }
 
 
-def _show_embedding(slot: ModelSlot, state: EmbeddingState) -> dict[str, Any]:
+def _show_embedding(slot: ModelSlot[ServerState], state: EmbeddingState) -> dict[str, Any]:
     """`/api/show` of an embedding or reranker model: Ollama's fields for one."""
     details = _ollama_details(slot)
     arch = details["family"]

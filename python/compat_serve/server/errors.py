@@ -84,6 +84,39 @@ def openai_error_body(error: ApiError) -> dict[str, Any]:
     }
 
 
+# ---- Anthropic's shape: `{"type":"error","error":{"type":T,"message":M},"request_id":...}`
+
+# Anthropic error `type` for each HTTP status it documents.
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+
+def error_type(status: int) -> str:
+    """The Anthropic error type for an HTTP status (other 4xx: invalid request, 5xx: api)."""
+    if status in ANTHROPIC_ERROR_TYPES:
+        return ANTHROPIC_ERROR_TYPES[status]
+    return "invalid_request_error" if 400 <= status < 500 else "api_error"
+
+
+def error_payload(kind: str, message: str) -> dict[str, Any]:
+    """The body shared by HTTP errors and the SSE `error` event."""
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def anthropic_error_body(error: ApiError, request_id: str) -> dict[str, Any]:
+    body = error_payload(error_type(error.status), error.message)
+    body["request_id"] = request_id
+    return body
+
+
 def is_anthropic_request(request: Request) -> bool:
     """Anthropic clients: the Messages endpoints, or any call carrying anthropic-version."""
     return request.url.path.startswith("/v1/messages") or "anthropic-version" in request.headers
@@ -107,8 +140,6 @@ def request_id(request: Request) -> str:
 
 
 def render_error(request: Request, error: ApiError) -> JSONResponse:
-    from compat_serve.server.anthropic.errors import anthropic_error_body
-
     rid = request_id(request)
     headers = {**error.headers, "request-id": rid}
     if is_anthropic_request(request):

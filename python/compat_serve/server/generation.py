@@ -37,14 +37,13 @@ from compat_serve.server.keys import cache_salt
 from compat_serve.server.lifecycle import check_admitting, shutdown_error
 from compat_serve.server.middleware import MODEL_LEASES
 from compat_serve.server.reasoning_budgets import engine_budget
-from compat_serve.server.state import ServerState
+from compat_serve.server.state import ServedState, ServerState
 from compat_serve.server.tool_rounds import limit_tool_rounds
 from compat_serve.server.turn import TurnOutput
 
 if TYPE_CHECKING:
     from compat_serve.engine.reasoning_budget import ReasoningBudget
-    from compat_serve.engine.vision import VisionInput
-    from compat_serve.registry.slots import ServedState
+    from compat_serve.models.vision_input import VisionInput
 
 RETRY_AFTER_S = "2"
 MIN_TEMPERATURE = 1e-4
@@ -54,8 +53,8 @@ def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
-def model_hub(request: Request) -> ModelHub:
-    hub: ModelHub = request.app.state.hub
+def model_hub(request: Request) -> ModelHub[ServerState]:
+    hub: ModelHub[ServerState] = request.app.state.hub
     return hub
 
 

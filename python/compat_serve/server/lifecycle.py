@@ -39,7 +39,7 @@ def shutdown_error() -> ApiError:
     return ApiError(503, SHUTTING_DOWN, headers={"retry-after": RETRY_AFTER_S})
 
 
-async def drain(hub: ModelHub, timeout_s: float) -> None:
+async def drain(hub: ModelHub[ServerState], timeout_s: float) -> None:
     """Stop admitting, wait up to `timeout_s` for in-flight requests, cut the rest."""
     hub.set_draining()
     log.info(
@@ -60,7 +60,9 @@ class DrainingServer(uvicorn.Server):
     exits; a second signal exits at once. Signals are not re-raised afterwards (uvicorn
     does by default), so a drained server exits 0."""
 
-    def __init__(self, config: uvicorn.Config, hub: ModelHub, timeout_s: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, hub: ModelHub[ServerState], timeout_s: float
+    ) -> None:
         super().__init__(config)
         self._hub = hub
         self._timeout_s = timeout_s

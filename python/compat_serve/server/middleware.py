@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from compat_serve.registry.hub import ModelHub, ModelSlot
 from compat_serve.server.errors import ApiError, render_error, request_id
+from compat_serve.server.state import ServerState
 
 # `request.state` key of the models a request holds resident (registry/hub.py), released
 # when its response, streamed or not, has ended.
@@ -46,7 +47,7 @@ class RequestIdAndSize:
                 MutableHeaders(scope=message)["request-id"] = rid
             await send(message)
 
-        leases: list[ModelSlot] = []
+        leases: list[ModelSlot[ServerState]] = []
         scope.setdefault("state", {})[MODEL_LEASES] = leases
         try:
             await self.app(scope, receive, send_with_id)

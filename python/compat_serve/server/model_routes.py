@@ -25,6 +25,7 @@ from compat_serve.registry.routing import Route, UnknownAdapter
 from compat_serve.server.common_routes import all_cards
 from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import model_error, model_hub
+from compat_serve.server.state import ServerState
 
 router = APIRouter()
 
@@ -46,7 +47,7 @@ def _name(body: dict[str, Any], key: str = "model") -> str:
     return name
 
 
-def _not_found(hub: ModelHub, name: str, key: str = "model") -> ApiError:
+def _not_found(hub: ModelHub[ServerState], name: str, key: str = "model") -> ApiError:
     return ApiError(
         404,
         f"model {name!r} not found; configured: {', '.join(hub.registry.ids)}",
@@ -55,7 +56,7 @@ def _not_found(hub: ModelHub, name: str, key: str = "model") -> ApiError:
     )
 
 
-def _find(hub: ModelHub, name: str, key: str = "model") -> Route:
+def _find(hub: ModelHub[ServerState], name: str, key: str = "model") -> Route:
     """A model or adapter by id, adapter name, `BASE:ADAPTER` or alias; never the default."""
     try:
         routed = hub.registry.find(name)
@@ -68,7 +69,9 @@ def _find(hub: ModelHub, name: str, key: str = "model") -> Route:
     return routed
 
 
-async def _body_model(request: Request, hub: ModelHub) -> tuple[ModelEntry, dict[str, Any]]:
+async def _body_model(
+    request: Request, hub: ModelHub[ServerState]
+) -> tuple[ModelEntry, dict[str, Any]]:
     body = await _json_body(request)
     name = _name(body)
     entry = hub.registry.match(name)
@@ -77,7 +80,9 @@ async def _body_model(request: Request, hub: ModelHub) -> tuple[ModelEntry, dict
     return entry, body
 
 
-def _new_adapter(hub: ModelHub, name: str, path: Any, key: str) -> tuple[ModelEntry, AdapterEntry]:
+def _new_adapter(
+    hub: ModelHub[ServerState], name: str, path: Any, key: str
+) -> tuple[ModelEntry, AdapterEntry]:
     """The base and adapter a load with a `path` names: `NAME` (onto the default model)
     or `BASE:NAME`."""
     if not isinstance(path, str) or not path:
@@ -93,14 +98,16 @@ def _new_adapter(hub: ModelHub, name: str, path: Any, key: str) -> tuple[ModelEn
     return base, adapter
 
 
-async def _load_adapter(hub: ModelHub, base: ModelEntry, adapter: AdapterEntry) -> None:
+async def _load_adapter(
+    hub: ModelHub[ServerState], base: ModelEntry, adapter: AdapterEntry
+) -> None:
     try:
         await hub.load_adapter(base, adapter)
     except ModelRequestError as exc:
         raise model_error(exc) from exc
 
 
-async def _unload_adapter(hub: ModelHub, routed: Route) -> None:
+async def _unload_adapter(hub: ModelHub[ServerState], routed: Route) -> None:
     assert routed.adapter is not None
     try:
         await hub.unload_adapter(routed.entry, routed.adapter)

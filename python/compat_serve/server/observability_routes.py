@@ -14,11 +14,12 @@ from compat_serve.models.weight_report import weights_status
 from compat_serve.registry.hub import ModelHub
 from compat_serve.registry.metrics import merge_expositions
 from compat_serve.server.generation import model_hub
+from compat_serve.server.state import ServerState
 
 router = APIRouter()
 
 
-def models_status(hub: ModelHub) -> list[dict[str, Any]]:
+def models_status(hub: ModelHub[ServerState]) -> list[dict[str, Any]]:
     now = time.monotonic()
     return [
         {

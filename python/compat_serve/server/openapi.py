@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from compat_serve.server.anthropic.errors import ERROR_TYPES as ANTHROPIC_ERROR_TYPES
+from compat_serve.server.errors import ANTHROPIC_ERROR_TYPES
 from compat_serve.server.images import reads_images
 from compat_serve.server.responses import openapi_schema as responses_schema
 from compat_serve.server.state import ServerState

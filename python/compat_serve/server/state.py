@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from compat_serve.server.reasoning_budgets import ReasoningBudgets
 from compat_serve.server.sampling_defaults import SamplingDefaults
 
 if TYPE_CHECKING:
     from compat_serve.chat.prompt import PromptBuilder
+    from compat_serve.embeddings.state import EmbeddingState
     from compat_serve.engine.engine import Engine
     from compat_serve.parsers import OutputParsing
 
@@ -46,3 +47,7 @@ class ServerState:
     reasoning_budgets: ReasoningBudgets = field(default_factory=ReasoningBudgets)
     # Set on the first shutdown signal (server/lifecycle.py): nothing new is admitted.
     draining: bool = False
+
+
+# What a resident model is: a chat model's state, or an embedding/reranker model's.
+ServedState: TypeAlias = "ServerState | EmbeddingState"

@@ -22,9 +22,8 @@ from compat_serve.parsers import (
     ToolCallStart,
 )
 from compat_serve.parsers.events import ReasoningPart, TextPart
-from compat_serve.server.anthropic.errors import error_payload
 from compat_serve.server.anthropic.protocol import AnthropicUsage
-from compat_serve.server.errors import generation_error
+from compat_serve.server.errors import error_payload, generation_error
 from compat_serve.server.lifecycle import SHUTTING_DOWN
 from compat_serve.server.sse import event
 

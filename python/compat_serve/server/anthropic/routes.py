@@ -12,13 +12,12 @@ from compat_serve.engine.prefix.pins import creation_split
 from compat_serve.engine.types import FinishReason
 from compat_serve.server import sse
 from compat_serve.server.anthropic import adapter
-from compat_serve.server.anthropic.errors import error_type
 from compat_serve.server.anthropic.protocol import (
     AnthropicUsage,
     CountTokensRequest,
     MessagesRequest,
 )
-from compat_serve.server.errors import ApiError
+from compat_serve.server.errors import ApiError, error_type
 from compat_serve.server.generation import (
     Admitted,
     admit_chat,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from compat_serve import __version__
-from compat_serve.engine.memory import physical_memory_bytes
+from compat_serve.models.device_memory import physical_memory_bytes
 from compat_serve.models.weight_report import weights_status
 from compat_serve.server.discovery import capabilities
 

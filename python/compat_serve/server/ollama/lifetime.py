@@ -27,6 +27,7 @@ from compat_serve.registry.hub import ModelHub, ModelRequestError, parse_lifetim
 from compat_serve.server.errors import ApiError
 from compat_serve.server.generation import model_error, model_hub, served_model_state
 from compat_serve.server.output_format import bad
+from compat_serve.server.state import ServerState
 
 
 def keep_alive_seconds(value: Any) -> float | None:
@@ -98,7 +99,7 @@ async def unload_when_released(request: Request, name: str) -> None:
         task.add_done_callback(_unloads.discard)
 
 
-async def _unload_idle(hub: ModelHub, model_id: str) -> None:
+async def _unload_idle(hub: ModelHub[ServerState], model_id: str) -> None:
     slot = hub.slots[model_id]
     deadline = time.monotonic() + _RELEASE_WAIT_S
     while slot.busy() and time.monotonic() < deadline:
