@@ -43,7 +43,7 @@ from compat_serve.engine.memory import (
 )
 from compat_serve.engine.metrics import EngineMetrics, Gauge
 from compat_serve.engine.mlx_threads import release_thread_mlx
-from compat_serve.engine.mtp_head import with_mtp_head
+from compat_serve.engine.mtp_setup import with_mtp_head
 from compat_serve.engine.prefix.cache import PrefixCaching
 from compat_serve.engine.prefix.disk import DiskStore, open_disk_tier
 from compat_serve.engine.prefix.pins import pin_table
