@@ -139,7 +139,7 @@ class Engine:
         self.metrics.kv_tokens_capacity.set(self.kv_capacity_tokens)
         if self.prefix is not None:
             self.metrics.prefix_source = self.prefix.metrics
-        self.kv_events = open_kv_events(self.config, self.prefix, self.metrics)
+        self.kv_events = self.prefix.events if self.prefix is not None else None
         self.vllm_metrics = attach_vllm_metrics(self.metrics, self.config, self.prefix, loaded.name)
         self._executor = StepExecutor(
             self._runner,
@@ -287,6 +287,7 @@ class Engine:
             kv_format=config.kv_format,
             disk=self._disk_store(),
             pin_fraction=config.cache_pin_fraction,
+            events=open_kv_events(config, self.metrics),
         )
 
     def _disk_store(self) -> DiskStore | None:
