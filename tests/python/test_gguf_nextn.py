@@ -21,7 +21,8 @@ import pytest
 from mlx.nn.layers.quantized import QuantizedLinear
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
-from compat_serve.engine.mtp_head import MTPHeadError, head_for
+from compat_serve.engine.mtp_head import MTPHeadError
+from compat_serve.engine.mtp_setup import head_for
 from compat_serve.engine.types import EngineRequest
 from compat_serve.models.gguf_header import read_tensor_table
 from compat_serve.models.loader import load_model

@@ -25,7 +25,8 @@ from mlx_lm.models.cache import KVCache
 
 from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
-from compat_serve.engine.mtp_head import MTPHeadError, head_for
+from compat_serve.engine.mtp_head import MTPHeadError
+from compat_serve.engine.mtp_setup import head_for
 from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.types import EngineRequest
 from compat_serve.models.loader import load_model

@@ -13,8 +13,9 @@ import pytest
 from compat_serve.bootstrap import ServeOptions
 from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
-from compat_serve.engine.speculation import SpeculationConfig, StepCosts
+from compat_serve.engine.speculation import SpeculationConfig
 from compat_serve.engine.speculation_depth import DepthTuner, choose_depth, expected_tokens
+from compat_serve.engine.step_costs import StepCosts
 from compat_serve.serve_flags import build_serve_parser
 from compat_serve.serve_models import ModelFlags, build_hub, entry_options
 from tests.greedy_ties import assert_same_or_near_tie

@@ -18,12 +18,8 @@ from compat_serve.engine.batch import can_rollback
 from compat_serve.engine.config import EngineConfig
 from compat_serve.engine.engine import Engine
 from compat_serve.engine.sampling import accept_draft
-from compat_serve.engine.speculation import (
-    NGramDrafter,
-    RowState,
-    SpeculationConfig,
-    StepCosts,
-)
+from compat_serve.engine.speculation import NGramDrafter, RowState, SpeculationConfig
+from compat_serve.engine.step_costs import StepCosts
 from compat_serve.engine.types import EngineEvent, EngineRequest, FinishReason, Grammar
 from compat_serve.engine.verify_rollback import verify_can_roll_back
 from compat_serve.parsers.events import ToolCallArgsDelta, ToolCallStart

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from compat_serve.engine.kv_events import check_kv_events_config
 from compat_serve.engine.kv_quant import KVFormat
 from compat_serve.engine.speculation import SpeculationConfig
 
@@ -94,3 +93,20 @@ class EngineConfig:
         check_kv_events_config(self)
         self.speculation.validate()
         self.kv_format.validate()
+
+
+def check_kv_events_config(config: EngineConfig) -> None:
+    """The KV event settings (engine/kv_events.py): flag errors, before the model loads."""
+    endpoint = config.kv_events_endpoint
+    if endpoint is None:
+        if config.kv_events_replay_endpoint is not None:
+            raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
+        return
+    if not config.prefix_cache:
+        raise ValueError("--kv-events-endpoint needs the prefix cache (drop --no-prefix-cache)")
+    for flag, value in (
+        ("--kv-events-endpoint", endpoint),
+        ("--kv-events-replay-endpoint", config.kv_events_replay_endpoint),
+    ):
+        if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError(f"{flag} must be tcp://HOST:PORT, ipc://PATH or inproc://NAME")

@@ -38,7 +38,7 @@ from compat_serve.engine.kv_quant import KVFormat, check_head_dim
 from compat_serve.engine.memory import MemoryBudget, auto_context_length, plan_memory
 from compat_serve.engine.metrics import EngineMetrics, Gauge
 from compat_serve.engine.mlx_threads import release_thread_mlx
-from compat_serve.engine.mtp_head import with_mtp_head
+from compat_serve.engine.mtp_setup import with_mtp_head
 from compat_serve.engine.prefix.cache import PrefixCaching
 from compat_serve.engine.prefix.disk import DiskStore, open_disk_tier
 from compat_serve.engine.prefix.pins import pin_table
@@ -135,7 +135,7 @@ class Engine:
         self.metrics.kv_tokens_capacity.set(self.kv_capacity_tokens)
         if self.prefix is not None:
             self.metrics.prefix_source = self.prefix.metrics
-        self.kv_events = open_kv_events(self.config, self.prefix, self.metrics)
+        self.kv_events = self.prefix.events if self.prefix is not None else None
         self.vllm_metrics = attach_vllm_metrics(self.metrics, self.config, self.prefix, loaded.name)
         self._executor = StepExecutor(
             self._runner,
@@ -283,6 +283,7 @@ class Engine:
             kv_format=config.kv_format,
             disk=self._disk_store(),
             pin_fraction=config.cache_pin_fraction,
+            events=open_kv_events(config, self.metrics),
         )
 
     def _disk_store(self) -> DiskStore | None:

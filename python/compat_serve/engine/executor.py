@@ -29,6 +29,7 @@ from compat_serve.engine.constraints import masked_logits
 from compat_serve.engine.metrics import EngineMetrics
 from compat_serve.engine.prefix.cache import PrefixCaching
 from compat_serve.engine.prefix.pins import creation_split
+from compat_serve.engine.request_log import decode_rate, log_finished, log_progress
 from compat_serve.engine.runner import ModelRunner, plain_kv
 from compat_serve.engine.sampling import sample_rows
 from compat_serve.engine.sequence import Phase, Sequence
@@ -360,7 +361,7 @@ class StepExecutor:
         )
         self._status.update(seq.request_id, computed_tokens=prompt_done)
         if not is_last:
-            self._log_progress(seq)
+            log_progress(seq, self._progress_interval_s, len(self.applier.batch))
             return
         seq.timings.prompt_done = time.monotonic()
         seq.phase = Phase.DECODE
@@ -547,7 +548,7 @@ class StepExecutor:
             seq.request_id,
             reason.value,
             len(seq.generated),
-            _decode_rate(seq),
+            decode_rate(seq),
             seq.timings.finished,
         )
         self._metrics.on_finish(seq.request_id, reason, seq.timings.finished)
@@ -562,53 +563,10 @@ class StepExecutor:
                 error=error,
             )
         )
-        _log_finished(seq, reason)
-
-    def _log_progress(self, seq: Sequence) -> None:
-        last = seq.timings.extra.get("progress_logged", seq.timings.submitted)
-        now = time.monotonic()
-        if now - last >= self._progress_interval_s:
-            seq.timings.extra["progress_logged"] = now
-            started = seq.timings.extra.get("prefill_started", seq.timings.submitted)
-            rate = seq.computed / max(now - started, 1e-9)
-            log.info(
-                "%s: prefill %d/%d tokens (%.0f tok/s, %d requests decoding)",
-                seq.request_id,
-                seq.computed,
-                seq.prompt_len + len(seq.generated),
-                rate,
-                len(self.applier.batch),
-            )
+        log_finished(seq, reason)
 
 
 def _token_value(token: mx.array) -> int:
     value = token.item()
     assert isinstance(value, int)
     return value
-
-
-def _decode_rate(seq: Sequence) -> float | None:
-    """Tokens per second after the first one (None before a second token)."""
-    t = seq.timings
-    end = t.finished or time.monotonic()
-    decode_s = (end - t.first_token) if t.first_token else 0.0
-    if len(seq.generated) < 2 or decode_s <= 0:
-        return None
-    return round((len(seq.generated) - 1) / decode_s, 2)
-
-
-def _log_finished(seq: Sequence, reason: FinishReason) -> None:
-    t = seq.timings
-    end = t.finished or time.monotonic()
-    ttft = (t.first_token - t.submitted) if t.first_token else None
-    rate = _decode_rate(seq) or 0.0
-    log.info(
-        "%s: %s — prompt %d tok, generated %d tok, ttft %s, decode %.1f tok/s, total %.2fs",
-        seq.request_id,
-        reason.value,
-        seq.prompt_len,
-        len(seq.generated),
-        f"{ttft:.2f}s" if ttft is not None else "-",
-        rate,
-        end - t.submitted,
-    )

@@ -46,7 +46,6 @@ from compat_serve.engine.metrics import format_labels
 if TYPE_CHECKING:
     from compat_serve.engine.config import EngineConfig
     from compat_serve.engine.metrics import EngineMetrics
-    from compat_serve.engine.prefix.cache import PrefixCaching
 
 log = logging.getLogger("compat_serve.kv_events")
 
@@ -302,28 +301,10 @@ class KVEventPublisher:
 # ---- wiring (called by the Engine) ----------------------------------------------------------
 
 
-def check_kv_events_config(config: EngineConfig) -> None:
-    """Flag errors, before the model loads."""
-    endpoint = config.kv_events_endpoint
-    if endpoint is None:
-        if config.kv_events_replay_endpoint is not None:
-            raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
-        return
-    if not config.prefix_cache:
-        raise ValueError("--kv-events-endpoint needs the prefix cache (drop --no-prefix-cache)")
-    for flag, value in (
-        ("--kv-events-endpoint", endpoint),
-        ("--kv-events-replay-endpoint", config.kv_events_replay_endpoint),
-    ):
-        if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ValueError(f"{flag} must be tcp://HOST:PORT, ipc://PATH or inproc://NAME")
-
-
-def open_kv_events(
-    config: EngineConfig, prefix: PrefixCaching | None, metrics: EngineMetrics
-) -> KVEventPublisher | None:
-    """Start publishing the prefix cache's store/evict notifications, if configured."""
-    if config.kv_events_endpoint is None or prefix is None:
+def open_kv_events(config: EngineConfig, metrics: EngineMetrics) -> KVEventPublisher | None:
+    """The publisher for the prefix cache's store/evict notifications, if configured (the
+    Engine hands it to the prefix cache it builds)."""
+    if config.kv_events_endpoint is None:
         return None
     publisher = KVEventPublisher(
         config.kv_events_endpoint,
@@ -331,6 +312,5 @@ def open_kv_events(
         replay_endpoint=config.kv_events_replay_endpoint,
         topic=config.kv_events_topic,
     )
-    prefix.events = publisher
     metrics.extra_renderers.append(publisher.render_metrics)
     return publisher

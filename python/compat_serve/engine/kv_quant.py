@@ -35,10 +35,11 @@ from mlx_lm.models.cache import (
     _BaseCache,
 )
 
+from compat_serve.engine.kv_quant_rotating import QuantRotatingKV
+from compat_serve.engine.kv_quant_rows import QuantArrays, keep_rows, pad_rows, zeros_positions
+
 KV_BITS = (8, 4)
 KV_GROUP_SIZES = (32, 64, 128)
-# A quantized tensor: (packed uint32 values, scales, biases), each [B, heads, positions, *].
-QuantArrays = tuple[mx.array, mx.array, mx.array]
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,6 @@ def quantize_cache(cache: list[Any], kv_format: KVFormat) -> list[Any]:
     """A fresh per-layer cache with its plain `KVCache` layers replaced by `QuantKV` and
     its sliding-window `RotatingKVCache` layers by `QuantRotatingKV`; recurrent state
     (anything else) is left as it is."""
-    from compat_serve.engine.kv_quant_rotating import QuantRotatingKV
-
     bits, group_size = kv_format.bits, kv_format.group_size
     if bits is None:
         return cache
@@ -139,50 +138,6 @@ class QuantKV(QuantizedKVCache):
     @classmethod
     def merge(cls, caches: list[Any]) -> BatchQuantKV:
         return BatchQuantKV.merge(caches)
-
-
-def zeros_positions(ref: QuantArrays, batch: int, length: int) -> QuantArrays:
-    """Zeroed quantized arrays of `batch` rows and `length` positions, laid out as `ref`."""
-    return tuple(  # type: ignore[return-value]
-        mx.zeros((batch, a.shape[1], length, a.shape[3]), dtype=a.dtype) for a in ref
-    )
-
-
-def pad_rows(
-    keys: QuantArrays | None,
-    values: QuantArrays | None,
-    ref_keys: QuantArrays,
-    ref_values: QuantArrays,
-    offset: mx.array,
-    left: int,
-    size: int,
-) -> tuple[QuantArrays, QuantArrays]:
-    """A batch's quantized keys and values padded to `size` positions, `left` of them in
-    front (rows with no K/V yet are all padding, shaped like `ref_*`): the layout two
-    batches share before `extend` concatenates their rows."""
-    rows = int(offset.shape[0])
-    k = keys if keys is not None else zeros_positions(ref_keys, rows, 0)
-    v = values if values is not None else zeros_positions(ref_values, rows, 0)
-    right = size - k[0].shape[2] - left
-    if right < 0:
-        k = tree_map(lambda a: a[..., :right, :], k)
-        v = tree_map(lambda a: a[..., :right, :], v)
-        right = 0
-    if left or right:
-        widths = [(0, 0), (0, 0), (left, right), (0, 0)]
-        k = tree_map(lambda a: mx.pad(a, widths), k)
-        v = tree_map(lambda a: mx.pad(a, widths), v)
-    return k, v
-
-
-def keep_rows(cache: Any, batch_indices: Any) -> None:
-    """Keep the rows `batch_indices` of a left-padded batch of quantized K/V (arrays,
-    offsets and padding); the caches' `filter` starts here."""
-    if cache.keys is not None:
-        cache.keys = tree_map(lambda a: a[batch_indices], cache.keys)
-        cache.values = tree_map(lambda a: a[batch_indices], cache.values)
-    cache.offset = cache.offset[batch_indices]
-    cache.left_padding = cache.left_padding[batch_indices]
 
 
 class BatchQuantKV(_BaseCache):

@@ -22,7 +22,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchRotatingKVCache, RotatingKVCache, dynamic_roll
 
-from compat_serve.engine.kv_quant import QuantArrays, keep_rows, pad_rows, zeros_positions
+from compat_serve.engine.kv_quant_rows import QuantArrays, keep_rows, pad_rows, zeros_positions
 
 
 def _quantize(x: mx.array, group_size: int, bits: int) -> QuantArrays:

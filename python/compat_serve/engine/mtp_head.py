@@ -22,12 +22,11 @@ pair (hidden[t], token[t+1]) for every position the main model computes, and dra
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -41,10 +40,6 @@ from mlx_lm.models.base import create_attention_mask
 
 from compat_serve.models.errors import ModelLoadError
 from compat_serve.models.weights import dequantize, infer_quant_params, param_shapes
-
-if TYPE_CHECKING:
-    from compat_serve.engine.speculation import SpeculationConfig
-    from compat_serve.models.types import LoadedModel
 
 log = logging.getLogger("compat_serve.engine")
 
@@ -359,28 +354,3 @@ def dequantized(
         else:
             out[name] = value.astype(dtype)
     return out
-
-
-def head_for(loaded: LoadedModel, path: str | None) -> MTPHead:
-    """The MTP head `--speculative mtp` drafts with: the file `--mtp-head` names, else the
-    checkpoint's own (engine/mtp_families.py). A model without one fails here, at start,
-    in one line."""
-    if path:
-        return load_head(path, loaded.model)
-    from compat_serve.engine.mtp_families import load_family_head
-
-    own = load_family_head(loaded)
-    if own is not None:
-        return own
-    raise MTPHeadError(
-        f"--speculative mtp: {loaded.name} has no MTP weights (the families whose "
-        f"checkpoints ship them: {MTP_FAMILIES}); give a trained head with --mtp-head FILE"
-    )
-
-
-def with_mtp_head(config: SpeculationConfig, loaded: LoadedModel) -> SpeculationConfig:
-    """`config` with its MTP head built (from `--mtp-head`); unchanged unless the mode is
-    `mtp`. Raises `MTPHeadError` (one line) when the model has no head."""
-    if config.mode != "mtp" or config.mtp is not None:
-        return config
-    return dataclasses.replace(config, mtp=head_for(loaded, config.mtp_head))

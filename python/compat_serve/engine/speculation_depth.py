@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from compat_serve.engine.speculation import StepCosts
+    from compat_serve.engine.step_costs import StepCosts
 
 AUTO = "auto"
 AUTO_MAX_DEPTH = 8

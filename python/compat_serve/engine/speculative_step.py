@@ -89,7 +89,7 @@ class SpeculativeStep:
         if config.mode == "ngram":
             self._drafter = NGramDrafter(config.ngram_min, config.ngram_max)
         elif config.mode == "mtp":
-            assert config.mtp is not None  # engine/mtp_head.py with_mtp_head
+            assert config.mtp is not None  # engine/mtp_setup.py with_mtp_head
             try:
                 self._mtp = MTPDrafter(config.mtp, HiddenCapture(applier.runner.model))
             except MTPHeadError as exc:

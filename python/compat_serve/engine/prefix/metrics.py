@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from compat_serve.engine.prefix.cache import PrefixCaching
+from compat_serve.engine.prefix.storing import PrefixStoring
 
 
-def prefix_metrics(prefix: PrefixCaching) -> dict[str, float]:
+def prefix_metrics(prefix: PrefixStoring) -> dict[str, float]:
     """The prefix cache's counters (RAM and disk tiers) for /v1/status and /metrics."""
     stats = prefix.cache.stats()
     query = stats.query_tokens

@@ -1,19 +1,21 @@
 """A follower's prefix cache: this rank's shard of every cached block, tail and disk
 entry, under the ids rank 0's step plans name.
 
-Rank 0 keeps the whole index (hashes, lookups, LRU and eviction decisions: cache.py) and
-records each K/V copy, drop, disk read and write as an op (engine/step_plan.py). A
-follower applies them here in the same order, against its own caches (`StepApplier`),
-so it holds the same blocks for its shard of the heads or layers, and a `Restore`
-assembles what rank 0 assembled. It decides nothing: every id comes from the plan.
+Rank 0 keeps the whole index (hashes, lookups, LRU and eviction decisions: cache.py,
+storing.py) and records each K/V copy, drop, disk read and write as an op
+(engine/step_plan.py). A follower applies them here in the same order, against its own
+caches (`StepApplier`), so it holds the same blocks for its shard of the heads or
+layers, and a `Restore` assembles what rank 0 assembled. It decides nothing: every id
+comes from the plan.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from compat_serve.engine.batch import DecodeBatch
 from compat_serve.engine.prefix.disk import DiskStore
 from compat_serve.engine.prefix.store import (
     AttentionKV,
@@ -41,10 +43,17 @@ from compat_serve.engine.step_plan import (
     Unhold,
 )
 
-if TYPE_CHECKING:
-    from compat_serve.engine.applier import StepApplier
-
 log = logging.getLogger("compat_serve.engine")
+
+
+class RankCaches(Protocol):
+    """Where this rank's K/V lives (the follower's `StepApplier`, engine/applier.py):
+    each prefilling request's own cache, and the decode batch."""
+
+    @property
+    def batch(self) -> DecodeBatch: ...
+
+    def own_cache(self, request_id: str) -> LayerCaches | None: ...
 
 
 class ShardPrefix:
@@ -68,7 +77,7 @@ class ShardPrefix:
         self.vote = vote
         self.faults = 0
 
-    def apply(self, op: PrefixOp | Restore, applier: StepApplier) -> None:
+    def apply(self, op: PrefixOp | Restore, applier: RankCaches) -> None:
         if isinstance(op, Restore):
             self._restore(op, applier)
             return
@@ -82,7 +91,7 @@ class ShardPrefix:
             self.faults += 1
             log.warning("prefix cache op %s failed (%s); skipped", op.kind, exc)
 
-    def _apply(self, op: PrefixOp, applier: StepApplier) -> None:
+    def _apply(self, op: PrefixOp, applier: RankCaches) -> None:
         match op:
             case StoreBlock():
                 kv, row = _request_kv(applier, op.request_id)
@@ -134,7 +143,7 @@ class ShardPrefix:
             return self.tails[int(key)]
         raise PlanError(f"source {source} was not staged")
 
-    def _disk_put(self, op: DiskPut, applier: StepApplier) -> None:
+    def _disk_put(self, op: DiskPut, applier: RankCaches) -> None:
         if self.disk is None:
             return
         if op.source[0] == "range":
@@ -146,7 +155,7 @@ class ShardPrefix:
         # Tokens stay with rank 0's index: a follower reads its files by key only.
         self.disk.put(op.key, op.parent, (), pieces)
 
-    def _restore(self, op: Restore, applier: StepApplier) -> None:
+    def _restore(self, op: Restore, applier: RankCaches) -> None:
         cache = applier.own_cache(op.request_id)
         if cache is None:
             raise PlanError(f"restore for {op.request_id}, which has no cache here")
@@ -160,7 +169,7 @@ class ShardPrefix:
             self.disk.close()
 
 
-def _request_kv(applier: StepApplier, request_id: str) -> tuple[AttentionKV, int]:
+def _request_kv(applier: RankCaches, request_id: str) -> tuple[AttentionKV, int]:
     """The request's K/V as rank 0 read it: its own cache while it prefills, else its
     row of the decode batch."""
     own: LayerCaches | None = applier.own_cache(request_id)
