@@ -26,4 +26,3 @@ def _documented_layers() -> list[str]:
 
 def test_the_documented_layer_order_is_the_checked_one() -> None:
     assert _documented_layers() == _checked_layers()
-
