@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-STATIC_ASSETS = ("index.html", "dashboard.js", "dashboard.css")
+STATIC_ASSETS = ("index.html", "dashboard.js", "chat.js", "dashboard.css")
 REQUIRED_FILES = (
     "compat_serve/_native.abi3.so",
     "compat_serve/_native.pyi",

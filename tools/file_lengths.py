@@ -1,4 +1,5 @@
-"""Fail when a source file of the package or of the Rust crates is over the line limit (#46).
+"""Fail when a source file of the package (its Python and the dashboard's files) or of the
+Rust crates is over the line limit (#46).
 
 A file that long usually holds more than one job; split it by job, not by squeezing lines.
 Test modules are exempt: the tests/ tree, and Rust files their parent declares under
@@ -16,6 +17,8 @@ from pathlib import Path
 
 MAX_LINES = 600
 PYTHON_PACKAGE = "python/compat_serve"
+# The package's code and the dashboard's page, script and style it serves.
+PACKAGE_SUFFIXES = frozenset({".py", ".pyi", ".js", ".css", ".html"})
 RUST_CRATE_ROOTS = ("rust", "benches")
 
 
@@ -47,8 +50,8 @@ def is_rust_test_module(path: Path) -> bool:
 
 
 def source_files(root: Path) -> list[Path]:
-    files = sorted((root / PYTHON_PACKAGE).rglob("*.py"))
-    files += sorted((root / PYTHON_PACKAGE).rglob("*.pyi"))
+    package = root / PYTHON_PACKAGE
+    files = sorted(p for p in package.rglob("*") if p.suffix in PACKAGE_SUFFIXES)
     for crates in RUST_CRATE_ROOTS:
         for path in sorted((root / crates).rglob("*.rs")):
             if "target" in path.relative_to(root).parts or is_rust_test_module(path):
@@ -63,7 +66,9 @@ def too_long(root: Path, max_lines: int) -> list[tuple[Path, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description="Fail on a package or crate source file over the line limit (#46)."
+    )
     parser.add_argument("root", nargs="?", default=Path(__file__).resolve().parents[1], type=Path)
     parser.add_argument("--max-lines", type=int, default=MAX_LINES)
     ns = parser.parse_args(argv)

@@ -53,8 +53,14 @@ def test_page_and_files_are_served_with_a_same_origin_policy(tiny_server: Runnin
     assert 'data-key-required="false"' in page.text
     # Everything the page loads is on this server: no scheme-qualified URL in any file.
     assert '<script src="/dashboard/static/dashboard.js"' in page.text
+    assert '<script src="/dashboard/static/chat.js"' in page.text
     assert '<link rel="stylesheet" href="/dashboard/static/dashboard.css">' in page.text
-    for name, kind in (("dashboard.js", "text/javascript"), ("dashboard.css", "text/css")):
+    assets = (
+        ("dashboard.js", "text/javascript"),
+        ("chat.js", "text/javascript"),
+        ("dashboard.css", "text/css"),
+    )
+    for name, kind in assets:
         asset = httpx.get(f"{base}/dashboard/static/{name}", timeout=10)
         assert asset.status_code == 200 and asset.headers["content-type"].startswith(kind)
         assert "http://" not in asset.text and "https://" not in asset.text

@@ -57,6 +57,16 @@ def test_a_package_file_one_line_over_fails(tmp_path: Path) -> None:
     assert lengths.too_long(root, 600) == [(Path("python/compat_serve/engine/step.py"), 601)]
 
 
+def test_the_dashboards_script_counts_as_package_source(tmp_path: Path) -> None:
+    lengths = _load()
+    root = _tree(tmp_path)
+    _write(root / "python/compat_serve/server/dashboard/static/dashboard.js", 631)
+    _write(root / "python/compat_serve/server/dashboard/static/notes.txt", 900)
+    assert lengths.too_long(root, 600) == [
+        (Path("python/compat_serve/server/dashboard/static/dashboard.js"), 631)
+    ]
+
+
 def test_a_crate_file_over_fails_but_its_test_module_does_not(tmp_path: Path) -> None:
     lengths = _load()
     root = _tree(tmp_path)

@@ -32,6 +32,7 @@ data_router = APIRouter(include_in_schema=False)
 
 STATIC_FILES = {
     "dashboard.js": "text/javascript; charset=utf-8",
+    "chat.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
 CONTENT_SECURITY_POLICY = (
