@@ -99,20 +99,20 @@ ANTHROPIC_ERROR_TYPES = {
 }
 
 
-def error_type(status: int) -> str:
+def anthropic_error_type(status: int) -> str:
     """The Anthropic error type for an HTTP status (other 4xx: invalid request, 5xx: api)."""
     if status in ANTHROPIC_ERROR_TYPES:
         return ANTHROPIC_ERROR_TYPES[status]
     return "invalid_request_error" if 400 <= status < 500 else "api_error"
 
 
-def error_payload(kind: str, message: str) -> dict[str, Any]:
+def anthropic_error_payload(kind: str, message: str) -> dict[str, Any]:
     """The body shared by HTTP errors and the SSE `error` event."""
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def anthropic_error_body(error: ApiError, request_id: str) -> dict[str, Any]:
-    body = error_payload(error_type(error.status), error.message)
+    body = anthropic_error_payload(anthropic_error_type(error.status), error.message)
     body["request_id"] = request_id
     return body
 

@@ -23,7 +23,7 @@ from compat_serve.parsers import (
 )
 from compat_serve.parsers.events import ReasoningPart, TextPart
 from compat_serve.server.anthropic.protocol import AnthropicUsage
-from compat_serve.server.errors import error_payload, generation_error
+from compat_serve.server.errors import anthropic_error_payload, generation_error
 from compat_serve.server.lifecycle import SHUTTING_DOWN
 from compat_serve.server.sse import event
 
@@ -161,7 +161,7 @@ class MessageStreamEncoder:
 
     def error(self, kind: str, message: str) -> str:
         self.finished = True
-        return event("error", error_payload(kind, message))
+        return event("error", anthropic_error_payload(kind, message))
 
     # -- blocks
 

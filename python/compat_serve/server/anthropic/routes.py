@@ -17,7 +17,7 @@ from compat_serve.server.anthropic.protocol import (
     CountTokensRequest,
     MessagesRequest,
 )
-from compat_serve.server.errors import ApiError, error_type
+from compat_serve.server.errors import ApiError, anthropic_error_type
 from compat_serve.server.generation import (
     Admitted,
     admit_chat,
@@ -88,7 +88,7 @@ async def _cold_message_events(body: MessagesRequest, request: Request) -> Async
         admitted = waiting.result()
     except ApiError as exc:
         status = exc.anthropic_status or exc.status
-        yield encoder.error(error_type(status), exc.anthropic_message or exc.message)
+        yield encoder.error(anthropic_error_type(status), exc.anthropic_message or exc.message)
         return
     encoder = adapter.MessageStreamEncoder(admitted.request_id, body.model)
     prompt_tokens = len(admitted.prompt.token_ids)
